@@ -1,0 +1,373 @@
+"""The lifecycle policy registry: every rule the engine enforces, built from spec files.
+
+Nothing else in ledgerq declares an edge, a terminal set, a reason vocabulary or a
+column allowlist; it asks an :class:`EntityPolicy`. Policies are immutable once built
+so a running process cannot drift from the files it loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import get_args
+
+from ledgerq.lifecycle.models import ActorType
+from ledgerq.lifecycle.spec import EdgeSpec, EntitySpec, SpecError, decode_spec
+
+REASON_CODE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
+#: Tables ledgerq's own schema owns; no entity may project into them.
+RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invocations"})
+ACTOR_TYPES: frozenset[str] = frozenset(get_args(ActorType))
+
+#: Columns every projection table has; the engine maintains them, specs never declare them.
+STANDARD_COLUMNS: Mapping[str, str] = MappingProxyType(
+    {
+        "id": "TEXT PRIMARY KEY",
+        "status": "TEXT NOT NULL",
+        "version": "INTEGER NOT NULL DEFAULT 0",
+        "created_at": "REAL NOT NULL",
+        "updated_at": "REAL",
+        "status_reason_code": "TEXT",
+        "status_reason_summary": "TEXT",
+        "status_evidence_refs": "JSON",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRule:
+    """What one declared edge demands of a request beyond being declared."""
+
+    actors: frozenset[str] | None
+    requires_guard: frozenset[str]
+    requires_patch: frozenset[str]
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPolicy:
+    name: str
+    columns: tuple[str, ...]
+    unique: bool
+    where: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EntityPolicy:
+    """Everything the engine may do to one entity type."""
+
+    name: str
+    table: str
+    description: str
+    source: str
+    states: Mapping[str, str]
+    initial: frozenset[str]
+    terminal: frozenset[str]
+    edges: Mapping[str, frozenset[str]]
+    edge_rules: Mapping[tuple[str, str], EdgeRule]
+    guard_columns: frozenset[str]
+    patch_columns: frozenset[str]
+    reason_codes: Mapping[str, str]
+    columns: Mapping[str, str]
+    indexes: tuple[IndexPolicy, ...]
+
+    def allows(self, from_state: str, to_state: str) -> bool:
+        return to_state in self.edges.get(from_state, frozenset())
+
+    def targets(self, from_state: str) -> list[str]:
+        return sorted(self.edges.get(from_state, frozenset()))
+
+    def rule(self, from_state: str, to_state: str) -> EdgeRule:
+        return self.edge_rules[(from_state, to_state)]
+
+    def status_check(self) -> str:
+        """The CHECK clause of the table's status column, so schema and spec cannot drift."""
+        states = ", ".join(_sql_str(s) for s in self.states)
+        return f"CHECK(status IN ({states}))"
+
+    def mermaid(self) -> str:
+        """A mermaid stateDiagram of the declared graph, in spec order."""
+        lines = ["stateDiagram-v2"]
+        lines += [f"    [*] --> {s}" for s in self.states if s in self.initial]
+        for src in self.states:
+            for dst in self.states:
+                if dst in self.edges.get(src, frozenset()):
+                    rule = self.edge_rules[(src, dst)]
+                    label = _edge_label(rule)
+                    lines.append(f"    {src} --> {dst}" + (f": {label}" if label else ""))
+        lines += [f"    {s} --> [*]" for s in self.states if s in self.terminal]
+        return "\n".join(lines) + "\n"
+
+
+def _edge_label(rule: EdgeRule) -> str:
+    parts = []
+    if rule.actors is not None:
+        parts.append("actor " + "|".join(sorted(rule.actors)))
+    if rule.requires_guard:
+        parts.append("guard " + ",".join(sorted(rule.requires_guard)))
+    if rule.requires_patch:
+        parts.append("patch " + ",".join(sorted(rule.requires_patch)))
+    return "; ".join(parts)
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+class Registry:
+    """An immutable set of entity policies, looked up by entity name."""
+
+    __slots__ = ("_by_name", "_by_table")
+
+    def __init__(self, policies: Iterable[EntityPolicy]) -> None:
+        by_name: dict[str, EntityPolicy] = {}
+        for p in policies:
+            by_name[p.name] = p
+        self._by_name: Mapping[str, EntityPolicy] = MappingProxyType(by_name)
+        self._by_table: Mapping[str, EntityPolicy] = MappingProxyType(
+            {p.table: p for p in by_name.values()}
+        )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if hasattr(self, name):
+            raise AttributeError(f"Registry is immutable; cannot set {name!r}")
+        object.__setattr__(self, name, value)
+
+    @property
+    def entities(self) -> list[str]:
+        return list(self._by_name)
+
+    def policies(self) -> list[EntityPolicy]:
+        return list(self._by_name.values())
+
+    def entity(self, name: str) -> EntityPolicy:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(sorted(self._by_name)) or "none"
+            raise ValueError(f"unknown entity type {name!r}; known: {known}") from None
+
+    def by_table(self, table: str) -> EntityPolicy:
+        return self._by_table[table]
+
+    def allows(self, entity_type: str, from_state: str, to_state: str) -> bool:
+        return self.entity(entity_type).allows(from_state, to_state)
+
+    def __repr__(self) -> str:
+        return f"Registry({', '.join(self._by_name)})"
+
+
+# ---------------------------------------------------------------- building
+
+
+def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
+    """Validate one decoded spec; raise SpecError naming every problem found."""
+    problems: list[str] = []
+
+    def bad(where: str, what: str) -> None:
+        problems.append(f"{source}: {where}: {what}")
+
+    states = list(spec.states)
+    declared = set(states)
+    for name in states:
+        if not IDENTIFIER.match(name):
+            bad(f"$.states.{name}", "state names must be lower_snake_case identifiers")
+    for field, values in (("initial", spec.initial), ("terminal", spec.terminal)):
+        for i, s in enumerate(values):
+            if s not in declared:
+                bad(f"$.{field}[{i}]", f"undeclared state {s!r}")
+    if not spec.initial:
+        bad("$.initial", "at least one initial state is required")
+    if not spec.terminal:
+        bad("$.terminal", "at least one terminal state is required")
+
+    columns = dict(STANDARD_COLUMNS)
+    for name, decl in spec.columns.items():
+        if name in STANDARD_COLUMNS:
+            bad(f"$.columns.{name}", "is a standard column the engine maintains; remove it")
+        elif not IDENTIFIER.match(name):
+            bad(f"$.columns.{name}", "column names must be lower_snake_case identifiers")
+        else:
+            columns[name] = decl
+    for field, values in (("guard_columns", spec.guard_columns),
+                          ("patch_columns", spec.patch_columns)):
+        for i, col in enumerate(values):
+            if col not in columns:
+                bad(f"$.{field}[{i}]", f"column {col!r} is not a column of table {spec.table!r}")
+            elif col in ("id", "status", "version"):
+                bad(f"$.{field}[{i}]", f"column {col!r} is maintained by the engine")
+    guard_cols = frozenset(spec.guard_columns)
+    patch_cols = frozenset(spec.patch_columns)
+
+    edges: dict[str, set[str]] = {s: set() for s in states}
+    rules: dict[tuple[str, str], EdgeRule] = {}
+    terminal = set(spec.terminal)
+    for i, edge in enumerate(spec.edges):
+        _check_edge(i, edge, declared, terminal, guard_cols, patch_cols, bad)
+        if edge.source not in declared:
+            continue
+        rule = EdgeRule(
+            actors=frozenset(edge.actors) if edge.actors is not None else None,
+            requires_guard=frozenset(edge.requires_guard),
+            requires_patch=frozenset(edge.requires_patch),
+            description=edge.description,
+        )
+        for j, dst in enumerate(edge.to):
+            if dst not in declared:
+                continue
+            if (edge.source, dst) in rules:
+                bad(f"$.edges[{i}].to[{j}]", f"edge {edge.source} -> {dst} is declared twice")
+            rules[(edge.source, dst)] = rule
+            edges[edge.source].add(dst)
+
+    if not problems:
+        reachable = _reach(spec.initial, edges)
+        for s in states:
+            if s not in reachable:
+                bad(f"$.states.{s}", "unreachable from every initial state")
+        reverse: dict[str, set[str]] = {s: set() for s in states}
+        for src, dsts in edges.items():
+            for dst in dsts:
+                reverse[dst].add(src)
+        can_finish = _reach(spec.terminal, reverse)
+        for s in states:
+            if s not in can_finish:
+                bad(f"$.states.{s}", "non-terminal state with no path to a terminal state")
+
+    for code in spec.reason_codes:
+        if not REASON_CODE.match(code):
+            bad(f"$.reason_codes.{code!r}",
+                "malformed reason code; expected domain.status.cause in lower_snake_case")
+    if not spec.reason_codes:
+        bad("$.reason_codes", "at least one reason code is required")
+
+    indexes: list[IndexPolicy] = []
+    for i, ix in enumerate(spec.indexes):
+        for j, col in enumerate(ix.columns):
+            if col not in columns:
+                bad(f"$.indexes[{i}].columns[{j}]", f"column {col!r} is not in the table")
+        where = ix.where
+        if ix.where_status is not None:
+            for j, s in enumerate(ix.where_status):
+                if s not in declared:
+                    bad(f"$.indexes[{i}].where_status[{j}]", f"undeclared state {s!r}")
+            status_in = f"status IN ({', '.join(_sql_str(s) for s in ix.where_status)})"
+            where = status_in if where is None else f"({where}) AND {status_in}"
+        indexes.append(IndexPolicy(ix.name, tuple(ix.columns), ix.unique, where))
+
+    if spec.table in RESERVED_TABLES:
+        bad("$.table", f"table {spec.table!r} is reserved by ledgerq's own schema")
+    for name in (spec.entity, spec.table):
+        if not IDENTIFIER.match(name):
+            bad("$.entity" if name == spec.entity else "$.table",
+                f"{name!r} must be a lower_snake_case identifier")
+
+    if problems:
+        raise SpecError(problems)
+    return EntityPolicy(
+        name=spec.entity,
+        table=spec.table,
+        description=spec.description,
+        source=source,
+        states=MappingProxyType({s: spec.states[s].description for s in states}),
+        initial=frozenset(spec.initial),
+        terminal=frozenset(spec.terminal),
+        edges=MappingProxyType({s: frozenset(d) for s, d in edges.items()}),
+        edge_rules=MappingProxyType(rules),
+        guard_columns=guard_cols,
+        patch_columns=patch_cols,
+        reason_codes=MappingProxyType(dict(spec.reason_codes)),
+        columns=MappingProxyType(columns),
+        indexes=tuple(indexes),
+    )
+
+
+def _check_edge(i: int, edge: EdgeSpec, declared: set[str], terminal: set[str],
+                guard_cols: frozenset[str], patch_cols: frozenset[str],
+                bad: Callable[[str, str], None]) -> None:
+    where = f"$.edges[{i}]"
+    if edge.source not in declared:
+        bad(f"{where}.from", f"edge from undeclared state {edge.source!r}")
+    elif edge.source in terminal:
+        bad(f"{where}.from", f"terminal state {edge.source!r} has an outgoing edge")
+    if not edge.to:
+        bad(f"{where}.to", "an edge needs at least one target")
+    for j, dst in enumerate(edge.to):
+        if dst not in declared:
+            bad(f"{where}.to[{j}]", f"edge to undeclared state {dst!r}")
+    for j, actor in enumerate(edge.actors or []):
+        if actor not in ACTOR_TYPES:
+            bad(f"{where}.actors[{j}]",
+                f"unknown actor type {actor!r}; known: {', '.join(sorted(ACTOR_TYPES))}")
+    for j, col in enumerate(edge.requires_guard):
+        if col not in guard_cols:
+            bad(f"{where}.requires_guard[{j}]", f"column {col!r} is not in guard_columns")
+    for j, col in enumerate(edge.requires_patch):
+        if col not in patch_cols:
+            bad(f"{where}.requires_patch[{j}]", f"column {col!r} is not in patch_columns")
+
+
+def _reach(starts: Iterable[str], graph: Mapping[str, Iterable[str]]) -> set[str]:
+    seen = set(starts)
+    todo = deque(seen)
+    while todo:
+        for nxt in graph.get(todo.popleft(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def packaged_specs_dir() -> Path:
+    """The specs shipped in the wheel, or the repository's ``specs/`` in a source checkout."""
+    packaged = resources.files("ledgerq") / "specs"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[3] / "specs"
+
+
+def load_registry(path: str | Path | None = None) -> Registry:
+    """Build a registry from a spec directory (or one file); None means the packaged specs."""
+    root = Path(path) if path is not None else packaged_specs_dir()
+    if root.is_file():
+        files = [root]
+    elif root.is_dir():
+        files = sorted(root.glob("*.toml"))
+    else:
+        raise SpecError([f"{root}: no such spec file or directory"])
+    if not files:
+        raise SpecError([f"{root}: contains no *.toml spec files"])
+    problems: list[str] = []
+    policies: list[EntityPolicy] = []
+    for f in files:
+        try:
+            policies.append(build_policy(decode_spec(f), str(f)))
+        except SpecError as exc:
+            problems.extend(exc.problems)
+    seen_entity: dict[str, str] = {}
+    seen_table: dict[str, str] = {}
+    for p in policies:
+        if p.name in seen_entity:
+            problems.append(f"{p.source}: $.entity: duplicate entity {p.name!r} "
+                            f"(also in {seen_entity[p.name]})")
+        if p.table in seen_table:
+            problems.append(f"{p.source}: $.table: duplicate table {p.table!r} "
+                            f"(also in {seen_table[p.table]})")
+        seen_entity.setdefault(p.name, p.source)
+        seen_table.setdefault(p.table, p.source)
+    if problems:
+        raise SpecError(problems)
+    return Registry(policies)
+
+
+@lru_cache(maxsize=1)
+def default_registry() -> Registry:
+    """The registry of the packaged specs, built once per process."""
+    return load_registry()

@@ -1,0 +1,27 @@
+"""JSON for JSON columns and fact payloads: msgspec, compact and float-exact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+_encoder = msgspec.json.Encoder(order="sorted")
+_decoder = msgspec.json.Decoder()
+
+
+def dumps(value: Any) -> str:
+    return _encoder.encode(value).decode()
+
+
+def loads(text: str | bytes | None) -> Any:
+    if text is None:
+        return None
+    return _decoder.decode(text)
+
+
+def to_sql(value: Any) -> Any:
+    """Containers go to the database as JSON text; scalars as they are."""
+    if isinstance(value, dict | list | tuple):
+        return dumps(value)
+    return value

@@ -1,0 +1,218 @@
+"""StateDB: one aiosqlite connection, one thread hop per unit of work, group commit.
+
+Why this shape: aiosqlite costs a thread hop per awaited call, so every write is a
+plain function run in the connection's thread from ``BEGIN IMMEDIATE`` to ``COMMIT``.
+Units that arrive while a commit is in flight are queued and run together in the next
+transaction, each inside its own savepoint: a unit that raises is rolled back alone,
+the others commit, and every caller learns its outcome only after the commit that made
+it durable. ``BEGIN IMMEDIATE`` takes the write lock before the first read, so a
+read-then-write never fails with SQLITE_BUSY halfway (it waits up to busy_timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import aiosqlite
+
+from ledgerq.lifecycle.registry import Registry, default_registry
+from ledgerq.store.schema import create_schema
+
+T = TypeVar("T")
+Unit = Callable[[sqlite3.Connection], Any]
+Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
+
+#: Most units run in one group commit; bounds the latency one commit adds to the next.
+MAX_GROUP = 256
+BUSY_TIMEOUT_MS = 30_000
+
+
+class StateDB:
+    """The database handle every ledgerq function takes."""
+
+    def __init__(self, path: str | Path, *, registry: Registry | None = None,
+                 synchronous: Synchronous = "NORMAL",
+                 busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        sync = str(synchronous).upper()
+        if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not {synchronous!r}")
+        self.path = str(path)
+        self.registry = registry if registry is not None else default_registry()
+        self.synchronous = sync
+        self.busy_timeout_ms = busy_timeout_ms
+        self._conn: aiosqlite.Connection | None = None
+        self._pending: list[tuple[Unit, asyncio.Future[Any]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+        #: Called after every commit that applied writes; the queue wakes idle workers here.
+        self.after_commit: list[Callable[[], None]] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def open(self) -> StateDB:
+        if self._conn is not None:
+            return self
+        conn = await aiosqlite.connect(self.path, isolation_level=None,
+                                       timeout=self.busy_timeout_ms / 1000)
+        try:
+            await _in_thread(conn, self._configure)
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+        return self
+
+    def _configure(self, conn: sqlite3.Connection) -> None:
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        if self.path != ":memory:":
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        create_schema(conn, self.registry)
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._drainer is not None:
+            await asyncio.shield(self._drainer)
+        await conn.close()
+
+    async def __aenter__(self) -> StateDB:
+        return await self.open()
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    @property
+    def is_open(self) -> bool:
+        return self._conn is not None
+
+    def _require(self) -> aiosqlite.Connection:
+        if self._conn is None:
+            raise RuntimeError("StateDB is not open; use 'async with StateDB(path)' or open()")
+        return self._conn
+
+    # ------------------------------------------------------------ reads
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in the connection's thread, outside any transaction (one hop)."""
+        conn = self._require()
+        return await _in_thread(conn, fn)
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` inside one read transaction, so every statement sees one snapshot."""
+
+        def snapshot(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN")
+            try:
+                return fn(conn)
+            finally:
+                conn.execute("COMMIT")
+
+        return await self.run(snapshot)
+
+    async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
+                        ) -> dict[str, Any] | None:
+        def one(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            row = conn.execute(sql, params).fetchone()
+            return dict(row) if row is not None else None
+
+        return await self.run(one)
+
+    async def fetch_all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
+                        ) -> list[dict[str, Any]]:
+        def rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            return [dict(r) for r in conn.execute(sql, params).fetchall()]
+
+        return await self.run(rows)
+
+    # ------------------------------------------------------------ writes
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in a write transaction, grouped with concurrent writers into one commit.
+
+        ``fn`` runs inside its own savepoint: if it raises, its changes are rolled back
+        and the exception is raised here; nothing it wrote survives.
+        """
+        self._require()
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.append((fn, fut))
+        if self._drainer is None:
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch = self._pending[:MAX_GROUP]
+                del self._pending[:MAX_GROUP]
+                conn = self._conn
+                if conn is None:
+                    err = RuntimeError("StateDB closed before the write ran")
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(err)
+                    continue
+                try:
+                    units = [u for u, _ in batch]
+                    outcomes = await _in_thread(conn, functools.partial(_run_group, units=units))
+                except BaseException as exc:  # the commit itself failed: nobody's write held
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    continue
+                for (_, fut), (ok, value) in zip(batch, outcomes, strict=True):
+                    if fut.done():
+                        continue
+                    if ok:
+                        fut.set_result(value)
+                    else:
+                        fut.set_exception(value)
+                if any(ok for ok, _ in outcomes):
+                    for hook in list(self.after_commit):
+                        hook()
+        finally:
+            self._drainer = None
+
+
+async def _in_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``fn`` with the raw connection in aiosqlite's thread: one hop, however many statements.
+
+    aiosqlite has no public call for this; ``_execute`` is what its own cursors use.
+    """
+    raw: sqlite3.Connection = conn._conn
+    result: T = await conn._execute(fn, raw)  # type: ignore[no-untyped-call]
+    return result
+
+
+def _run_group(conn: sqlite3.Connection, *, units: list[Unit]) -> list[tuple[bool, Any]]:
+    outcomes: list[tuple[bool, Any]] = []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for unit in units:
+            conn.execute("SAVEPOINT unit")
+            try:
+                value = unit(conn)
+            except Exception as exc:
+                conn.execute("ROLLBACK TO unit")
+                conn.execute("RELEASE unit")
+                outcomes.append((False, exc))
+            else:
+                conn.execute("RELEASE unit")
+                outcomes.append((True, value))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return outcomes

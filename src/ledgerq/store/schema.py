@@ -1,0 +1,98 @@
+"""DDL: ledgerq's own tables, plus one projection table per registered entity.
+
+Projection tables are generated from their spec (columns, indexes and the status
+CHECK constraint), so a contributor who adds a state or an entity edits one file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ledgerq.lifecycle.registry import EntityPolicy, Registry
+
+SCHEMA_VERSION = 1
+
+BASE_DDL = """
+CREATE TABLE IF NOT EXISTS schedules (
+  id          TEXT PRIMARY KEY,
+  name        TEXT,
+  created_at  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS invocations (
+  id          TEXT PRIMARY KEY,
+  created_at  REAL NOT NULL,
+  detail      JSON
+);
+CREATE TABLE IF NOT EXISTS status_transitions (
+  id              TEXT PRIMARY KEY,
+  entity_type     TEXT NOT NULL,
+  entity_id       TEXT NOT NULL,
+  previous_status TEXT,
+  status          TEXT NOT NULL,
+  reason_code     TEXT NOT NULL,
+  reason_summary  TEXT,
+  evidence_refs   JSON,
+  source          TEXT NOT NULL,
+  actor           TEXT,
+  created_at      REAL NOT NULL,
+  metadata        JSON,
+  entity_version  INTEGER NOT NULL,
+  patch           JSON NOT NULL,
+  idempotency_key TEXT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_version
+  ON status_transitions(entity_type, entity_id, entity_version);
+CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_idempotency
+  ON status_transitions(entity_type, entity_id, idempotency_key)
+  WHERE idempotency_key IS NOT NULL;
+CREATE TRIGGER IF NOT EXISTS status_transitions_no_update
+  BEFORE UPDATE ON status_transitions
+  BEGIN SELECT RAISE(ABORT, 'status_transitions is append-only: UPDATE refused'); END;
+CREATE TRIGGER IF NOT EXISTS status_transitions_no_delete
+  BEFORE DELETE ON status_transitions
+  BEGIN SELECT RAISE(ABORT, 'status_transitions is append-only: DELETE refused'); END;
+"""
+
+WORKERS_DDL = """
+CREATE TABLE IF NOT EXISTS workers (
+  worker_id               TEXT PRIMARY KEY,
+  advertised_capabilities JSON NOT NULL DEFAULT '[]',
+  execution_targets       JSON NOT NULL DEFAULT '[]',
+  last_heartbeat_at       REAL NOT NULL,
+  leased_run_id           TEXT REFERENCES schedule_runs(id),
+  hostname                TEXT,
+  pid                     INTEGER,
+  started_at              REAL
+);
+"""
+
+
+def projection_ddl(policy: EntityPolicy) -> str:
+    cols = []
+    for name, decl in policy.columns.items():
+        if name == "status":
+            decl = f"{decl} {policy.status_check()}"
+        cols.append(f"  {name} {decl}")
+    stmts = [f"CREATE TABLE IF NOT EXISTS {policy.table} (\n" + ",\n".join(cols) + "\n);"]
+    for ix in policy.indexes:
+        unique = "UNIQUE " if ix.unique else ""
+        where = f" WHERE {ix.where}" if ix.where else ""
+        stmts.append(
+            f"CREATE {unique}INDEX IF NOT EXISTS {ix.name} "
+            f"ON {policy.table}({', '.join(ix.columns)}){where};"
+        )
+    return "\n".join(stmts)
+
+
+def schema_ddl(registry: Registry) -> str:
+    """The whole schema; workers come last because they reference schedule_runs."""
+    parts = [BASE_DDL]
+    parts += [projection_ddl(p) for p in registry.policies()]
+    if "schedule_runs" in {p.table for p in registry.policies()}:
+        parts.append(WORKERS_DDL)
+    return "\n".join(parts)
+
+
+def create_schema(conn: sqlite3.Connection, registry: Registry) -> None:
+    conn.executescript("BEGIN IMMEDIATE;\n" + schema_ddl(registry) +
+                       f"\nPRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;")
