@@ -121,13 +121,20 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
     version = int(row[1]) + 1
     sets = ", ".join(f"{c} = ?" for c in changes)
     where = " AND ".join(["id = ?", "status = ?"] + [f"{c} IS ?" for c in sorted(guard)])
-    cur = conn.execute(
-        f"UPDATE {policy.table} SET status = ?, version = ?, {sets} WHERE {where}",
+    # RETURNING reads the patched columns back as stored (after the column's type
+    # affinity), so the fact records exactly what the row holds: 123 patched into a
+    # TEXT column is '123' in both, and folding the log reproduces the row.
+    patched = list(patch)
+    returning = f" RETURNING {', '.join(patched)}" if patched else " RETURNING id"
+    stored = conn.execute(
+        f"UPDATE {policy.table} SET status = ?, version = ?, {sets} WHERE {where}{returning}",
         [request.to_state, version, *changes.values(), request.entity_id, observed,
          *(to_sql(guard[c]) for c in sorted(guard))],
-    )
-    if cur.rowcount != 1:
+    ).fetchall()
+    if len(stored) != 1:
         return _conflict(observed)
+    if patched:
+        changes.update(zip(patched, stored[0], strict=True))
     fact_id = str(uuid.uuid4())
     _append_fact(conn, fact_id, policy.name, request.entity_id, observed, request.to_state,
                  request.reason, request.actor, ts, version, changes, request.idempotency_key)

@@ -1,1 +1,61 @@
+"""The durable task queue: submission, capabilities, worker functions and the Worker service."""
 
+from ledgerq.queue.application import (
+    ACTION_ALIASES,
+    ACTION_KINDS,
+    EXECUTION_TARGETS,
+    RetryPolicy,
+    TaskApplication,
+)
+from ledgerq.queue.capabilities import (
+    CAPABILITY_CLASSES,
+    DEFAULT_CAPABILITY_CLASS,
+    affinity_score,
+    host_scoped_concurrency_key,
+    worker_can_serve,
+)
+from ledgerq.queue.launcher import ExecuteFn, build_argv, default_execute, make_default_execute
+from ledgerq.queue.submit import cancel_task, record_scheduled_fire, submit_many, submit_task
+from ledgerq.queue.worker import (
+    DEFAULT_HEARTBEAT_TTL_SECONDS,
+    DEFAULT_LEASE_TTL_SECONDS,
+    MAX_LEASE_ATTEMPTS,
+    TASK_WORKER_ENABLED,
+    claim_and_execute,
+    claim_runs,
+    promote_due,
+    reap_expired_leases,
+    register_heartbeat,
+    worker_tick,
+)
+
+__all__ = [
+    "ACTION_ALIASES",
+    "ACTION_KINDS",
+    "CAPABILITY_CLASSES",
+    "DEFAULT_CAPABILITY_CLASS",
+    "DEFAULT_HEARTBEAT_TTL_SECONDS",
+    "DEFAULT_LEASE_TTL_SECONDS",
+    "EXECUTION_TARGETS",
+    "MAX_LEASE_ATTEMPTS",
+    "TASK_WORKER_ENABLED",
+    "ExecuteFn",
+    "RetryPolicy",
+    "TaskApplication",
+    "affinity_score",
+    "build_argv",
+    "cancel_task",
+    "claim_and_execute",
+    "claim_runs",
+    "default_execute",
+    "host_scoped_concurrency_key",
+    "make_default_execute",
+    "promote_due",
+    "reap_expired_leases",
+    "record_scheduled_fire",
+    "register_heartbeat",
+    "submit_many",
+    "submit_task",
+    "worker_can_serve",
+    "worker_tick",
+]

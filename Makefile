@@ -1,0 +1,26 @@
+# The two commands the README promises, plus the checks CI and contributors run.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench install
+
+$(BIN)/ledgerq: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/ledgerq
+
+install: $(BIN)/ledgerq
+
+demo: install
+	$(BIN)/ledgerq demo
+
+test: install
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python bench/transition.py
+	$(BIN)/python bench/queue.py

@@ -1,0 +1,130 @@
+"""Turning a run into an argv and a child process: never a shell, always its own group.
+
+Build or resolution errors come back as ``(1, message)`` so a bad row ends as a failed
+run with a readable reason instead of an exception in the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ledgerq.store.codec import dumps
+
+ExecuteFn = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
+
+#: The command that runs the record's action kinds (``li agent ...``); override per worker.
+DEFAULT_COMMAND_PREFIX = "li"
+#: Bytes of stdout/stderr kept per stream; the tail is what explains a failure.
+OUTPUT_TAIL_BYTES = 4096
+#: Seconds a child gets between SIGTERM and SIGKILL when it is stopped.
+KILL_GRACE_SECONDS = 2.0
+
+
+class LaunchError(ValueError):
+    """The run cannot be turned into an argv (bad args, unresolvable command)."""
+
+
+def build_argv(run: dict[str, Any], *, prefix: str = DEFAULT_COMMAND_PREFIX) -> list[str]:
+    """The argv for a run: ``command`` runs ``args["argv"]``; other kinds go through ``prefix``."""
+    kind = run["action_kind"]
+    args = run.get("action_args") or {}
+    if not isinstance(args, dict):
+        raise LaunchError(f"action_args must be an object, got {type(args).__name__}")
+    if kind == "command":
+        argv = args.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise LaunchError('command tasks need args["argv"]: a non-empty list of strings')
+        return [_resolve(argv[0]), *argv[1:]]
+    if kind == "workflow":
+        raise LaunchError("workflow tasks run only through a registered adapter")
+    return [_resolve(prefix), kind.replace("_", "-"), "--args-json", dumps(args)]
+
+
+def _resolve(program: str) -> str:
+    if os.sep in program:
+        path = os.path.abspath(program)
+        if not os.access(path, os.X_OK):
+            raise LaunchError(f"{program!r} is not an executable file")
+        return path
+    found = shutil.which(program)
+    if found is None:
+        raise LaunchError(f"cannot resolve {program!r} on PATH")
+    return os.path.abspath(found)
+
+
+async def _tail(stream: asyncio.StreamReader | None, limit: int) -> bytes:
+    if stream is None:
+        return b""
+    chunks: deque[bytes] = deque()
+    size = 0
+    while chunk := await stream.read(65536):
+        chunks.append(chunk)
+        size += len(chunk)
+        while size - len(chunks[0]) >= limit:
+            size -= len(chunks.popleft())
+    return b"".join(chunks)[-limit:]
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+                   tail_bytes: int = OUTPUT_TAIL_BYTES) -> tuple[int, str, str]:
+    """Run a child in its own process group; returns (exit code, stdout tail, stderr tail).
+
+    Cancelling the awaiting task stops the whole group (SIGTERM, then SIGKILL after a
+    grace period), so a timed-out or cancelled run leaves no orphans behind.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True, cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
+    )
+    try:
+        out, err = await asyncio.gather(_tail(proc.stdout, tail_bytes),
+                                        _tail(proc.stderr, tail_bytes))
+        code = await proc.wait()
+    except BaseException:
+        kill_group(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE_SECONDS)
+        kill_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(proc.wait())
+        raise
+    finally:
+        # The leader may exit while its group lives on; a run owns its whole group.
+        kill_group(proc.pid, signal.SIGKILL)
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def make_default_execute(prefix: str = DEFAULT_COMMAND_PREFIX,
+                         tail_bytes: int = OUTPUT_TAIL_BYTES) -> ExecuteFn:
+    """An executor that launches the run's argv; its detail is the stderr tail."""
+
+    async def execute(run: dict[str, Any]) -> tuple[int, str]:
+        try:
+            argv = build_argv(run, prefix=prefix)
+        except LaunchError as exc:
+            return 1, str(exc)
+        args = run.get("action_args") or {}
+        cwd = args.get("cwd") if run["action_kind"] == "command" else None
+        try:
+            code, out, err = await run_argv(argv, cwd=cwd, tail_bytes=tail_bytes)
+        except OSError as exc:
+            return 1, f"cannot start {argv[0]}: {exc}"
+        return code, (err or (out if code else "")).strip()[-tail_bytes:]
+
+    return execute
+
+
+default_execute: ExecuteFn = make_default_execute()

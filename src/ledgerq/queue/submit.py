@@ -1,0 +1,152 @@
+"""Submission, cancellation and scheduled fires: how rows enter and leave the queue (D1, D2)."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ledgerq.lifecycle.engine import create_entity
+from ledgerq.lifecycle.models import Actor, StateReason
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.queue import wakeup
+from ledgerq.queue.application import TaskApplication, digest, validate
+from ledgerq.queue.capabilities import host_scoped_concurrency_key
+from ledgerq.queue.runs import ENTITY, move, resolve_dependents
+from ledgerq.store.codec import dumps
+
+if TYPE_CHECKING:
+    from ledgerq.store.db import StateDB
+
+SUBMITTER = Actor(type="system", id="ledgerq.submit")
+
+
+def _insert(conn: sqlite3.Connection, policy: EntityPolicy, app: TaskApplication, now: float,
+            host: str, actor: Actor) -> str:
+    fingerprint = digest(app)
+    if app.idempotency_key is not None:
+        existing = conn.execute(
+            "SELECT id, application_digest FROM schedule_runs WHERE idempotency_key = ?",
+            (app.idempotency_key,),
+        ).fetchone()
+        if existing is not None:
+            if existing["application_digest"] != fingerprint:
+                raise ValueError(
+                    f"idempotency_key {app.idempotency_key!r} was already used by run "
+                    f"{existing['id']} with a different application"
+                )
+            return str(existing["id"])
+    deps = list(dict.fromkeys(app.depends_on))
+    if deps:
+        found = {r[0] for r in conn.execute(
+            f"SELECT id FROM schedule_runs WHERE id IN ({', '.join('?' * len(deps))})", deps)}
+        unknown = [d for d in deps if d not in found]
+        if unknown:
+            raise ValueError(f"depends_on names unknown run id(s): {', '.join(unknown)}")
+    status = "waiting_dependency" if deps else "queued"
+    run_id = create_entity(conn, policy, {
+        "id": str(uuid.uuid4()),
+        "schedule_id": None, "invocation_id": None, "trigger_context": "{}",
+        "action_kind": app.action_kind, "action_args": dumps(app.args),
+        "status": status, "chain_depth": 0,
+        "fired_at": now, "created_at": now, "queued_at": now,
+        "concurrency_key": host_scoped_concurrency_key(host, app.required_capabilities),
+        "required_capabilities": dumps(app.required_capabilities),
+        "execution_target": app.execution_target,
+        "library_ref": app.library_ref, "library_content_hash": app.library_content_hash,
+        "idempotency_key": app.idempotency_key, "application_digest": fingerprint,
+        "retry_policy": dumps(app.retry.to_dict()) if app.retry else None,
+        "timeout_seconds": app.timeout_seconds,
+        "depends_on": dumps(deps) if deps else None,
+    }, reason=StateReason(code=f"run.{status}.submitted"), actor=actor, now=now)
+    if deps:
+        resolve_dependents(conn, policy, [run_id], waiting=True, now=now)
+    return run_id
+
+
+async def submit_task(db: StateDB, app: TaskApplication, *, now: float | None = None,
+                      host: str | None = None, actor: Actor = SUBMITTER) -> str:
+    """Validate, then insert one queued row and its creation fact; returns the run id.
+
+    A repeated non-empty idempotency key with an equal application returns the first
+    run's id and writes nothing; with a different application it raises ValueError.
+    """
+    return (await submit_many(db, [app], now=now, host=host, actor=actor))[0]
+
+
+async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: float | None = None,
+                      host: str | None = None, actor: Actor = SUBMITTER) -> list[str]:
+    """Submit a batch in one transaction: all rows are written, or (on any error) none."""
+    normalized = [validate(a) for a in apps]
+    policy = db.registry.entity(ENTITY)
+    ts = time.time() if now is None else now
+    hostname = host or socket.gethostname()
+
+    def unit(conn: sqlite3.Connection) -> list[str]:
+        return [_insert(conn, policy, a, ts, hostname, actor) for a in normalized]
+
+    ids = await db.write(unit)
+    wakeup.notify(db.path)
+    return ids
+
+
+async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = "",
+                      now: float | None = None) -> bool:
+    """Cancel a run that has not ended; False when it already has (a conflict, not an error).
+
+    A running run is cancelled too: its worker notices at its next lease check, stops
+    the child, and its own terminal write then conflicts harmlessly.
+    """
+    policy = db.registry.entity(ENTITY)
+    ts = time.time() if now is None else now
+
+    def unit(conn: sqlite3.Connection) -> bool:
+        row = conn.execute("SELECT status FROM schedule_runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise LookupError(f"run {run_id!r} not found")
+        status = row[0]
+        if not policy.allows(status, "cancelled"):
+            return False
+        res = move(conn, policy, run_id, status, "cancelled", "run.cancelled.operator",
+                   actor=actor, summary=summary or f"cancelled by {actor.type} {actor.id}",
+                   patch={"ended_at": ts}, now=ts)
+        if res.applied:
+            resolve_dependents(conn, policy, [run_id], now=ts)
+        return res.applied
+
+    return await db.write(unit)
+
+
+async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: str,
+                                args: dict[str, Any], status: str = "running",
+                                now: float | None = None, schedule_name: str | None = None,
+                                actor: Actor | None = None) -> str:
+    """Record a scheduler's fire through the guarded API: a row with schedule_id set.
+
+    Such rows enter ``running`` (or ``skipped``/``failed``) directly and are never
+    claimed by queue workers; the scheduler ends them with :func:`transition`.
+    """
+    policy = db.registry.entity(ENTITY)
+    if status not in policy.initial or status in ("queued", "waiting_dependency"):
+        raise ValueError(f"a scheduled fire starts running, skipped or failed, not {status!r}")
+    if not isinstance(args, dict):
+        raise ValueError(f"args must be a dict, got {type(args).__name__}")
+    ts = time.time() if now is None else now
+    who = actor or Actor(type="scheduler", id=schedule_id)
+    code = {"running": "run.started.scheduled", "skipped": "run.skipped.scheduled",
+            "failed": "run.failed.scheduled"}[status]
+
+    def unit(conn: sqlite3.Connection) -> str:
+        conn.execute("INSERT OR IGNORE INTO schedules (id, name, created_at) VALUES (?, ?, ?)",
+                     (schedule_id, schedule_name, ts))
+        return create_entity(conn, policy, {
+            "schedule_id": schedule_id, "trigger_context": "{}", "action_kind": action_kind,
+            "action_args": dumps(args), "status": status, "chain_depth": 0,
+            "fired_at": ts, "created_at": ts,
+            "ended_at": ts if status != "running" else None,
+        }, reason=StateReason(code=code), actor=who, now=ts)
+
+    return await db.write(unit)

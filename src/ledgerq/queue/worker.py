@@ -1,0 +1,545 @@
+"""Worker functions (record D4): heartbeat, reap, claim and execute under leases.
+
+Every status change here is a guarded move through the transition engine, so every
+move is one fact. Claims, renewals and terminal writes of concurrent runs share
+commits through StateDB's group commit; each is still its own guarded transition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ledgerq.lifecycle.models import Actor
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.queue.application import RetryPolicy
+from ledgerq.queue.capabilities import affinity_score, worker_can_serve
+from ledgerq.queue.launcher import ExecuteFn, default_execute
+from ledgerq.queue.locks import KeyLock
+from ledgerq.queue.runs import ENTITY, MalformedRow, decode_run, move, resolve_dependents
+from ledgerq.store.codec import dumps, loads
+
+if TYPE_CHECKING:
+    from ledgerq.store.db import StateDB
+
+log = logging.getLogger("ledgerq.worker")
+
+TASK_WORKER_ENABLED = True
+DEFAULT_LEASE_TTL_SECONDS = 300.0
+DEFAULT_HEARTBEAT_TTL_SECONDS = 90.0
+MAX_LEASE_ATTEMPTS = 3
+#: Candidates read per keyset page, rows scanned per pass, claims attempted per pass (D4).
+PAGE_SIZE = 50
+SCAN_CAP = 5000
+DEFAULT_CLAIM_LIMIT = 20
+#: How often an executing run checks that it still owns its lease (cancel / reap notice).
+LEASE_CHECK_SECONDS = 0.5
+#: A lease is renewed once this fraction of its TTL has passed.
+RENEW_FRACTION = 1 / 3
+#: exit_code recorded for a run killed at its deadline (the coreutils ``timeout`` convention).
+TIMEOUT_EXIT_CODE = 124
+#: Longest error_detail kept on a row.
+DETAIL_LIMIT = 4096
+
+Authorize = Callable[[dict[str, Any]], "bool | str | Awaitable[bool | str]"]
+
+
+def _actor(worker_id: str) -> Actor:
+    return Actor(type="system", id=worker_id)
+
+
+# ----------------------------------------------------------------- heartbeat
+
+
+async def register_heartbeat(db: StateDB, *, worker_id: str,
+                             advertised_capabilities: list[str] | None = None,
+                             execution_targets: list[str] | None = None,
+                             now: float | None = None) -> None:
+    """Upsert this worker's row: what it serves and when it was last alive."""
+    ts = time.time() if now is None else now
+    caps = dumps(list(advertised_capabilities or []))
+    targets = dumps(list(execution_targets or []))
+    host = socket.gethostname()
+
+    def unit(conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "INSERT INTO workers (worker_id, advertised_capabilities, execution_targets, "
+            "last_heartbeat_at, hostname, pid, started_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(worker_id) DO UPDATE SET "
+            "advertised_capabilities = excluded.advertised_capabilities, "
+            "execution_targets = excluded.execution_targets, "
+            "last_heartbeat_at = excluded.last_heartbeat_at, pid = excluded.pid",
+            (worker_id, caps, targets, ts, host, os.getpid(), ts),
+        )
+
+    await db.write(unit)
+
+
+# ----------------------------------------------------------------- reaper
+
+
+def _reap(conn: sqlite3.Connection, policy: EntityPolicy, now: float) -> dict[str, int]:
+    counts = {"requeued": 0, "failed": 0}
+    expired = conn.execute(
+        "SELECT id, leased_by, lease_expires_at, lease_attempts FROM schedule_runs "
+        "WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < ?",
+        (now,),
+    ).fetchall()
+    for row in expired:
+        guard = {"leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"]}
+        if row["lease_attempts"] < MAX_LEASE_ATTEMPTS:
+            res = move(conn, policy, row["id"], "running", "queued", "run.queued.lease_expired",
+                       summary=f"lease of {row['leased_by']} expired", guard=guard,
+                       patch={"leased_by": None, "lease_expires_at": None}, now=now,
+                       metadata={"expired_worker": row["leased_by"]})
+            counts["requeued"] += int(res.applied)
+        else:
+            detail = (f"lease expired {row['lease_attempts']} times "
+                      f"(last holder {row['leased_by']})")
+            res = move(conn, policy, row["id"], "running", "failed",
+                       "run.failed.lease_attempts_exhausted", summary=detail, guard=guard,
+                       patch={"ended_at": now, "error_detail": detail}, now=now,
+                       metadata={"expired_worker": row["leased_by"]})
+            if res.applied:
+                counts["failed"] += 1
+                resolve_dependents(conn, policy, [row["id"]], now=now)
+    return counts
+
+
+async def reap_expired_leases(db: StateDB, *, now: float | None = None) -> dict[str, int]:
+    """Return expired leases to the queue, or fail rows whose leases expired 3 times."""
+    policy = db.registry.entity(ENTITY)
+    ts = time.time() if now is None else now
+    return await db.write(lambda conn: _reap(conn, policy, ts))
+
+
+def _promote(conn: sqlite3.Connection, policy: EntityPolicy, now: float) -> dict[str, int]:
+    counts = {"retried": 0, "released": 0, "cancelled": 0}
+    for row in conn.execute(
+        "SELECT id, retry_due_at FROM schedule_runs "
+        "WHERE status = 'retry_wait' AND retry_due_at <= ?", (now,),
+    ).fetchall():
+        res = move(conn, policy, row["id"], "retry_wait", "queued", "run.queued.retry_due",
+                   guard={"retry_due_at": row["retry_due_at"]},
+                   patch={"lease_attempts": 0, "retry_due_at": None, "queued_at": now}, now=now)
+        counts["retried"] += int(res.applied)
+    waiting = [r[0] for r in conn.execute(
+        "SELECT id FROM schedule_runs WHERE status = 'waiting_dependency'")]
+    for i in range(0, len(waiting), 500):
+        got = resolve_dependents(conn, policy, waiting[i:i + 500], waiting=True, now=now)
+        counts["released"] += got["released"]
+        counts["cancelled"] += got["cancelled"]
+    return counts
+
+
+async def promote_due(db: StateDB, *, now: float | None = None) -> dict[str, int]:
+    """Move due retries back to queued and settle waiting runs whose dependencies ended."""
+    policy = db.registry.entity(ENTITY)
+    ts = time.time() if now is None else now
+    return await db.write(lambda conn: _promote(conn, policy, ts))
+
+
+# ----------------------------------------------------------------- claim
+
+
+@dataclass
+class ClaimPass:
+    """What a claim pass saw: rows claimed, plus rows it had to skip and why."""
+
+    claimed: list[dict[str, Any]] = field(default_factory=list)
+    scanned: int = 0
+    malformed: list[str] = field(default_factory=list)
+    lost: int = 0
+
+
+def _candidates(conn: sqlite3.Connection, excluded_kinds: list[str], advertised: list[str],
+                targets: set[str], result: ClaimPass) -> list[dict[str, Any]]:
+    eligible: list[dict[str, Any]] = []
+    cursor: tuple[float, str] = (float("-inf"), "")
+    kinds_clause = (f"AND action_kind NOT IN ({', '.join('?' * len(excluded_kinds))})"
+                    if excluded_kinds else "")
+    sql = (
+        "SELECT id, queued_at, required_capabilities, execution_target, concurrency_key, "
+        "lease_attempts FROM schedule_runs "
+        f"WHERE status = 'queued' AND schedule_id IS NULL {kinds_clause} "
+        "AND (queued_at, id) > (?, ?) ORDER BY queued_at, id LIMIT ?"
+    )
+    while result.scanned < SCAN_CAP:
+        page = conn.execute(sql, (*excluded_kinds, *cursor,
+                                  min(PAGE_SIZE, SCAN_CAP - result.scanned))).fetchall()
+        if not page:
+            break
+        result.scanned += len(page)
+        cursor = (page[-1]["queued_at"], page[-1]["id"])
+        for row in page:
+            try:
+                caps = loads(row["required_capabilities"]) or []
+                if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+                    raise ValueError("not a list of strings")
+            except Exception:
+                result.malformed.append(row["id"])
+                log.warning("skipping run %s: required_capabilities is malformed", row["id"])
+                continue
+            target = row["execution_target"]
+            if target and target not in targets:
+                continue
+            if not worker_can_serve(caps, advertised):
+                continue
+            eligible.append({**dict(row), "required_capabilities": caps})
+        if len(page) < PAGE_SIZE:
+            break
+    return eligible
+
+
+def _claim_one(conn: sqlite3.Connection, policy: EntityPolicy, cand: dict[str, Any],
+               worker_id: str, now: float, lease_ttl: float) -> dict[str, Any] | None:
+    key = cand["concurrency_key"]
+    if key is not None and conn.execute(
+        "SELECT 1 FROM schedule_runs WHERE status = 'running' AND concurrency_key = ? LIMIT 1",
+        (key,),
+    ).fetchone():
+        return None
+    attempts = cand["lease_attempts"]
+    res = move(conn, policy, cand["id"], "queued", "running", "run.started.ok",
+               actor=_actor(worker_id), summary=f"claimed by {worker_id}",
+               guard={"lease_attempts": attempts, "leased_by": None},
+               patch={"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
+                      "lease_attempts": attempts + 1}, now=now)
+    if not res.applied:
+        return None
+    row = conn.execute("SELECT * FROM schedule_runs WHERE id = ?", (cand["id"],)).fetchone()
+    return dict(row)
+
+
+async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
+                     lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
+                     limit: int = DEFAULT_CLAIM_LIMIT,
+                     advertised_capabilities: Iterable[str] | None = None,
+                     execution_targets: Iterable[str] | None = None,
+                     heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
+                     servable_kinds: Callable[[str], bool] | None = None,
+                     excluded_kinds: Iterable[str] = ("workflow",)) -> ClaimPass:
+    """One claim pass (D4): scan, filter, order by affinity, claim up to ``limit`` rows.
+
+    Each claim is its own guarded queued -> running move; all of a pass's claims
+    commit together. A concurrency key already running (checked inside the claim's
+    own transaction, so across workers too) or claimed earlier in this pass blocks a
+    candidate for the rest of the pass.
+    """
+    ts = time.time() if now is None else now
+    result = ClaimPass()
+    if limit <= 0:
+        return result
+    hb = await db.fetch_one("SELECT last_heartbeat_at FROM workers WHERE worker_id = ?",
+                            (worker_id,))
+    if hb is not None and ts - hb["last_heartbeat_at"] > heartbeat_ttl:
+        log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
+        return result
+    advertised = list(advertised_capabilities or [])
+    targets = set(execution_targets or ["host"])
+    excluded = sorted(set(excluded_kinds))
+    eligible = await db.read(
+        lambda conn: _candidates(conn, excluded, advertised, targets, result))
+    # Stable: equal scores keep the oldest-first order of the scan.
+    eligible.sort(key=lambda c: -affinity_score(c["required_capabilities"], advertised))
+    running_keys = {r["concurrency_key"] for r in await db.fetch_all(
+        "SELECT DISTINCT concurrency_key FROM schedule_runs "
+        "WHERE status = 'running' AND concurrency_key IS NOT NULL")}
+    blocked = set(running_keys)
+    chosen: list[dict[str, Any]] = []
+    for cand in eligible:
+        if len(chosen) >= limit:
+            break
+        key = cand["concurrency_key"]
+        if key is not None:
+            if key in blocked:
+                continue
+            blocked.add(key)
+        chosen.append(cand)
+    if not chosen:
+        return result
+    policy = db.registry.entity(ENTITY)
+    outcomes = await asyncio.gather(*(
+        db.write(functools.partial(_claim_one, policy=policy, cand=c, worker_id=worker_id,
+                                   now=ts, lease_ttl=lease_ttl))
+        for c in chosen
+    ), return_exceptions=True)
+    for cand, got in zip(chosen, outcomes, strict=True):
+        if isinstance(got, BaseException):
+            log.warning("claim of run %s failed: %s", cand["id"], got)
+            result.lost += 1
+        elif got is None:
+            result.lost += 1
+        else:
+            result.claimed.append(got)
+    return result
+
+
+# ----------------------------------------------------------------- execution
+
+
+@dataclass
+class Executors:
+    """Which callable runs which action kind: adapters first, then ``execute``, then default.
+
+    ``workflow`` has no default: without an adapter its rows are never claimed.
+    """
+
+    execute: ExecuteFn | None = None
+    adapters: Mapping[str, ExecuteFn] = field(default_factory=dict)
+
+    def for_kind(self, kind: str) -> ExecuteFn | None:
+        if kind in self.adapters:
+            return self.adapters[kind]
+        if kind == "workflow":
+            return None
+        return self.execute or default_execute
+
+    def excluded_kinds(self) -> list[str]:
+        return [] if "workflow" in self.adapters else ["workflow"]
+
+
+@dataclass
+class RunContext:
+    """How one claimed run is supervised while it executes."""
+
+    worker_id: str
+    lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS
+    clock: Callable[[], float] = time.time
+    executors: Executors = field(default_factory=Executors)
+    authorize: Authorize | None = None
+    lock_dir: Path | None = None
+    check_interval: float = LEASE_CHECK_SECONDS
+    stopping: asyncio.Event | None = None
+
+
+class LeaseLost(Exception):
+    """The run's lease is no longer ours (reaped, cancelled, reclaimed)."""
+
+
+def _finish(conn: sqlite3.Connection, policy: EntityPolicy, run: dict[str, Any], to_state: str,
+            code: str, guard: dict[str, Any], patch: dict[str, Any], now: float,
+            worker_id: str, summary: str = "") -> bool:
+    res = move(conn, policy, run["id"], "running", to_state, code, actor=_actor(worker_id),
+               summary=summary, guard=guard, patch=patch, now=now)
+    if res.applied and to_state in policy.terminal:
+        resolve_dependents(conn, policy, [run["id"]], now=now)
+    return res.applied
+
+
+async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> str:
+    """Run one claimed row to an end and write its outcome, guarded on our lease.
+
+    Returns the state written (``completed``, ``failed``, ``retry_wait``,
+    ``timed_out``, ``queued`` on shutdown) or ``lost`` when the lease went away, in
+    which case the child is stopped and nothing terminal is written.
+    """
+    policy = db.registry.entity(ENTITY)
+    lease = {"leased_by": ctx.worker_id, "lease_expires_at": run["lease_expires_at"]}
+    try:
+        decoded = decode_run(run)
+    except MalformedRow as exc:
+        return await _end(db, policy, run, lease, ctx, "failed", "run.failed.exception", 1,
+                          str(exc))
+    if ctx.authorize is not None:
+        verdict = ctx.authorize(decoded)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        if verdict is not True:
+            why = verdict if isinstance(verdict, str) and verdict else "denied by authorize hook"
+            return await _end(db, policy, run, lease, ctx, "failed", "run.failed.unauthorized",
+                              None, f"unauthorized: {why}")
+    executor = ctx.executors.for_kind(run["action_kind"])
+    if executor is None:
+        return await _end(db, policy, run, lease, ctx, "failed", "run.failed.exception", 1,
+                          f"no executor for action kind {run['action_kind']!r}")
+    key = run.get("concurrency_key")
+    lock = KeyLock(ctx.lock_dir, key) if key and ctx.lock_dir is not None else None
+    try:
+        if lock is not None:
+            while not lock.try_acquire():
+                await _supervise_once(db, policy, run, lease, ctx)
+                await asyncio.sleep(0.05)
+        return await _run_supervised(db, policy, run, decoded, lease, executor, ctx)
+    except LeaseLost as exc:
+        log.info("run %s: lease lost (%s); child stopped, nothing written", run["id"], exc)
+        return "lost"
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+                          decoded: dict[str, Any], lease: dict[str, Any], executor: ExecuteFn,
+                          ctx: RunContext) -> str:
+    started = ctx.clock()
+    timeout = run.get("timeout_seconds")
+    deadline = started + timeout if timeout else None
+    task: asyncio.Task[tuple[int, str]] = asyncio.ensure_future(executor(decoded))
+    try:
+        while True:
+            wait = ctx.check_interval
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - ctx.clock()))
+            done, _ = await asyncio.wait({task}, timeout=wait)
+            if done:
+                break
+            if deadline is not None and ctx.clock() >= deadline:
+                await _stop(task)
+                return await _end(db, policy, run, lease, ctx, "timed_out",
+                                  "run.timed_out.deadline", TIMEOUT_EXIT_CODE,
+                                  f"timed out after {timeout:g}s; process group killed")
+            if ctx.stopping is not None and ctx.stopping.is_set():
+                await _stop(task)
+                return await _end(db, policy, run, lease, ctx, "queued",
+                                  "run.queued.worker_shutdown", None, None)
+            await _supervise_once(db, policy, run, lease, ctx)
+    except BaseException:
+        await _stop(task)
+        raise
+    try:
+        code, detail = task.result()
+    except Exception as exc:
+        return await _fail(db, policy, run, lease, ctx, "run.failed.exception", 1,
+                           f"{type(exc).__name__}: {exc}")
+    if code == 0:
+        return await _end(db, policy, run, lease, ctx, "completed", "run.completed.ok", 0, None)
+    return await _fail(db, policy, run, lease, ctx, "run.failed.exit_nonzero", code,
+                       detail or f"exit code {code}")
+
+
+async def _stop(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+
+
+async def _supervise_once(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+                          lease: dict[str, Any], ctx: RunContext) -> None:
+    """Raise LeaseLost if the row is no longer ours; renew the lease when it is due."""
+    row = await db.fetch_one(
+        "SELECT status, leased_by, lease_expires_at FROM schedule_runs WHERE id = ?",
+        (run["id"],))
+    if (row is None or row["status"] != "running" or row["leased_by"] != lease["leased_by"]
+            or row["lease_expires_at"] != lease["lease_expires_at"]):
+        raise LeaseLost("row changed under us: " + (row["status"] if row else "deleted"))
+    now = ctx.clock()
+    if now < lease["lease_expires_at"] - ctx.lease_ttl * (1 - RENEW_FRACTION):
+        return
+    new_expiry = now + ctx.lease_ttl
+    applied = await db.write(lambda conn: move(
+        conn, policy, run["id"], "running", "running", "run.running.lease_renewed",
+        actor=_actor(ctx.worker_id), guard=dict(lease),
+        patch={"lease_expires_at": new_expiry}, now=now).applied)
+    if not applied:
+        raise LeaseLost("renewal conflicted")
+    lease["lease_expires_at"] = new_expiry
+
+
+async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: dict[str, Any],
+                ctx: RunContext, code: str, exit_code: int | None, detail: str) -> str:
+    """A failed run goes to retry_wait while its retry policy has attempts left."""
+    raw = run.get("retry_policy")
+    policy_ = RetryPolicy.from_dict(loads(raw)) if raw else None
+    runs_done = int(run.get("run_attempts") or 0) + 1
+    if policy_ is not None and runs_done < policy_.max_attempts:
+        now = ctx.clock()
+        due = now + policy_.delay(runs_done)
+        patch = {"leased_by": None, "lease_expires_at": None, "retry_due_at": due,
+                 "run_attempts": runs_done, "exit_code": exit_code,
+                 "error_detail": detail[-DETAIL_LIMIT:]}
+        applied = await db.write(lambda conn: _finish(
+            conn, policy, run, "retry_wait", "run.retry_wait.backoff", dict(lease), patch, now,
+            ctx.worker_id, summary=f"attempt {runs_done} of {policy_.max_attempts} failed"))
+        return "retry_wait" if applied else "lost"
+    return await _end(db, policy, run, lease, ctx, "failed", code, exit_code, detail)
+
+
+async def _end(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: dict[str, Any],
+               ctx: RunContext, to_state: str, code: str, exit_code: int | None,
+               detail: str | None) -> str:
+    now = ctx.clock()
+    if to_state == "queued":  # graceful shutdown: not a failed attempt, so give it back
+        patch: dict[str, Any] = {"leased_by": None, "lease_expires_at": None,
+                                 "lease_attempts": max(0, int(run["lease_attempts"]) - 1)}
+    else:
+        patch = {"ended_at": now, "exit_code": exit_code,
+                 "error_detail": detail[-DETAIL_LIMIT:] if detail else None,
+                 "run_attempts": int(run.get("run_attempts") or 0) + 1}
+    applied = await db.write(lambda conn: _finish(conn, policy, run, to_state, code, dict(lease),
+                                                  patch, now, ctx.worker_id, summary=detail or ""))
+    if not applied:
+        log.info("run %s: terminal write %s conflicted (lease no longer ours)", run["id"], to_state)
+        return "lost"
+    return to_state
+
+
+# ----------------------------------------------------------------- passes
+
+
+def _fixed_clock(now: float | None) -> Callable[[], float]:
+    if now is None:
+        return time.time
+    start = time.monotonic()
+    return lambda: now + (time.monotonic() - start)
+
+
+async def claim_and_execute(db: StateDB, *, worker_id: str, execute: ExecuteFn | None = None,
+                            now: float | None = None,
+                            lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
+                            limit: int = DEFAULT_CLAIM_LIMIT,
+                            advertised_capabilities: list[str] | None = None,
+                            execution_targets: list[str] | None = None,
+                            heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
+                            adapters: Mapping[str, ExecuteFn] | None = None,
+                            authorize: Authorize | None = None,
+                            lock_dir: str | Path | None = None) -> int:
+    """One claim pass, then run every claimed row concurrently to its end; returns claims.
+
+    Past the record: claimed rows run concurrently (not one after another), leases
+    are renewed while they run, and terminal writes record ended_at/exit_code/error_detail.
+    """
+    executors = Executors(execute=execute, adapters=dict(adapters or {}))
+    claimed = await claim_runs(
+        db, worker_id=worker_id, now=now, lease_ttl=lease_ttl, limit=limit,
+        advertised_capabilities=advertised_capabilities, execution_targets=execution_targets,
+        heartbeat_ttl=heartbeat_ttl, excluded_kinds=executors.excluded_kinds())
+    ctx = RunContext(worker_id=worker_id, lease_ttl=lease_ttl, clock=_fixed_clock(now),
+                     executors=executors, authorize=authorize,
+                     lock_dir=Path(lock_dir) if lock_dir is not None else None)
+    await asyncio.gather(*(execute_claimed(db, run, ctx) for run in claimed.claimed))
+    return len(claimed.claimed)
+
+
+async def worker_tick(db: StateDB, *, worker_id: str, execute: ExecuteFn | None = None,
+                      now: float | None = None, lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
+                      limit: int = DEFAULT_CLAIM_LIMIT,
+                      advertised_capabilities: list[str] | None = None,
+                      execution_targets: list[str] | None = None,
+                      heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
+                      adapters: Mapping[str, ExecuteFn] | None = None,
+                      authorize: Authorize | None = None,
+                      lock_dir: str | Path | None = None) -> dict[str, int]:
+    """Heartbeat, reap, then claim and execute: the record's tick, in that order."""
+    targets = execution_targets if execution_targets is not None else ["host"]
+    await register_heartbeat(db, worker_id=worker_id,
+                             advertised_capabilities=advertised_capabilities,
+                             execution_targets=targets, now=now)
+    reaped = await reap_expired_leases(db, now=now)
+    await promote_due(db, now=now)
+    claimed = await claim_and_execute(
+        db, worker_id=worker_id, execute=execute, now=now, lease_ttl=lease_ttl, limit=limit,
+        advertised_capabilities=advertised_capabilities, execution_targets=targets,
+        heartbeat_ttl=heartbeat_ttl, adapters=adapters, authorize=authorize, lock_dir=lock_dir)
+    return {"requeued": reaped["requeued"], "failed": reaped["failed"], "claimed": claimed}
