@@ -15,6 +15,7 @@ from ledgerq.queue.capabilities import (
     worker_can_serve,
 )
 from ledgerq.queue.launcher import ExecuteFn, build_argv, default_execute, make_default_execute
+from ledgerq.queue.runtime import Worker
 from ledgerq.queue.submit import cancel_task, record_scheduled_fire, submit_many, submit_task
 from ledgerq.queue.worker import (
     DEFAULT_HEARTBEAT_TTL_SECONDS,
@@ -42,6 +43,7 @@ __all__ = [
     "ExecuteFn",
     "RetryPolicy",
     "TaskApplication",
+    "Worker",
     "affinity_score",
     "build_argv",
     "cancel_task",

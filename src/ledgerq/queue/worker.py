@@ -121,6 +121,10 @@ async def reap_expired_leases(db: StateDB, *, now: float | None = None) -> dict[
     """Return expired leases to the queue, or fail rows whose leases expired 3 times."""
     policy = db.registry.entity(ENTITY)
     ts = time.time() if now is None else now
+    if await db.fetch_one(
+        "SELECT 1 FROM schedule_runs WHERE status = 'running' "
+        "AND lease_expires_at IS NOT NULL AND lease_expires_at < ? LIMIT 1", (ts,)) is None:
+        return {"requeued": 0, "failed": 0}  # nothing expired: skip the write lock
     return await db.write(lambda conn: _reap(conn, policy, ts))
 
 
@@ -147,6 +151,10 @@ async def promote_due(db: StateDB, *, now: float | None = None) -> dict[str, int
     """Move due retries back to queued and settle waiting runs whose dependencies ended."""
     policy = db.registry.entity(ENTITY)
     ts = time.time() if now is None else now
+    if await db.fetch_one(
+        "SELECT 1 FROM schedule_runs WHERE (status = 'retry_wait' AND retry_due_at <= ?) "
+        "OR status = 'waiting_dependency' LIMIT 1", (ts,)) is None:
+        return {"retried": 0, "released": 0, "cancelled": 0}
     return await db.write(lambda conn: _promote(conn, policy, ts))
 
 
@@ -369,6 +377,9 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
     try:
         if lock is not None:
             while not lock.try_acquire():
+                if ctx.stopping is not None and ctx.stopping.is_set():
+                    return await _end(db, policy, run, lease, ctx, "queued",
+                                      "run.queued.worker_shutdown", None, None)
                 await _supervise_once(db, policy, run, lease, ctx)
                 await asyncio.sleep(0.05)
         return await _run_supervised(db, policy, run, decoded, lease, executor, ctx)

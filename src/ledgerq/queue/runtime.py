@@ -1,0 +1,219 @@
+"""The long-running Worker service: the record's tick, made continuous (past the record).
+
+One asyncio loop heartbeats, reaps, promotes due retries and claims only as many rows
+as it has free capacity; each claimed row runs in its own task under
+:func:`execute_claimed` (lease renewal, deadline, cancel notice, OS lock per key).
+A submission in the same process wakes the loop at once; otherwise it polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ledgerq.queue import wakeup
+from ledgerq.queue.launcher import ExecuteFn
+from ledgerq.queue.worker import (
+    DEFAULT_CLAIM_LIMIT,
+    DEFAULT_HEARTBEAT_TTL_SECONDS,
+    LEASE_CHECK_SECONDS,
+    Authorize,
+    Executors,
+    RunContext,
+    claim_runs,
+    execute_claimed,
+    promote_due,
+    reap_expired_leases,
+    register_heartbeat,
+)
+
+if TYPE_CHECKING:
+    from ledgerq.store.db import StateDB
+
+log = logging.getLogger("ledgerq.runtime")
+
+#: Defaults of the Worker service (the record's functions keep the record's values).
+DEFAULT_CAPACITY = 4
+DEFAULT_POLL_INTERVAL = 0.2
+#: A short lease is safe because a healthy worker renews it every third of its TTL;
+#: it bounds how long a killed worker's runs wait for the reaper.
+DEFAULT_WORKER_LEASE_TTL = 30.0
+DEFAULT_SHUTDOWN_GRACE = 10.0
+DEFAULT_LOCK_DIR = Path(tempfile.gettempdir()) / "ledgerq-locks"
+
+
+def default_worker_id() -> str:
+    """``host:<8 hex>``, the record's worker id shape."""
+    return f"host:{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    """Claims and runs queued rows until :meth:`stop` or SIGINT/SIGTERM.
+
+    Concurrency: at most ``capacity`` runs execute at once; equal concurrency keys
+    never overlap (checked inside each claim's transaction, across workers) and each
+    key's OS lock file under ``lock_dir`` is held while its run executes.
+    """
+
+    def __init__(self, db: StateDB, *, worker_id: str | None = None,
+                 capacity: int = DEFAULT_CAPACITY, poll_interval: float = DEFAULT_POLL_INTERVAL,
+                 lease_ttl: float = DEFAULT_WORKER_LEASE_TTL,
+                 heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
+                 advertised_capabilities: list[str] | None = None,
+                 execution_targets: list[str] | None = None,
+                 execute: ExecuteFn | None = None,
+                 adapters: Mapping[str, ExecuteFn] | None = None,
+                 authorize: Authorize | None = None,
+                 lock_dir: str | Path | None = DEFAULT_LOCK_DIR,
+                 shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+                 claim_limit: int = DEFAULT_CLAIM_LIMIT,
+                 check_interval: float = LEASE_CHECK_SECONDS,
+                 handle_signals: bool = True) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, not {capacity}")
+        if poll_interval <= 0 or lease_ttl <= 0:
+            raise ValueError("poll_interval and lease_ttl must be positive")
+        self.db = db
+        self.worker_id = worker_id or default_worker_id()
+        self.capacity = capacity
+        self.poll_interval = poll_interval
+        self.lease_ttl = lease_ttl
+        self.heartbeat_ttl = heartbeat_ttl
+        self.advertised_capabilities = list(advertised_capabilities or [])
+        self.execution_targets = list(execution_targets or ["host"])
+        self.shutdown_grace = shutdown_grace
+        self.claim_limit = claim_limit
+        self.handle_signals = handle_signals
+        self.executors = Executors(execute=execute, adapters=dict(adapters or {}))
+        self._stopping_runs = asyncio.Event()
+        self.context = RunContext(
+            worker_id=self.worker_id, lease_ttl=lease_ttl, executors=self.executors,
+            authorize=authorize, lock_dir=Path(lock_dir) if lock_dir is not None else None,
+            check_interval=check_interval, stopping=self._stopping_runs,
+        )
+        self.active: dict[str, asyncio.Task[str]] = {}
+        self.outcomes: Counter[str] = Counter()
+        self.max_active = 0
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._running = False
+
+    # ------------------------------------------------------------ control
+
+    async def stop(self) -> None:
+        """Stop claiming; running runs get ``shutdown_grace`` seconds, then are requeued."""
+        self._stop.set()
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # ------------------------------------------------------------ loop
+
+    async def run(self) -> None:
+        if self._running:
+            raise RuntimeError(f"worker {self.worker_id} is already running")
+        self._running = True
+        loop = asyncio.get_running_loop()
+        installed = self._install_signals(loop)
+        wakeup.subscribe(self.db.path, self._wake)
+        try:
+            await self._loop()
+        finally:
+            wakeup.unsubscribe(self.db.path, self._wake)
+            await self._drain()
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            self._running = False
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+        if not self.handle_signals:
+            return []
+        installed: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue  # not the main thread: the owner stops us with stop()
+            installed.append(sig)
+        return installed
+
+    async def _loop(self) -> None:
+        heartbeat_every = max(0.05, min(self.heartbeat_ttl / 3, 5.0))
+        maintain_every = max(self.poll_interval, 0.5)
+        last_heartbeat = last_maintain = float("-inf")
+        while not self._stop.is_set():
+            now = time.time()
+            self._wake.clear()
+            try:
+                if now - last_heartbeat >= heartbeat_every:
+                    await register_heartbeat(
+                        self.db, worker_id=self.worker_id,
+                        advertised_capabilities=self.advertised_capabilities,
+                        execution_targets=self.execution_targets, now=now)
+                    last_heartbeat = now
+                if now - last_maintain >= maintain_every:
+                    await reap_expired_leases(self.db, now=now)
+                    await promote_due(self.db, now=now)
+                    last_maintain = now
+                free = self.capacity - len(self.active)
+                if free > 0:
+                    await self._claim(min(free, self.claim_limit))
+            except Exception:
+                log.exception("worker %s: pass failed; retrying after the poll interval",
+                              self.worker_id)
+            if self._stop.is_set():
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def _claim(self, limit: int) -> None:
+        got = await claim_runs(
+            self.db, worker_id=self.worker_id, lease_ttl=self.lease_ttl, limit=limit,
+            advertised_capabilities=self.advertised_capabilities,
+            execution_targets=self.execution_targets, heartbeat_ttl=self.heartbeat_ttl,
+            excluded_kinds=self.executors.excluded_kinds())
+        for run in got.claimed:
+            task = asyncio.get_running_loop().create_task(self._execute(run))
+            self.active[run["id"]] = task
+            self.max_active = max(self.max_active, len(self.active))
+        if len(got.claimed) == limit:
+            self._wake.set()  # there may be more: claim again without waiting
+
+    async def _execute(self, run: dict[str, Any]) -> str:
+        try:
+            outcome = await execute_claimed(self.db, run, self.context)
+        except Exception:
+            log.exception("worker %s: run %s crashed its supervisor", self.worker_id, run["id"])
+            outcome = "error"
+        finally:
+            self.active.pop(run["id"], None)
+            self._wake.set()  # capacity freed
+        self.outcomes[outcome] += 1
+        return outcome
+
+    async def _drain(self) -> None:
+        """Let running runs finish within the grace period, then stop and requeue the rest."""
+        if not self.active:
+            return
+        tasks = list(self.active.values())
+        _, pending = await asyncio.wait(tasks, timeout=self.shutdown_grace)
+        if pending:
+            log.warning("worker %s: %d run(s) still running after %.1fs; stopping and "
+                        "requeueing them", self.worker_id, len(pending), self.shutdown_grace)
+            self._stopping_runs.set()
+            await asyncio.wait(pending)
