@@ -162,17 +162,20 @@ def current_user() -> str:
         return "operator"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ledgerq {__version__}")
+        raise typer.Exit(OK)
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
     db: DbOption = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.",
-                                          is_eager=True)] = False,
+                                          is_eager=True, callback=_print_version)] = False,
 ) -> None:
     """ledgerq: every status change is a guarded fact in an append-only log."""
-    if version:
-        typer.echo(f"ledgerq {__version__}")
-        raise typer.Exit(OK)
     ctx.obj = {"db": db}
 
 
