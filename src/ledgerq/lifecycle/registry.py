@@ -114,7 +114,9 @@ def _edge_label(rule: EdgeRule) -> str:
         parts.append("guard " + ",".join(sorted(rule.requires_guard)))
     if rule.requires_patch:
         parts.append("patch " + ",".join(sorted(rule.requires_patch)))
-    return "; ".join(parts)
+    # Mermaid's state-diagram lexer ends a transition label at ':' or ';', so neither
+    # may appear inside one.
+    return " / ".join(parts)
 
 
 def _sql_str(value: str) -> str:
