@@ -576,3 +576,22 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert as_json("verify", "--db", db)["ok"] is True
     # a second demo refuses to reuse the database
     assert "already exists" in one_error_line(cli("demo", "--db", db), 2)
+
+
+def test_global_specs_option_and_env(tmp_path: Path) -> None:
+    specs = tmp_path / "specs"
+    shutil.copytree(ROOT / "specs", specs)
+    (specs / "gadget.toml").write_text(
+        'entity = "gadget"\ntable = "gadgets"\ninitial = ["new"]\nterminal = ["done"]\n'
+        'edges = [{from = "new", to = ["done"]}]\n'
+        '[states.new]\ndescription = "n"\n[states.done]\ndescription = "d"\n'
+        '[reason_codes]\n"gadget.done.ok" = "ok"\n')
+    assert as_json("--specs", str(specs), "specs", "check")["entities"] == [
+        "dispatch", "gadget", "schedule_run"]
+    assert ok("specs", "graph", "gadget", env={"LEDGERQ_SPECS": str(specs)}).stdout == (
+        "stateDiagram-v2\n    [*] --> new\n    new --> done\n    done --> [*]\n")
+    db = tmp_path / "g.db"
+    ok("--specs", str(specs), "submit", "--db", str(db), "flow")
+    with sqlite3.connect(db) as conn:  # the database was opened with the gadget spec
+        assert conn.execute("SELECT COUNT(*) FROM gadgets").fetchone() == (0,)
+    assert cli("--specs", str(tmp_path / "nope"), "ls").returncode == 2

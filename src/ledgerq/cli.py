@@ -48,6 +48,7 @@ T = TypeVar("T")
 
 DEFAULT_DB = "ledgerq.db"
 DB_ENV = "LEDGERQ_DB"
+SPECS_ENV = "LEDGERQ_SPECS"
 RUN_ENTITY = "schedule_run"
 #: Exit codes.
 OK, DOMAIN_FAILURE, USAGE_ERROR = 0, 1, 2
@@ -114,13 +115,23 @@ def db_path(ctx: typer.Context, db: Path | None) -> Path:
     return Path(os.environ.get(DB_ENV) or DEFAULT_DB)
 
 
+def root_specs(ctx: typer.Context) -> Path | None:
+    """The spec directory given before the command (``ledgerq --specs DIR ...``), if any."""
+    root = ctx.find_root().obj
+    specs = root.get("specs") if isinstance(root, dict) else None
+    return Path(specs) if specs is not None else None
+
+
 @asynccontextmanager
-async def open_db(path: Path, *, must_exist: bool = True) -> AsyncIterator[StateDB]:
+async def open_db(path: Path, specs: Path | None, *, must_exist: bool = True
+                  ) -> AsyncIterator[StateDB]:
+    """Open the database with the packaged specs, or with ``specs`` when given."""
     from ledgerq.store.db import StateDB
 
     if must_exist and str(path) != ":memory:" and not path.exists():
         die(f"no database at {path} (pass --db or set {DB_ENV}; submit and worker create one)")
-    db = StateDB(path)
+    registry = load_specs(specs) if specs is not None else None
+    db = StateDB(path, registry=registry)
     try:
         await db.open()
     except sqlite3.Error as exc:
@@ -172,11 +183,15 @@ def _print_version(value: bool) -> None:
 def root(
     ctx: typer.Context,
     db: DbOption = None,
+    specs: Annotated[Path | None, typer.Option(
+        "--specs", envvar=SPECS_ENV, exists=True,
+        help=f"Spec directory the database commands use (env {SPECS_ENV}; default: the "
+             "packaged specs).", show_default=False)] = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.",
                                           is_eager=True, callback=_print_version)] = False,
 ) -> None:
     """ledgerq: every status change is a guarded fact in an append-only log."""
-    ctx.obj = {"db": db}
+    ctx.obj = {"db": db, "specs": specs}
 
 
 # ------------------------------------------------------------------ submit
@@ -317,11 +332,12 @@ def submit(
     except (ValueError, TypeError) as exc:
         die(str(exc))
     path = db_path(ctx, db)
+    specs_dir = root_specs(ctx)
 
     async def go() -> tuple[str, str]:
         from ledgerq.queue.submit import submit_task
 
-        async with open_db(path, must_exist=False) as handle:
+        async with open_db(path, specs_dir, must_exist=False) as handle:
             try:
                 run_id = await submit_task(handle, application)
             except ValueError as exc:
@@ -364,20 +380,20 @@ def ls(
     json_out: JsonOption = False,
 ) -> None:
     """List runs, newest first."""
-    from ledgerq.lifecycle.registry import default_registry
     from ledgerq.projections.read_models import SUMMARY_COLUMNS, list_runs
     from ledgerq.queue.application import ACTION_ALIASES, ACTION_KINDS, EXECUTION_TARGETS
 
     statuses = list(status or [])
-    _check_choice("status", statuses, list(default_registry().entity(RUN_ENTITY).states))
+    _check_choice("status", statuses, list(load_specs(root_specs(ctx)).entity(RUN_ENTITY).states))
     kinds = [ACTION_ALIASES.get(k, k) for k in kind or []]
     _check_choice("action kind", kinds, list(ACTION_KINDS))
     targets = list(target or [])
     _check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
     path = db_path(ctx, db)
+    specs_dir = root_specs(ctx)
 
     async def go() -> Any:
-        async with open_db(path) as handle:
+        async with open_db(path, specs_dir) as handle:
             return await list_runs(handle, statuses=statuses, kinds=kinds, targets=targets,
                                    limit=limit, offset=offset)
 
@@ -427,9 +443,10 @@ def show(
     from ledgerq.projections.read_models import get_run, run_history
 
     path = db_path(ctx, db)
+    specs_dir = root_specs(ctx)
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with open_db(path) as handle:
+        async with open_db(path, specs_dir) as handle:
             full = await _resolve(handle, run_id)
             return await get_run(handle, full), await run_history(handle, full)
 
@@ -486,10 +503,11 @@ def cancel(
     from ledgerq.queue.submit import cancel_task
 
     path = db_path(ctx, db)
+    specs_dir = root_specs(ctx)
     who = Actor(type="operator", id=actor or current_user())
 
     async def go() -> tuple[str, str, bool, str]:
-        async with open_db(path) as handle:
+        async with open_db(path, specs_dir) as handle:
             full = await _resolve(handle, run_id)
             before = await handle.fetch_one("SELECT status FROM schedule_runs WHERE id = ?",
                                             (full,))
@@ -557,12 +575,13 @@ def worker(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     path = db_path(ctx, db)
+    specs_dir = root_specs(ctx)
 
     async def go() -> None:
         from ledgerq.queue.launcher import default_execute
         from ledgerq.queue.runtime import DEFAULT_LOCK_DIR, Worker
 
-        async with open_db(path, must_exist=False) as handle:
+        async with open_db(path, specs_dir, must_exist=False) as handle:
             holder: dict[str, str] = {}
 
             def say(text: str) -> None:
@@ -619,9 +638,10 @@ def verify(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False
     from ledgerq.projections.log import verify as verify_db
 
     path = db_path(ctx, db)
+    specs_dir = root_specs(ctx)
 
     async def go() -> Any:
-        async with open_db(path) as handle:
+        async with open_db(path, specs_dir) as handle:
             return await verify_db(handle)
 
     report = run(go())
@@ -650,9 +670,10 @@ def rebuild(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = Fals
     from ledgerq.projections.log import verify as verify_db
 
     path = db_path(ctx, db)
+    specs_dir = root_specs(ctx)
 
     async def go() -> tuple[Any, Any]:
-        async with open_db(path) as handle:
+        async with open_db(path, specs_dir) as handle:
             facts = (await handle.fetch_one("SELECT COUNT(*) AS n FROM status_transitions")
                      or {"n": 0})["n"]
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -686,9 +707,10 @@ def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False)
     from ledgerq.projections.read_models import queue_stats
 
     path = db_path(ctx, db)
+    specs_dir = root_specs(ctx)
 
     async def go() -> Any:
-        async with open_db(path) as handle:
+        async with open_db(path, specs_dir) as handle:
             return await queue_stats(handle)
 
     s = run(go())
@@ -766,6 +788,7 @@ SpecsOption = Annotated[
 
 @specs_app.command("check")
 def specs_check(
+    ctx: typer.Context,
     directory: Annotated[Path | None, typer.Argument(
         help="Spec directory or file (default: the packaged specs).", show_default=False,
         exists=True, metavar="DIR")] = None,
@@ -775,7 +798,7 @@ def specs_check(
     from ledgerq.lifecycle.registry import load_registry, packaged_specs_dir
     from ledgerq.lifecycle.spec import SpecError
 
-    root = directory if directory is not None else packaged_specs_dir()
+    root = directory or root_specs(ctx) or packaged_specs_dir()
     files = [str(root)] if root.is_file() else [str(f) for f in sorted(root.glob("*.toml"))]
     try:
         registry = load_registry(root)
@@ -800,6 +823,7 @@ def specs_check(
 
 @specs_app.command("graph")
 def specs_graph(
+    ctx: typer.Context,
     entity: Annotated[str, typer.Argument(help="Entity name, e.g. schedule_run.",
                                           show_default=False, metavar="ENTITY")],
     specs: SpecsOption = None,
@@ -808,7 +832,7 @@ def specs_graph(
     """Print an entity's lifecycle as a mermaid stateDiagram."""
     from ledgerq.lifecycle.docs import ordered_edges
 
-    registry = load_specs(specs)
+    registry = load_specs(specs or root_specs(ctx))
     try:
         policy = registry.entity(entity)
     except ValueError as exc:
@@ -826,6 +850,7 @@ def specs_graph(
 
 @specs_app.command("docs")
 def specs_docs(
+    ctx: typer.Context,
     out_dir: Annotated[Path, typer.Option("--out", help="Where the pages go.",
                                           file_okay=False)] = Path("docs/lifecycles"),
     specs: SpecsOption = None,
@@ -835,7 +860,7 @@ def specs_docs(
     """Generate <entity>.md per entity: mermaid diagram, states, edges, reason codes."""
     from ledgerq.lifecycle.docs import render_all, stale_pages
 
-    registry = load_specs(specs)
+    registry = load_specs(specs or root_specs(ctx))
     if check:
         stale = stale_pages(registry, out_dir)
         for name in stale:
