@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from ledgerq.store.codec import dumps
+from ledgerq.store.codec import dumps, loads
 
 #: Kinds the subprocess launcher knows, plus ``workflow`` (run only through an adapter)
 #: and ``command`` (its ``args["argv"]`` is executed directly).
@@ -112,9 +112,14 @@ def validate(app: TaskApplication) -> TaskApplication:
     if not isinstance(app.args, dict):
         raise ValueError(f"args must be a dict, got {type(app.args).__name__}")
     try:
-        dumps(app.args)
+        encoded = dumps(app.args)
     except (TypeError, msgspec.EncodeError) as exc:
         raise ValueError(f"args must be JSON-serializable: {exc}") from None
+    # The encoder is lenient (NaN/inf become null, sets and tuples become lists, bytes
+    # become base64): accept only args that read back exactly as given.
+    if loads(encoded) != app.args:
+        raise ValueError("args must be plain JSON (str keys; dict, list, str, finite number, "
+                         "bool, None): these would not be stored exactly as given")
     if kind == "command":
         argv = app.args.get("argv")
         if (not isinstance(argv, list) or not argv
