@@ -89,11 +89,15 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
         stderr=asyncio.subprocess.PIPE, start_new_session=True, cwd=cwd,
         env=None if env is None else {**os.environ, **env},
     )
+    readers = asyncio.gather(_tail(proc.stdout, tail_bytes), _tail(proc.stderr, tail_bytes))
     try:
-        out, err = await asyncio.gather(_tail(proc.stdout, tail_bytes),
-                                        _tail(proc.stderr, tail_bytes))
         code = await proc.wait()
+        # The run ends when its leader does: a background child still holding the pipes
+        # would otherwise keep it "running" until that child exits.
+        kill_group(proc.pid, signal.SIGKILL)
+        out, err = await readers
     except BaseException:
+        readers.cancel()
         kill_group(proc.pid, signal.SIGTERM)
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE_SECONDS)
