@@ -34,7 +34,8 @@ def _console_script() -> str:
     found = shutil.which("ledgerq", path=str(Path(sys.executable).parent)) or \
         shutil.which("ledgerq")
     if found is None:
-        pytest.skip("the ledgerq console script is not installed (pip install -e .)")
+        pytest.skip("the ledgerq console script is not installed (pip install -e .)",
+                    allow_module_level=True)
     return found
 
 

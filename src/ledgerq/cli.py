@@ -885,8 +885,8 @@ def specs_docs(
 @app.command()
 def demo(
     db: Annotated[Path | None, typer.Option(
-        "--db", help="Where the demo database goes; must not exist yet "
-                     "(default: a new file in a temporary directory).",
+        "--db", help="Where the demo database goes; must not exist yet. Worker logs go to "
+                     "<db>.demo/ beside it (default: a new temporary directory for both).",
         show_default=False, dir_okay=False)] = None,
 ) -> None:
     """Run a two-worker demonstration on a fresh SQLite file, killing one worker mid-run.

@@ -152,8 +152,13 @@ def tail(path: Path, lines: int = 15) -> str:
 
 async def run_demo(db_path: Path | None, console: Console) -> int:
     """Run the demo; returns the exit code (0 when everything ended as expected)."""
-    workdir = Path(tempfile.mkdtemp(prefix="ledgerq-demo-"))
-    path = db_path if db_path is not None else workdir / "demo.db"
+    if db_path is None:  # everything in one new temporary directory
+        workdir = Path(tempfile.mkdtemp(prefix="ledgerq-demo-"))
+        path = workdir / "demo.db"
+    else:  # worker logs, locks and markers next to the given database
+        path = db_path
+        workdir = path.parent / f"{path.name}.demo"
+        workdir.mkdir(parents=True, exist_ok=True)
     console.rule("[bold]ledgerq demo")
     console.print(f"database: [bold]{path}[/bold]   (work dir {workdir})")
     tasks = build_tasks(workdir)
