@@ -361,9 +361,12 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
         return await _end(db, policy, run, lease, ctx, "failed", "run.failed.exception", 1,
                           str(exc))
     if ctx.authorize is not None:
-        verdict = ctx.authorize(decoded)
-        if inspect.isawaitable(verdict):
-            verdict = await verdict
+        try:
+            verdict = ctx.authorize(decoded)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+        except Exception as exc:  # fail closed: a broken hook denies, it does not strand the row
+            verdict = f"authorize hook raised {type(exc).__name__}: {exc}"
         if verdict is not True:
             why = verdict if isinstance(verdict, str) and verdict else "denied by authorize hook"
             return await _end(db, policy, run, lease, ctx, "failed", "run.failed.unauthorized",
@@ -397,7 +400,7 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
     started = ctx.clock()
     timeout = run.get("timeout_seconds")
     deadline = started + timeout if timeout else None
-    task: asyncio.Task[tuple[int, str]] = asyncio.ensure_future(executor(decoded))
+    task: asyncio.Task[tuple[int, str]] = asyncio.ensure_future(_call(executor, decoded))
     try:
         while True:
             wait = ctx.check_interval
@@ -428,6 +431,11 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
         return await _end(db, policy, run, lease, ctx, "completed", "run.completed.ok", 0, None)
     return await _fail(db, policy, run, lease, ctx, "run.failed.exit_nonzero", code,
                        detail or f"exit code {code}")
+
+
+async def _call(executor: ExecuteFn, decoded: dict[str, Any]) -> tuple[int, str]:
+    """Call inside the task, so an executor raising before it awaits is a failed run too."""
+    return await executor(decoded)
 
 
 async def _stop(task: asyncio.Task[Any]) -> None:
