@@ -40,7 +40,8 @@ class RetryPolicy:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+        if (isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int)
+                or self.max_attempts < 1):
             raise ValueError(f"RetryPolicy.max_attempts must be an int >= 1, "
                              f"not {self.max_attempts!r}")
         for name in ("base_delay", "factor", "max_delay", "jitter"):

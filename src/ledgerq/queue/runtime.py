@@ -80,8 +80,13 @@ class Worker:
                  handle_signals: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, not {capacity}")
-        if poll_interval <= 0 or lease_ttl <= 0:
-            raise ValueError("poll_interval and lease_ttl must be positive")
+        if poll_interval <= 0 or lease_ttl <= 0 or check_interval <= 0:
+            raise ValueError("poll_interval, lease_ttl and check_interval must be positive")
+        if lease_ttl < 3 * check_interval:
+            # Renewal is due after a third of the TTL and noticed within one check:
+            # a shorter lease could lapse on a healthy worker.
+            raise ValueError(f"lease_ttl ({lease_ttl}s) must be at least 3 x check_interval "
+                             f"({check_interval}s)")
         self.db = db
         self.worker_id = worker_id or default_worker_id()
         self.capacity = capacity
