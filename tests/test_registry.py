@@ -1,0 +1,379 @@
+"""The policy registry: packaged specs, every refusal rule, immutability, schema CHECKs."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from ledgerq import StateDB
+from ledgerq.lifecycle import Registry, SpecError, default_registry, load_registry
+
+REPO = Path(__file__).resolve().parents[1]
+BROKEN = Path(__file__).resolve().parent / "specs_broken"
+
+# The minimal valid spec every file under specs_broken/ is derived from (one rule broken each).
+BASELINE = """\
+entity = "widget"
+table = "widgets"
+description = "A minimal valid spec; each broken file differs from it in one rule."
+initial = ["new"]
+terminal = ["done"]
+guard_columns = ["owner"]
+patch_columns = ["owner", "note"]
+
+[states.new]
+description = "Just made."
+[states.busy]
+description = "Being worked on."
+[states.done]
+description = "Finished."
+
+[[edges]]
+from = "new"
+to = ["busy", "done"]
+
+[[edges]]
+from = "busy"
+to = ["done"]
+requires_guard = ["owner"]
+requires_patch = ["note"]
+
+[reason_codes]
+"widget.new.created" = "Created."
+"widget.done.ok" = "Finished."
+
+[columns]
+owner = "TEXT"
+note = "TEXT"
+"""
+
+SCHEDULE_RUN_EDGES = {
+    "queued": {"waiting_dependency", "running", "skipped", "cancelled"},
+    "waiting_dependency": {"queued", "cancelled"},
+    "running": {"completed", "failed", "timed_out", "retry_wait", "queued", "cancelled",
+                "running"},
+    "retry_wait": {"queued", "cancelled"},
+    "completed": set(),
+    "failed": set(),
+    "timed_out": set(),
+    "skipped": set(),
+    "cancelled": set(),
+}
+
+DISPATCH_EDGES = {
+    "pending": {"delivering", "expired", "acked"},
+    "delivering": {"delivering", "pending", "delivered", "acked", "dead_letter", "expired"},
+    "dead_letter": {"pending"},
+    "expired": {"pending"},
+    "delivered": set(),
+    "acked": set(),
+}
+
+
+# ---------------------------------------------------------------- packaged specs
+
+
+def test_default_registry_loads_packaged_specs() -> None:
+    reg = default_registry()
+    assert isinstance(reg, Registry)
+    assert sorted(reg.entities) == ["dispatch", "schedule_run"]
+    assert reg is default_registry(), "built once per process"
+    # In a source checkout the packaged specs are the repository's specs/.
+    explicit = load_registry(REPO / "specs")
+    for name in reg.entities:
+        a, b = reg.entity(name), explicit.entity(name)
+        assert (a.table, dict(a.edges), a.initial, a.terminal) == (
+            b.table, dict(b.edges), b.initial, b.terminal)
+
+
+def test_load_registry_none_is_the_packaged_specs() -> None:
+    assert sorted(load_registry().entities) == sorted(default_registry().entities)
+    assert sorted(load_registry(None).entities) == ["dispatch", "schedule_run"]
+
+
+def test_schedule_run_graph_matches_the_record() -> None:
+    p = default_registry().entity("schedule_run")
+    assert p.table == "schedule_runs"
+    assert set(p.states) == set(SCHEDULE_RUN_EDGES)
+    assert {s: set(t) for s, t in p.edges.items()} == SCHEDULE_RUN_EDGES
+    assert p.terminal == frozenset({"completed", "failed", "timed_out", "skipped", "cancelled"})
+    assert p.initial == frozenset({"queued", "waiting_dependency", "running", "failed", "skipped"})
+    for t in p.terminal:
+        assert p.edges[t] == frozenset(), f"terminal {t} has outgoing edges"
+    # No actor restrictions or required columns on schedule_run edges: the worker supplies them.
+    for (src, dst), rule in p.edge_rules.items():
+        assert rule.actors is None, (src, dst)
+        assert not rule.requires_guard and not rule.requires_patch, (src, dst)
+    assert set(p.edge_rules) == {(s, d) for s, ds in SCHEDULE_RUN_EDGES.items() for d in ds}
+
+
+def test_schedule_run_allowlists_and_reason_codes() -> None:
+    p = default_registry().entity("schedule_run")
+    assert {"leased_by", "lease_expires_at", "lease_attempts"} <= p.guard_columns
+    assert {"leased_by", "lease_expires_at", "lease_attempts", "ended_at", "exit_code",
+            "error_detail", "invocation_id", "queued_at"} <= p.patch_columns
+    required_codes = {
+        "run.queued.submitted", "run.started.ok", "run.completed.ok", "run.failed.exit_nonzero",
+        "run.failed.exception", "run.failed.lease_attempts_exhausted", "run.queued.lease_expired",
+        "run.cancelled.operator", "run.timed_out.deadline", "run.retry_wait.backoff",
+        "run.queued.retry_due", "run.running.lease_renewed", "run.cancelled.dependency_failed",
+        "run.queued.dependencies_met",
+    }
+    assert required_codes <= set(p.reason_codes)
+    assert all(p.reason_codes[c] for c in p.reason_codes), "every code has a description"
+
+
+def test_dispatch_graph_with_operator_only_resurrection() -> None:
+    p = default_registry().entity("dispatch")
+    assert p.table == "dispatch_outbox"
+    assert {s: set(t) for s, t in p.edges.items()} == DISPATCH_EDGES
+    assert p.terminal == frozenset({"delivered", "acked"})
+    assert p.initial == frozenset({"pending"})
+    resurrect_patch = frozenset({"attempt", "next_attempt_at", "last_error"})
+    for src in ("dead_letter", "expired"):
+        rule = p.rule(src, "pending")
+        assert rule.actors == frozenset({"operator"})
+        assert rule.requires_patch == resurrect_patch
+    again = p.rule("delivering", "delivering")
+    assert "attempt" in again.requires_guard
+    assert again.actors is None
+    restricted = {e for e, r in p.edge_rules.items()
+                  if r.actors is not None or r.requires_guard or r.requires_patch}
+    assert restricted == {("dead_letter", "pending"), ("expired", "pending"),
+                          ("delivering", "delivering")}
+
+
+def test_allows_and_unknown_entity() -> None:
+    reg = default_registry()
+    assert reg.allows("schedule_run", "running", "running")
+    assert not reg.allows("schedule_run", "queued", "queued")
+    assert not reg.allows("schedule_run", "queued", "completed")
+    assert not reg.allows("schedule_run", "completed", "queued")
+    assert not reg.allows("schedule_run", "queued", "no_such_state")
+    assert reg.allows("dispatch", "dead_letter", "pending")
+    assert not reg.allows("dispatch", "delivered", "pending")
+    for src, dsts in SCHEDULE_RUN_EDGES.items():
+        for dst in SCHEDULE_RUN_EDGES:
+            assert reg.allows("schedule_run", src, dst) == (dst in dsts), (src, dst)
+    with pytest.raises(ValueError, match="unknown entity"):
+        reg.entity("nope")
+    with pytest.raises(ValueError, match="unknown entity"):
+        reg.allows("nope", "a", "b")
+
+
+def test_mermaid_contains_every_edge() -> None:
+    for name in ("schedule_run", "dispatch"):
+        p = default_registry().entity(name)
+        text = p.mermaid()
+        assert text.startswith("stateDiagram-v2")
+        lines = [ln.strip() for ln in text.splitlines()]
+        arrows = {ln.split(":")[0].strip() for ln in lines if "-->" in ln}
+        for src, dsts in p.edges.items():
+            for dst in dsts:
+                assert f"{src} --> {dst}" in arrows, (name, src, dst)
+        for s in p.initial:
+            assert f"[*] --> {s}" in arrows
+        for s in p.terminal:
+            assert f"{s} --> [*]" in arrows
+        n_edges = sum(len(d) for d in p.edges.values())
+        assert len(arrows) == n_edges + len(p.initial) + len(p.terminal), "no invented edges"
+    dispatch = default_registry().entity("dispatch").mermaid()
+    assert "dead_letter --> pending: actor operator" in dispatch
+
+
+# ---------------------------------------------------------------- immutability
+
+
+def test_policy_is_immutable() -> None:
+    p = default_registry().entity("schedule_run")
+    with pytest.raises(TypeError):
+        p.edges["queued"] = frozenset({"completed"})  # type: ignore[index]
+    with pytest.raises(TypeError):
+        del p.edges["queued"]  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        p.edges["queued"].add("completed")  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        p.states["zombie"] = "undead"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        p.reason_codes["run.zombie.bite"] = "x"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        p.edge_rules[("queued", "completed")] = p.rule("queued", "running")  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        p.terminal.add("queued")  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        p.guard_columns.add("status")  # type: ignore[attr-defined]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.table = "other"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.edges = {}  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.rule("running", "running").actors = frozenset({"system"})  # type: ignore[misc]
+    # Nothing changed.
+    assert not p.allows("queued", "completed")
+    assert {s: set(t) for s, t in p.edges.items()} == SCHEDULE_RUN_EDGES
+
+
+def test_registry_is_immutable() -> None:
+    reg = default_registry()
+    with pytest.raises(AttributeError):
+        reg._by_name = {}  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        reg.extra = 1  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        reg.entities = []  # type: ignore[misc]
+    entities = reg.entities
+    entities.append("sneaky")
+    assert "sneaky" not in reg.entities, "entities returns a copy"
+    assert sorted(reg.entities) == ["dispatch", "schedule_run"]
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_baseline_of_the_broken_fixtures_is_valid(tmp_path: Path) -> None:
+    f = tmp_path / "widget.toml"
+    f.write_text(BASELINE)
+    reg = load_registry(f)
+    p = reg.entity("widget")
+    assert {s: set(t) for s, t in p.edges.items()} == {"new": {"busy", "done"},
+                                                      "busy": {"done"}, "done": set()}
+    # Every broken single-file fixture differs from the baseline (it is not a copy).
+    for broken in BROKEN.glob("*.toml"):
+        assert broken.read_text() != BASELINE, broken
+
+
+REFUSALS = [
+    # (fixture, file the message must name (None: the fixture itself), item, fragment)
+    ("edge_to_undeclared_state.toml", None, "$.edges[1].to[1]", "undeclared state 'lost'"),
+    ("edge_from_undeclared_state.toml", None, "$.edges[2].from", "undeclared state 'ghost'"),
+    ("terminal_with_outgoing_edge.toml", None, "$.edges[2].from",
+     "terminal state 'done' has an outgoing edge"),
+    ("unreachable_state.toml", None, "$.states.orphan", "unreachable from every initial state"),
+    ("no_path_to_terminal.toml", None, "$.states.limbo", "no path to a terminal state"),
+    ("required_guard_outside_allowlist.toml", None, "$.edges[1].requires_guard[0]",
+     "'note' is not in guard_columns"),
+    ("required_patch_outside_allowlist.toml", None, "$.edges[1].requires_patch[0]",
+     "'secret' is not in patch_columns"),
+    ("guard_column_not_in_table.toml", None, "$.guard_columns[1]",
+     "'colour' is not a column of table 'widgets'"),
+    ("patch_column_not_in_table.toml", None, "$.patch_columns[2]",
+     "'weight' is not a column of table 'widgets'"),
+    ("malformed_reason_code.toml", None, "$.reason_codes.'widget.Done'", "malformed reason code"),
+    ("duplicate_edge.toml", None, "$.edges[2].to[0]", "declared twice"),
+    ("unknown_actor_type.toml", None, "$.edges[1].actors[0]", "unknown actor type 'robot'"),
+    ("undeclared_initial_state.toml", None, "$.initial[1]", "undeclared state 'fresh'"),
+    ("duplicate_entity", "duplicate_entity/b_widget_again.toml", "$.entity",
+     "duplicate entity 'widget'"),
+    ("duplicate_table", "duplicate_table/b_gadget.toml", "$.table", "duplicate table 'widgets'"),
+    # msgspec decoding: the file plus msgspec's own $.path
+    ("wrong_type.toml", None, "`$.initial`", "Expected `array`, got `str`"),
+    ("unknown_field.toml", None, "`$.edges[1]`", "unknown field `requires_gaurd`"),
+]
+
+
+@pytest.mark.parametrize(("fixture", "named", "item", "fragment"), REFUSALS,
+                         ids=[r[0].removesuffix(".toml") for r in REFUSALS])
+def test_broken_spec_is_refused_naming_file_and_item(fixture: str, named: str | None, item: str,
+                                                     fragment: str) -> None:
+    path = BROKEN / fixture
+    with pytest.raises(SpecError) as info:
+        load_registry(path)
+    err = info.value
+    assert len(err.problems) == 1, f"fixture should break exactly one rule: {err.problems}"
+    problem = err.problems[0]
+    named_file = str(BROKEN / (named or fixture))
+    assert problem.startswith(named_file + ": "), problem
+    assert item in problem, problem
+    assert fragment in problem, problem
+    assert problem in str(err)
+    assert isinstance(err, ValueError)
+
+
+def test_duplicates_name_the_other_file_too() -> None:
+    with pytest.raises(SpecError) as info:
+        load_registry(BROKEN / "duplicate_entity")
+    assert str(BROKEN / "duplicate_entity" / "a_widget.toml") in str(info.value)
+    # Each file alone is fine: the refusal is about the set.
+    for f in (BROKEN / "duplicate_table").glob("*.toml"):
+        load_registry(f)
+
+
+def test_malformed_toml_names_the_file_and_line() -> None:
+    path = BROKEN / "malformed_toml.toml"
+    with pytest.raises(SpecError) as info:
+        load_registry(path)
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{path}: not valid TOML")
+    assert "line 2" in problem
+
+
+def test_missing_spec_dir_or_empty_dir_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="no such spec file or directory"):
+        load_registry(tmp_path / "missing")
+    with pytest.raises(SpecError, match="contains no"):
+        load_registry(tmp_path)
+
+
+def test_every_problem_in_a_directory_is_reported(tmp_path: Path) -> None:
+    for name in ("edge_to_undeclared_state.toml", "malformed_reason_code.toml"):
+        (tmp_path / name).write_text((BROKEN / name).read_text())
+    with pytest.raises(SpecError) as info:
+        load_registry(tmp_path)
+    assert len(info.value.problems) == 2
+    assert any("edge_to_undeclared_state.toml: $.edges[1].to[1]" in p for p in info.value.problems)
+    assert any("malformed_reason_code.toml: $.reason_codes" in p for p in info.value.problems)
+
+
+# ---------------------------------------------------------------- schema from spec
+
+
+async def test_status_check_in_the_real_tables(db_path: Path) -> None:
+    reg = default_registry()
+    async with StateDB(db_path) as db:
+        for policy in reg.policies():
+            ddl = await db.fetch_one(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                (policy.table,))
+            assert ddl is not None
+            assert policy.status_check() in ddl["sql"]
+    conn = sqlite3.connect(db_path)
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")
+        insert_run = ("INSERT INTO schedule_runs (id, status, created_at, trigger_context, "
+                      "action_kind, action_args, fired_at) VALUES (?, ?, 0, '{}', 'k', '[]', 0)")
+        for state in reg.entity("schedule_run").states:
+            conn.execute(insert_run, (f"ok-{state}", state))
+        for bad in ("bogus", "QUEUED", "", "pending"):
+            with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+                conn.execute(insert_run, (f"bad-{bad}", bad))
+        insert_dispatch = ("INSERT INTO dispatch_outbox (id, status, created_at, channel, payload)"
+                           " VALUES (?, ?, 0, 'c', '{}')")
+        conn.execute(insert_dispatch, ("d-ok", "dead_letter"))
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute(insert_dispatch, ("d-bad", "queued"))
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute("UPDATE schedule_runs SET status = 'zombie' WHERE id = 'ok-queued'")
+    finally:
+        conn.close()
+
+
+async def test_status_check_follows_a_custom_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "specs" / "widget.toml"
+    spec.parent.mkdir()
+    spec.write_text(BASELINE)
+    reg = load_registry(spec.parent)
+    async with StateDB(tmp_path / "w.db", registry=reg) as db:
+        tables = {r["name"] for r in await db.fetch_all(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "widgets" in tables
+        assert "schedule_runs" not in tables and "dispatch_outbox" not in tables
+    conn = sqlite3.connect(tmp_path / "w.db")
+    try:
+        conn.execute("INSERT INTO widgets (id, status, created_at) VALUES ('a', 'busy', 0)")
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("INSERT INTO widgets (id, status, created_at) VALUES ('b', 'queued', 0)")
+    finally:
+        conn.close()

@@ -1,0 +1,280 @@
+"""StateDB: pragmas, reads as dicts, :memory:, group commit, and writers that contend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ledgerq import StateDB
+from ledgerq.lifecycle import StateReason, create
+from ledgerq.projections import verify
+from lifecycle_support import SYSTEM, move, new_dispatch, new_run, row, run_values
+
+RUN = "schedule_run"
+
+
+async def pragma(db: StateDB, name: str) -> object:
+    got = await db.fetch_one(f"PRAGMA {name}")
+    assert got is not None
+    return next(iter(got.values()))
+
+
+# ---------------------------------------------------------------- configuration
+
+
+async def test_default_pragmas(db: StateDB) -> None:
+    assert await pragma(db, "journal_mode") == "wal"
+    assert await pragma(db, "synchronous") == 1  # NORMAL
+    assert await pragma(db, "foreign_keys") == 1
+    timeout = await pragma(db, "busy_timeout")
+    assert isinstance(timeout, int) and timeout >= 1000
+
+
+async def test_synchronous_full_is_selectable(db_path: Path) -> None:
+    async with StateDB(db_path, synchronous="FULL") as db:
+        assert await pragma(db, "synchronous") == 2
+        assert await pragma(db, "journal_mode") == "wal"
+    async with StateDB(db_path, busy_timeout_ms=1234) as db:
+        assert await pragma(db, "synchronous") == 1
+        assert await pragma(db, "busy_timeout") == 1234
+
+
+def test_bad_synchronous_is_refused(db_path: Path) -> None:
+    with pytest.raises(ValueError, match="synchronous"):
+        StateDB(db_path, synchronous="SOMETIMES")  # type: ignore[arg-type]
+
+
+async def test_foreign_keys_are_enforced(db: StateDB) -> None:
+    import sqlite3
+
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        await new_run(db, chain_parent_id="no-such-parent")
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        await db.write(lambda c: c.execute(
+            "INSERT INTO workers (worker_id, last_heartbeat_at, leased_run_id) "
+            "VALUES ('w', 0, 'no-such-run')"))
+
+
+async def test_schema_is_created_on_first_open_and_reopen_keeps_data(db_path: Path) -> None:
+    async with StateDB(db_path) as db:
+        names = {r["name"] for r in await db.fetch_all(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert {"schedule_runs", "status_transitions", "workers", "schedules", "invocations",
+                "dispatch_outbox"} <= names
+        rid = await new_run(db)
+    async with StateDB(db_path) as db:
+        got = await row(db, "schedule_runs", rid)
+        assert got is not None and got["status"] == "queued"
+        assert (await verify(db)).ok
+
+
+async def test_memory_database_works() -> None:
+    async with StateDB(":memory:") as db:
+        rid = await new_run(db)
+        did = await new_dispatch(db)
+        assert (await move(db, RUN, rid, "queued", "running", "run.started.ok")).applied
+        assert (await move(db, "dispatch", did, "pending", "acked", "dispatch.acked.ok")).applied
+        assert (await verify(db)).ok
+        assert await pragma(db, "foreign_keys") == 1
+
+
+async def test_open_close_without_context_manager(db_path: Path) -> None:
+    db = StateDB(db_path)
+    assert not db.is_open
+    with pytest.raises(RuntimeError, match="not open"):
+        await db.fetch_one("SELECT 1")
+    assert await db.open() is db
+    assert await db.open() is db  # idempotent
+    assert db.is_open
+    rid = await new_run(db)
+    await db.close()
+    await db.close()  # idempotent
+    assert not db.is_open
+    with pytest.raises(RuntimeError, match="not open"):
+        await new_run(db)
+    await db.open()
+    try:
+        assert await row(db, "schedule_runs", rid) is not None
+    finally:
+        await db.close()
+
+
+async def test_fetch_one_and_fetch_all_return_dicts(db: StateDB) -> None:
+    a, b = await new_run(db), await new_run(db)
+    one = await db.fetch_one("SELECT id, status FROM schedule_runs WHERE id = ?", (a,))
+    assert type(one) is dict and one == {"id": a, "status": "queued"}
+    assert await db.fetch_one("SELECT id FROM schedule_runs WHERE id = ?", ("none",)) is None
+    named = await db.fetch_one("SELECT id FROM schedule_runs WHERE id = :id", {"id": b})
+    assert named == {"id": b}
+    rows = await db.fetch_all("SELECT id FROM schedule_runs ORDER BY created_at, id")
+    assert type(rows) is list and all(type(r) is dict for r in rows)
+    assert {r["id"] for r in rows} == {a, b}
+    assert await db.fetch_all("SELECT id FROM schedule_runs WHERE 0") == []
+
+
+async def test_every_write_begins_immediate(db: StateDB) -> None:
+    statements: list[str] = []
+    await db.run(lambda conn: conn.set_trace_callback(statements.append))
+    rid = await new_run(db)
+    await move(db, RUN, rid, "queued", "running", "run.started.ok")
+    await db.run(lambda conn: conn.set_trace_callback(None))
+    begins = [s for s in statements if s.upper().startswith("BEGIN")]
+    assert begins == ["BEGIN IMMEDIATE", "BEGIN IMMEDIATE"]
+    assert statements[0] == "BEGIN IMMEDIATE"
+
+
+# ---------------------------------------------------------------- group commit
+
+
+async def test_a_failing_unit_rolls_back_alone_within_its_group(db: StateDB) -> None:
+    statements: list[str] = []
+    await db.run(lambda conn: conn.set_trace_callback(statements.append))
+
+    def insert(name: str, fail: bool = False):  # type: ignore[no-untyped-def]
+        def unit(conn):  # type: ignore[no-untyped-def]
+            conn.execute("INSERT INTO schedules (id, name, created_at) VALUES (?, ?, 0)",
+                         (name, name))
+            if fail:
+                raise RuntimeError(f"unit {name} failed")
+            return name
+        return unit
+
+    results = await asyncio.gather(
+        db.write(insert("a")), db.write(insert("b", fail=True)), db.write(insert("c")),
+        create(db, RUN, run_values(), reason=StateReason(code="run.queued.submitted"),
+               actor=SYSTEM),
+        db.write(insert("a")),  # duplicate primary key: an IntegrityError, also alone
+        return_exceptions=True,
+    )
+    await db.run(lambda conn: conn.set_trace_callback(None))
+    assert results[0] == "a" and results[2] == "c"
+    assert isinstance(results[1], RuntimeError)
+    assert isinstance(results[3], str)
+    assert type(results[4]).__name__ == "IntegrityError"
+    # One group, one transaction, one commit.
+    assert [s for s in statements if s.startswith("BEGIN")] == ["BEGIN IMMEDIATE"]
+    assert [s for s in statements if s == "COMMIT"] == ["COMMIT"]
+    names = [r["id"] for r in await db.fetch_all("SELECT id FROM schedules ORDER BY id")]
+    assert names == ["a", "c"]
+    assert await row(db, "schedule_runs", results[3]) is not None  # type: ignore[arg-type]
+    assert (await verify(db)).ok
+
+
+async def test_concurrent_writes_from_two_connections(db_path: Path) -> None:
+    async with StateDB(db_path) as one, StateDB(db_path) as two:
+        ids = await asyncio.gather(*(new_run(one if i % 2 else two) for i in range(120)))
+        assert len(set(ids)) == 120
+
+        async def walk(db: StateDB, rid: str) -> None:
+            for to, code in (("running", "run.started.ok"), ("completed", "run.completed.ok")):
+                assert (await move(db, RUN, rid, None, to, code)).applied
+
+        await asyncio.gather(*(walk(one if i % 3 else two, rid) for i, rid in enumerate(ids)))
+        # Both handles race for the same rows: exactly one claim per row wins.
+        racers = await asyncio.gather(*(new_run(one) for _ in range(40)))
+        outcomes = await asyncio.gather(*(
+            move(db, RUN, rid, "queued", "running", "run.started.ok",
+                 guard={"leased_by": None}, patch={"leased_by": name})
+            for rid in racers for db, name in ((one, "one"), (two, "two"))))
+        for i, rid in enumerate(racers):
+            pair = outcomes[2 * i: 2 * i + 2]
+            assert sorted(r.applied for r in pair) == [False, True], rid
+            assert [r.conflict for r in pair if not r.applied] == [True]
+        done = await one.fetch_one(
+            "SELECT count(*) AS n FROM schedule_runs WHERE status = 'completed'")
+        assert done == {"n": 120}
+        assert (await verify(two)).ok
+
+
+WRITER = textwrap.dedent("""
+    import asyncio, json, pathlib, random, sys, time
+    from ledgerq import StateDB
+    from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, create, transition
+
+    path, name, shared = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    actor = Actor(type="system", id=name)
+
+    def req(rid, frm, to, code, key):
+        return TransitionRequest(entity_type="schedule_run", entity_id=rid, from_state=frm,
+                                 to_state=to, reason=StateReason(code=code), actor=actor,
+                                 idempotency_key=key)
+
+    async def main():
+        async with StateDB(path) as db:
+            # Barrier: start writing only when every process is up, so they contend.
+            gate = pathlib.Path(path).parent
+            (gate / f"ready-{name}").touch()
+            while not (gate / "go").exists():
+                time.sleep(0.005)
+
+            async def own(i):
+                rid = await create(db, "schedule_run", {
+                    "status": "queued", "trigger_context": {}, "action_kind": name,
+                    "action_args": [i], "fired_at": 0.0},
+                    reason=StateReason(code="run.queued.submitted"), actor=actor)
+                for to, code in (("running", "run.started.ok"),
+                                 ("completed", "run.completed.ok")):
+                    res = await transition(db, req(rid, None, to, code, f"{name}-{i}-{to}"))
+                    assert res.applied, res
+                return rid
+            created = []
+            for start in range(0, 30, 5):  # bursts: some grouping, many separate commits
+                created += await asyncio.gather(*(own(i) for i in range(start, start + 5)))
+            order = list(shared)
+            random.shuffle(order)
+            claimed = []
+            for rid in order:
+                res = await transition(db, req(rid, "queued", "running", "run.started.ok",
+                                               f"claim-{name}"),
+                                       guard={"leased_by": None}, patch={"leased_by": name})
+                if res.applied:
+                    claimed.append(rid)
+                else:
+                    assert res.conflict, res
+            print(json.dumps({"created": created, "claimed": claimed}))
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+async def test_concurrent_writes_from_several_processes(db_path: Path, processes: int) -> None:
+    async with StateDB(db_path) as db:
+        shared = [await new_run(db) for _ in range(25)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(db_path), f"p{i}", json.dumps(shared)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(processes)
+    ]
+    deadline = time.monotonic() + 60
+    while len(list(db_path.parent.glob("ready-*"))) < processes:
+        assert all(p.poll() is None for p in procs), "a writer died before the barrier"
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    (db_path.parent / "go").touch()
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "locked" not in err and "BUSY" not in err.upper(), err
+        reports.append(json.loads(out))
+    claimed = [rid for r in reports for rid in r["claimed"]]
+    assert sorted(claimed) == sorted(shared), "every shared row claimed exactly once"
+    created = [rid for r in reports for rid in r["created"]]
+    assert len(set(created)) == len(created) == 30 * processes
+    async with StateDB(db_path) as db:
+        n = await db.fetch_one("SELECT count(*) AS n FROM schedule_runs WHERE status = 'completed'")
+        assert n == {"n": 30 * processes}
+        for rid in shared:
+            got = await row(db, "schedule_runs", rid)
+            assert got is not None and got["status"] == "running" and got["version"] == 2
+        facts = await db.fetch_one("SELECT count(*) AS n FROM status_transitions")
+        assert facts == {"n": 25 * 2 + 30 * processes * 3}
+        assert (await verify(db)).ok
