@@ -8,9 +8,10 @@ snapshot under the write lock and commit (or vanish) together.
 
 from __future__ import annotations
 
+import functools
+import os
 import sqlite3
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
@@ -30,11 +31,50 @@ INSERT INTO status_transitions (
 """
 
 
+def _new_id() -> str:
+    """A time-ordered (version 7) UUID string: 48-bit Unix milliseconds, then 74 random bits.
+
+    Ids are primary keys of append-mostly tables; ordered keys land on the index's last
+    page instead of a random one, so a group commit writes a few index pages, not one
+    per row. Cheaper to make than ``str(uuid.uuid4())``, too.
+    """
+    n = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
+    n = n & ~(0xF000 << 64 | 0xC000 << 48) | (0x7000 << 64 | 0x8000 << 48)
+    h = f"{n:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+# Statement text per shape of move, built once: a hot move (a lease renewal) must not
+# rebuild its SQL on every call. sqlite3 then finds the compiled statement by this text.
+@functools.lru_cache(maxsize=256)
+def _select_sql(table: str, guard_cols: tuple[str, ...]) -> str:
+    return f"SELECT {', '.join(['status', 'version', *guard_cols])} FROM {table} WHERE id = ?"
+
+
+@functools.lru_cache(maxsize=256)
+def _update_sql(table: str, guard_cols: tuple[str, ...], change_cols: tuple[str, ...],
+                patch_cols: tuple[str, ...], same_state: bool) -> str:
+    # A same-state move (a lease renewal) leaves status as it is (the WHERE pins it), so
+    # it does not assign it: assigning status makes SQLite re-check the CHECK constraint
+    # and maintain every index whose WHERE names status, which doubles the UPDATE's cost.
+    sets = ", ".join(f"{c} = ?" for c in ("version", *change_cols))
+    if not same_state:
+        sets = f"status = ?, {sets}"
+    where = " AND ".join(["id = ?", "status = ?"] + [f"{c} IS ?" for c in guard_cols])
+    # RETURNING reads the patched columns back as stored (after the column's type
+    # affinity), so the fact records exactly what the row holds: 123 patched into a
+    # TEXT column is '123' in both, and folding the log reproduces the row.
+    returning = f" RETURNING {', '.join(patch_cols)}" if patch_cols else " RETURNING id"
+    return f"UPDATE {table} SET {sets} WHERE {where}{returning}"
+
+
 def check_columns(policy: EntityPolicy, guard: dict[str, Any] | None,
                   patch: dict[str, Any] | None) -> None:
     for kind, given, allowed in (("guard", guard, policy.guard_columns),
                                  ("patch", patch, policy.patch_columns)):
-        extra = sorted(set(given or ()) - allowed)
+        if not given or allowed.issuperset(given):
+            continue
+        extra = sorted(set(given) - allowed)
         if extra:
             raise ValueError(
                 f"{kind} column(s) {', '.join(extra)} not allowed for {policy.name}; "
@@ -77,10 +117,8 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
     repeat = _replay(conn, request)
     if repeat is not None:
         return repeat
-    cols = ["status", "version", *sorted(guard)]
-    row = conn.execute(
-        f"SELECT {', '.join(cols)} FROM {policy.table} WHERE id = ?", (request.entity_id,)
-    ).fetchone()
+    guard_cols = tuple(sorted(guard))
+    row = conn.execute(_select_sql(policy.table, guard_cols), (request.entity_id,)).fetchone()
     if row is None:
         raise LookupError(f"{policy.name} {request.entity_id!r} not found")
     observed: str = row[0]
@@ -100,13 +138,15 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
         )
     for kind, need, given in (("guard", rule.requires_guard, guard),
                               ("patch", rule.requires_patch, patch)):
+        if not need or need.issubset(given):
+            continue
         missing = sorted(need - set(given))
         if missing:
             raise ValueError(
                 f"{policy.name} {observed} -> {request.to_state} requires {kind} column(s) "
                 f"{', '.join(missing)}"
             )
-    for i, col in enumerate(sorted(guard)):
+    for i, col in enumerate(guard_cols):
         if row[2 + i] != guard[col]:
             return _conflict(observed)
 
@@ -119,23 +159,20 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
     }
     changes.update({k: to_sql(v) for k, v in patch.items()})
     version = int(row[1]) + 1
-    sets = ", ".join(f"{c} = ?" for c in changes)
-    where = " AND ".join(["id = ?", "status = ?"] + [f"{c} IS ?" for c in sorted(guard)])
-    # RETURNING reads the patched columns back as stored (after the column's type
-    # affinity), so the fact records exactly what the row holds: 123 patched into a
-    # TEXT column is '123' in both, and folding the log reproduces the row.
-    patched = list(patch)
-    returning = f" RETURNING {', '.join(patched)}" if patched else " RETURNING id"
+    patched = tuple(patch)
+    same_state = observed == request.to_state
+    params = [version, *changes.values(), request.entity_id, observed,
+              *(to_sql(guard[c]) for c in guard_cols)]
+    if not same_state:
+        params.insert(0, request.to_state)
     stored = conn.execute(
-        f"UPDATE {policy.table} SET status = ?, version = ?, {sets} WHERE {where}{returning}",
-        [request.to_state, version, *changes.values(), request.entity_id, observed,
-         *(to_sql(guard[c]) for c in sorted(guard))],
+        _update_sql(policy.table, guard_cols, tuple(changes), patched, same_state), params
     ).fetchall()
     if len(stored) != 1:
         return _conflict(observed)
     if patched:
         changes.update(zip(patched, stored[0], strict=True))
-    fact_id = str(uuid.uuid4())
+    fact_id = _new_id()
     _append_fact(conn, fact_id, policy.name, request.entity_id, observed, request.to_state,
                  request.reason, request.actor, ts, version, changes, request.idempotency_key)
     return TransitionResult(applied=True, previous_state=observed,
@@ -145,7 +182,7 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
 def _conflict(observed: str) -> TransitionResult:
     # A conflict writes nothing; its transition_id names no fact.
     return TransitionResult(applied=False, conflict=True, previous_state=observed,
-                            current_state=observed, transition_id=str(uuid.uuid4()))
+                            current_state=observed, transition_id=_new_id())
 
 
 def _replay(conn: sqlite3.Connection, request: TransitionRequest) -> TransitionResult | None:
@@ -187,6 +224,24 @@ def create_entity(conn: sqlite3.Connection, policy: EntityPolicy, values: dict[s
     The fact carries every column of the row as stored, database defaults included,
     so folding the log recreates the row exactly.
     """
+    ts = time.time() if now is None else now
+    row = _creation_row(policy, values, reason, ts)
+    conn.execute(
+        f"INSERT INTO {policy.table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+        list(row.values()),
+    )
+    stored = conn.execute(f"SELECT * FROM {policy.table} WHERE id = ?", (row["id"],)).fetchone()
+    # zip, not stored[k]: a Row looks a name up by a case-insensitive linear search.
+    initial = {k: v for k, v in zip(stored.keys(), stored, strict=True)
+               if k not in ("status", "version")}
+    _append_fact(conn, _new_id(), policy.name, row["id"], None, row["status"], reason, actor,
+                 ts, 1, initial, idempotency_key)
+    return str(row["id"])
+
+
+def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateReason,
+                  ts: float) -> dict[str, Any]:
+    """The INSERT's column -> value map for a new row; ValueError before anything is written."""
     status = values.get("status")
     if status not in policy.initial:
         raise ValueError(
@@ -194,26 +249,64 @@ def create_entity(conn: sqlite3.Connection, policy: EntityPolicy, values: dict[s
             f"({', '.join(sorted(policy.initial))}), not {status!r}"
         )
     check_reason(policy, reason)
-    unknown = sorted(set(values) - set(policy.columns))
-    if unknown:
+    if not policy.columns.keys() >= values.keys():
+        unknown = sorted(set(values) - set(policy.columns))
         raise ValueError(f"{policy.table} has no column(s) {', '.join(unknown)}")
-    ts = time.time() if now is None else now
     row = {k: to_sql(v) for k, v in values.items()}
-    row.setdefault("id", str(uuid.uuid4()))
+    row.setdefault("id", _new_id())
     row.setdefault("created_at", ts)
     row["version"] = 1
     row["status_reason_code"] = reason.code
     row["status_reason_summary"] = reason.summary
     row["status_evidence_refs"] = dumps(reason.evidence_refs)
-    conn.execute(
-        f"INSERT INTO {policy.table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-        list(row.values()),
-    )
-    stored = conn.execute(f"SELECT * FROM {policy.table} WHERE id = ?", (row["id"],)).fetchone()
-    initial = {k: stored[k] for k in stored.keys() if k not in ("status", "version")}  # noqa: SIM118 (Row iterates values)
-    _append_fact(conn, str(uuid.uuid4()), policy.name, row["id"], None, status, reason, actor,
-                 ts, 1, initial, idempotency_key)
-    return str(row["id"])
+    return row
+
+
+#: Rows read back per SELECT ... WHERE id IN (...) (under SQLite's bound-parameter limit).
+_READBACK_CHUNK = 500
+
+
+def create_entities(conn: sqlite3.Connection, policy: EntityPolicy,
+                    values: list[dict[str, Any]], *, reason: StateReason, actor: Actor,
+                    now: float | None = None) -> list[str]:
+    """:func:`create_entity` for many rows at once (in-transaction), in the given order.
+
+    Same rows and the same creation facts (each carrying its row as stored), written
+    with one ``executemany`` per run of rows that name the same columns, one read-back
+    per chunk of ids and one ``executemany`` for the facts. Every row is checked before
+    the first is written.
+    """
+    ts = time.time() if now is None else now
+    rows = [_creation_row(policy, v, reason, ts) for v in values]
+    start = 0
+    while start < len(rows):  # consecutive rows with the same columns share one INSERT
+        cols = tuple(rows[start])
+        end = start + 1
+        while end < len(rows) and tuple(rows[end]) == cols:
+            end += 1
+        conn.executemany(
+            f"INSERT INTO {policy.table} ({', '.join(cols)}) "
+            f"VALUES ({', '.join('?' * len(cols))})",
+            [list(r.values()) for r in rows[start:end]],
+        )
+        start = end
+    evidence = dumps(reason.evidence_refs)
+    metadata = dumps(reason.metadata)
+    facts: list[tuple[Any, ...]] = []
+    for i in range(0, len(rows), _READBACK_CHUNK):
+        ids = [r["id"] for r in rows[i:i + _READBACK_CHUNK]]
+        cur = conn.execute(
+            f"SELECT * FROM {policy.table} WHERE id IN ({', '.join('?' * len(ids))})", ids)
+        names = [d[0] for d in cur.description]
+        stored = {r[names.index("id")]: r for r in cur.fetchall()}
+        for rid, row in zip(ids, rows[i:i + _READBACK_CHUNK], strict=True):
+            initial = {k: v for k, v in zip(names, stored[rid], strict=True)
+                       if k not in ("status", "version")}
+            facts.append((_new_id(), policy.name, rid, None, row["status"], reason.code,
+                          reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
+                          dumps(initial), None))
+    conn.executemany(_FACT_INSERT, facts)
+    return [str(r["id"]) for r in rows]
 
 
 async def create(db: StateDB, entity_type: str, values: dict[str, Any], *, reason: StateReason,
@@ -235,5 +328,5 @@ def fold(facts: list[dict[str, Any]], policy: EntityPolicy) -> dict[str, Any]:
     return row
 
 
-__all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "apply_transition", "create", "create_entity",
-           "fold", "transition"]
+__all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "apply_transition", "create", "create_entities",
+           "create_entity", "fold", "transition"]

@@ -24,10 +24,18 @@ from typing import TYPE_CHECKING, Any
 from ledgerq.lifecycle.models import Actor
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue.application import RetryPolicy
-from ledgerq.queue.capabilities import affinity_score, worker_can_serve
+from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
 from ledgerq.queue.launcher import ExecuteFn, default_execute
 from ledgerq.queue.locks import KeyLock
-from ledgerq.queue.runs import ENTITY, MalformedRow, decode_run, move, resolve_dependents
+from ledgerq.queue.runs import (
+    ENTITY,
+    MalformedRow,
+    decode_run,
+    index_clause,
+    move,
+    resolve_dependents,
+    row_dict,
+)
 from ledgerq.store.codec import dumps, loads
 
 if TYPE_CHECKING:
@@ -55,7 +63,9 @@ DETAIL_LIMIT = 4096
 Authorize = Callable[[dict[str, Any]], "bool | str | Awaitable[bool | str]"]
 
 
+@functools.lru_cache(maxsize=64)
 def _actor(worker_id: str) -> Actor:
+    # Actor is frozen: one per worker id, not a pydantic validation per move.
     return Actor(type="system", id=worker_id)
 
 
@@ -89,12 +99,17 @@ async def register_heartbeat(db: StateDB, *, worker_id: str,
 # ----------------------------------------------------------------- reaper
 
 
+def _expired_sql(policy: EntityPolicy, columns: str) -> str:
+    return (f"SELECT {columns} FROM schedule_runs "
+            f"WHERE {index_clause(policy, 'idx_schedule_runs_lease', 'running')} "
+            "AND status = 'running' AND lease_expires_at IS NOT NULL "
+            "AND lease_expires_at < ?")
+
+
 def _reap(conn: sqlite3.Connection, policy: EntityPolicy, now: float) -> dict[str, int]:
     counts = {"requeued": 0, "failed": 0}
     expired = conn.execute(
-        "SELECT id, leased_by, lease_expires_at, lease_attempts FROM schedule_runs "
-        "WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < ?",
-        (now,),
+        _expired_sql(policy, "id, leased_by, lease_expires_at, lease_attempts"), (now,),
     ).fetchall()
     for row in expired:
         guard = {"leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"]}
@@ -121,25 +136,31 @@ async def reap_expired_leases(db: StateDB, *, now: float | None = None) -> dict[
     """Return expired leases to the queue, or fail rows whose leases expired 3 times."""
     policy = db.registry.entity(ENTITY)
     ts = time.time() if now is None else now
-    if await db.fetch_one(
-        "SELECT 1 FROM schedule_runs WHERE status = 'running' "
-        "AND lease_expires_at IS NOT NULL AND lease_expires_at < ? LIMIT 1", (ts,)) is None:
+    if await db.fetch_one(_expired_sql(policy, "1") + " LIMIT 1", (ts,)) is None:
         return {"requeued": 0, "failed": 0}  # nothing expired: skip the write lock
     return await db.write(lambda conn: _reap(conn, policy, ts))
 
 
+def _due_sql(policy: EntityPolicy, columns: str) -> str:
+    return (f"SELECT {columns} FROM schedule_runs "
+            f"WHERE {index_clause(policy, 'idx_schedule_runs_retry_due', 'retry_wait')} "
+            "AND status = 'retry_wait' AND retry_due_at <= ?")
+
+
+def _waiting_sql(policy: EntityPolicy, columns: str) -> str:
+    return (f"SELECT {columns} FROM schedule_runs "
+            f"WHERE {index_clause(policy, 'idx_schedule_runs_waiting', 'waiting_dependency')} "
+            "AND status = 'waiting_dependency'")
+
+
 def _promote(conn: sqlite3.Connection, policy: EntityPolicy, now: float) -> dict[str, int]:
     counts = {"retried": 0, "released": 0, "cancelled": 0}
-    for row in conn.execute(
-        "SELECT id, retry_due_at FROM schedule_runs "
-        "WHERE status = 'retry_wait' AND retry_due_at <= ?", (now,),
-    ).fetchall():
+    for row in conn.execute(_due_sql(policy, "id, retry_due_at"), (now,)).fetchall():
         res = move(conn, policy, row["id"], "retry_wait", "queued", "run.queued.retry_due",
                    guard={"retry_due_at": row["retry_due_at"]},
                    patch={"lease_attempts": 0, "retry_due_at": None, "queued_at": now}, now=now)
         counts["retried"] += int(res.applied)
-    waiting = [r[0] for r in conn.execute(
-        "SELECT id FROM schedule_runs WHERE status = 'waiting_dependency'")]
+    waiting = [r[0] for r in conn.execute(_waiting_sql(policy, "id"))]
     for i in range(0, len(waiting), 500):
         got = resolve_dependents(conn, policy, waiting[i:i + 500], waiting=True, now=now)
         counts["released"] += got["released"]
@@ -151,9 +172,10 @@ async def promote_due(db: StateDB, *, now: float | None = None) -> dict[str, int
     """Move due retries back to queued and settle waiting runs whose dependencies ended."""
     policy = db.registry.entity(ENTITY)
     ts = time.time() if now is None else now
-    if await db.fetch_one(
-        "SELECT 1 FROM schedule_runs WHERE (status = 'retry_wait' AND retry_due_at <= ?) "
-        "OR status = 'waiting_dependency' LIMIT 1", (ts,)) is None:
+    due = await db.fetch_one(
+        f"SELECT EXISTS ({_due_sql(policy, '1')}) OR EXISTS ({_waiting_sql(policy, '1')}) "
+        "AS due", (ts,))
+    if due is None or not due["due"]:
         return {"retried": 0, "released": 0, "cancelled": 0}
     return await db.write(lambda conn: _promote(conn, policy, ts))
 
@@ -171,8 +193,15 @@ class ClaimPass:
     lost: int = 0
 
 
-def _candidates(conn: sqlite3.Connection, excluded_kinds: list[str], advertised: list[str],
-                targets: set[str], result: ClaimPass) -> list[dict[str, Any]]:
+def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: list[str],
+                advertised: list[str], targets: set[str], result: ClaimPass,
+                enough: Callable[[dict[str, Any]], bool] | None = None
+                ) -> list[dict[str, Any]]:
+    """Eligible queued rows in (queued_at, id) order, read in keyset pages up to the scan cap.
+
+    ``enough`` is offered each eligible row as it is found; when it returns True the
+    scan stops there (the caller has all it can use).
+    """
     eligible: list[dict[str, Any]] = []
     cursor: tuple[float, str] = (float("-inf"), "")
     kinds_clause = (f"AND action_kind NOT IN ({', '.join('?' * len(excluded_kinds))})"
@@ -180,7 +209,8 @@ def _candidates(conn: sqlite3.Connection, excluded_kinds: list[str], advertised:
     sql = (
         "SELECT id, queued_at, required_capabilities, execution_target, concurrency_key, "
         "lease_attempts FROM schedule_runs "
-        f"WHERE status = 'queued' AND schedule_id IS NULL {kinds_clause} "
+        f"WHERE {index_clause(policy, 'idx_schedule_runs_claim', 'queued')} "
+        f"AND status = 'queued' AND schedule_id IS NULL {kinds_clause} "
         "AND (queued_at, id) > (?, ?) ORDER BY queued_at, id LIMIT ?"
     )
     while result.scanned < SCAN_CAP:
@@ -204,17 +234,78 @@ def _candidates(conn: sqlite3.Connection, excluded_kinds: list[str], advertised:
                 continue
             if not worker_can_serve(caps, advertised):
                 continue
-            eligible.append({**dict(row), "required_capabilities": caps})
+            cand = {**row_dict(row), "required_capabilities": caps}
+            eligible.append(cand)
+            if enough is not None and enough(cand):
+                return eligible
         if len(page) < PAGE_SIZE:
             break
     return eligible
+
+
+class _Picker:
+    """A pass's choice: candidates in the order offered, up to ``limit``, skipping any whose
+    concurrency key is already running or was picked earlier in the pass."""
+
+    def __init__(self, running_keys: set[str], limit: int) -> None:
+        self.blocked = set(running_keys)
+        self.limit = limit
+        self.chosen: list[dict[str, Any]] = []
+
+    def offer(self, cand: dict[str, Any]) -> bool:
+        """Consider one candidate; True once ``limit`` are chosen."""
+        if len(self.chosen) >= self.limit:
+            return True
+        key = cand["concurrency_key"]
+        if key is not None:
+            if key in self.blocked:
+                return False
+            self.blocked.add(key)
+        self.chosen.append(cand)
+        return len(self.chosen) >= self.limit
+
+
+def _running_keys(conn: sqlite3.Connection, policy: EntityPolicy) -> set[str]:
+    # Every running row is in the lease index (NULL expiries included), and there are
+    # only as many as workers run at once: cheap however deep the queue is.
+    return {r[0] for r in conn.execute(
+        "SELECT DISTINCT concurrency_key FROM schedule_runs "
+        f"WHERE {index_clause(policy, 'idx_schedule_runs_lease', 'running')} "
+        "AND status = 'running' AND concurrency_key IS NOT NULL")}
+
+
+def _select(conn: sqlite3.Connection, policy: EntityPolicy, worker_id: str, now: float,
+            heartbeat_ttl: float, excluded_kinds: list[str], advertised: list[str],
+            targets: set[str], limit: int, result: ClaimPass) -> list[dict[str, Any]] | None:
+    """The rows a pass will try to claim, read in one snapshot; None if the worker is stale."""
+    hb = conn.execute("SELECT last_heartbeat_at FROM workers WHERE worker_id = ?",
+                      (worker_id,)).fetchone()
+    if hb is not None and now - hb[0] > heartbeat_ttl:
+        return None
+    picker = _Picker(_running_keys(conn, policy), limit)
+    if not any(capability_class(t) == "affinity" for t in advertised):
+        # Every candidate scores 0, so the stable affinity sort keeps scan order and the
+        # choice is the first ``limit`` unblocked eligible rows: stop scanning there.
+        # Same rows as sorting the whole scan, without reading up to SCAN_CAP of them.
+        _candidates(conn, policy, excluded_kinds, advertised, targets, result,
+                    enough=picker.offer)
+        return picker.chosen
+    eligible = _candidates(conn, policy, excluded_kinds, advertised, targets, result)
+    # Stable: equal scores keep the oldest-first order of the scan.
+    eligible.sort(key=lambda c: -affinity_score(c["required_capabilities"], advertised))
+    for cand in eligible:
+        if picker.offer(cand):
+            break
+    return picker.chosen
 
 
 def _claim_one(conn: sqlite3.Connection, policy: EntityPolicy, cand: dict[str, Any],
                worker_id: str, now: float, lease_ttl: float) -> dict[str, Any] | None:
     key = cand["concurrency_key"]
     if key is not None and conn.execute(
-        "SELECT 1 FROM schedule_runs WHERE status = 'running' AND concurrency_key = ? LIMIT 1",
+        "SELECT 1 FROM schedule_runs WHERE "
+        f"{index_clause(policy, 'idx_schedule_runs_concurrency', 'running')} "
+        "AND status = 'running' AND concurrency_key = ? LIMIT 1",
         (key,),
     ).fetchone():
         return None
@@ -227,7 +318,7 @@ def _claim_one(conn: sqlite3.Connection, policy: EntityPolicy, cand: dict[str, A
     if not res.applied:
         return None
     row = conn.execute("SELECT * FROM schedule_runs WHERE id = ?", (cand["id"],)).fetchone()
-    return dict(row)
+    return row_dict(row)
 
 
 async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
@@ -243,41 +334,27 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
     Each claim is its own guarded queued -> running move; all of a pass's claims
     commit together. A concurrency key already running (checked inside the claim's
     own transaction, so across workers too) or claimed earlier in this pass blocks a
-    candidate for the rest of the pass.
+    candidate for the rest of the pass. The heartbeat check, the running keys and the
+    scan read one snapshot. When the worker advertises no affinity token every score
+    is equal, so the scan stops once ``limit`` rows are chosen (the same rows the full
+    sort would pick); a pass then costs the same at any queue depth.
     """
     ts = time.time() if now is None else now
     result = ClaimPass()
     if limit <= 0:
         return result
-    hb = await db.fetch_one("SELECT last_heartbeat_at FROM workers WHERE worker_id = ?",
-                            (worker_id,))
-    if hb is not None and ts - hb["last_heartbeat_at"] > heartbeat_ttl:
-        log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
-        return result
     advertised = list(advertised_capabilities or [])
     targets = set(execution_targets or ["host"])
     excluded = sorted(set(excluded_kinds))
-    eligible = await db.read(
-        lambda conn: _candidates(conn, excluded, advertised, targets, result))
-    # Stable: equal scores keep the oldest-first order of the scan.
-    eligible.sort(key=lambda c: -affinity_score(c["required_capabilities"], advertised))
-    running_keys = {r["concurrency_key"] for r in await db.fetch_all(
-        "SELECT DISTINCT concurrency_key FROM schedule_runs "
-        "WHERE status = 'running' AND concurrency_key IS NOT NULL")}
-    blocked = set(running_keys)
-    chosen: list[dict[str, Any]] = []
-    for cand in eligible:
-        if len(chosen) >= limit:
-            break
-        key = cand["concurrency_key"]
-        if key is not None:
-            if key in blocked:
-                continue
-            blocked.add(key)
-        chosen.append(cand)
+    policy = db.registry.entity(ENTITY)
+    chosen = await db.read(lambda conn: _select(
+        conn, policy, worker_id, ts, heartbeat_ttl, excluded, advertised, targets, limit,
+        result))
+    if chosen is None:
+        log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
+        return result
     if not chosen:
         return result
-    policy = db.registry.entity(ENTITY)
     outcomes = await asyncio.gather(*(
         db.write(functools.partial(_claim_one, policy=policy, cand=c, worker_id=worker_id,
                                    now=ts, lease_ttl=lease_ttl))

@@ -31,6 +31,9 @@ Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 #: Most units run in one group commit; bounds the latency one commit adds to the next.
 MAX_GROUP = 256
 BUSY_TIMEOUT_MS = 30_000
+#: Compiled statements sqlite3 keeps per connection (its default is 128). The engine has
+#: one UPDATE text per shape of move, the queue dozens of its own; a miss re-prepares.
+STATEMENT_CACHE = 512
 
 
 class StateDB:
@@ -58,7 +61,8 @@ class StateDB:
         if self._conn is not None:
             return self
         conn = await aiosqlite.connect(self.path, isolation_level=None,
-                                       timeout=self.busy_timeout_ms / 1000)
+                                       timeout=self.busy_timeout_ms / 1000,
+                                       cached_statements=STATEMENT_CACHE)
         try:
             await _in_thread(conn, self._configure)
         except BaseException:
