@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import defaultdict
+from functools import lru_cache
 
 _waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = defaultdict(set)
 
 
+@lru_cache(maxsize=64)
 def _key(path: str) -> str:
+    # Cached: notify() runs on every submit, and realpath costs a few lstat calls.
     return path if path == ":memory:" else os.path.realpath(path)
 
 
