@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,6 +25,7 @@ ExecuteFn = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
 DEFAULT_COMMAND_PREFIX = "li"
 #: Bytes of stdout/stderr kept per stream; the tail is what explains a failure.
 OUTPUT_TAIL_BYTES = 4096
+PR_SET_PDEATHSIG = 1
 #: Seconds a child gets between SIGTERM and SIGKILL when it is stopped.
 KILL_GRACE_SECONDS = 2.0
 
@@ -77,6 +80,29 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """In the child before exec: ask Linux to SIGKILL it when the worker dies.
+
+    A SIGKILLed worker cannot stop its children, and the reaper will hand the run to
+    another worker after the lease expires; without this the orphan would still be
+    running then, and the task would run twice at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the worker died before prctl took effect
+            os._exit(137)
+
+    return preexec
+
+
 async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
                    tail_bytes: int = OUTPUT_TAIL_BYTES) -> tuple[int, str, str]:
     """Run a child in its own process group; returns (exit code, stdout tail, stderr tail).
@@ -88,6 +114,7 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
         *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, start_new_session=True, cwd=cwd,
         env=None if env is None else {**os.environ, **env},
+        preexec_fn=_die_with_parent(os.getpid()),
     )
     readers = asyncio.gather(_tail(proc.stdout, tail_bytes), _tail(proc.stderr, tail_bytes))
     try:
