@@ -78,6 +78,10 @@ class StateDB:
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
+        # UPDATE ... RETURNING (every transition) stages its rows in a temp table: with
+        # temp files a claim or terminal move cost ~210 us in-thread, in memory ~70 us
+        # (a direct sqlite3 micro-measurement; see docs/performance.md).
+        conn.execute("PRAGMA temp_store = MEMORY")
         create_schema(conn, self.registry)
 
     async def close(self) -> None:
