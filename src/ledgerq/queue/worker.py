@@ -16,6 +16,7 @@ import os
 import socket
 import sqlite3
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,8 @@ LEASE_CHECK_SECONDS = 0.5
 RENEW_FRACTION = 1 / 3
 #: exit_code recorded for a run killed at its deadline (the coreutils ``timeout`` convention).
 TIMEOUT_EXIT_CODE = 124
+#: What a run that goes back to waiting holds of a lease: nothing.
+NO_LEASE: dict[str, Any] = {"leased_by": None, "lease_expires_at": None, "lease_token": None}
 #: Longest error_detail kept on a row.
 DETAIL_LIMIT = 4096
 
@@ -109,14 +112,16 @@ def _expired_sql(policy: EntityPolicy, columns: str) -> str:
 def _reap(conn: sqlite3.Connection, policy: EntityPolicy, now: float) -> dict[str, int]:
     counts = {"requeued": 0, "failed": 0}
     expired = conn.execute(
-        _expired_sql(policy, "id, leased_by, lease_expires_at, lease_attempts"), (now,),
+        _expired_sql(policy, "id, leased_by, lease_expires_at, lease_token, lease_attempts"),
+        (now,),
     ).fetchall()
     for row in expired:
-        guard = {"leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"]}
+        guard = {"leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"],
+                 "lease_token": row["lease_token"]}
         if row["lease_attempts"] < MAX_LEASE_ATTEMPTS:
             res = move(conn, policy, row["id"], "running", "queued", "run.queued.lease_expired",
                        summary=f"lease of {row['leased_by']} expired", guard=guard,
-                       patch={"leased_by": None, "lease_expires_at": None}, now=now,
+                       patch=dict(NO_LEASE), now=now,
                        metadata={"expired_worker": row["leased_by"]})
             counts["requeued"] += int(res.applied)
         else:
@@ -314,6 +319,7 @@ def _claim_one(conn: sqlite3.Connection, policy: EntityPolicy, cand: dict[str, A
                actor=_actor(worker_id), summary=f"claimed by {worker_id}",
                guard={"lease_attempts": attempts, "leased_by": None},
                patch={"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
+                      "lease_token": uuid.uuid4().hex,
                       "lease_attempts": attempts + 1}, now=now)
     if not res.applied:
         return None
@@ -431,7 +437,8 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
     which case the child is stopped and nothing terminal is written.
     """
     policy = db.registry.entity(ENTITY)
-    lease = {"leased_by": ctx.worker_id, "lease_expires_at": run["lease_expires_at"]}
+    lease = {"leased_by": ctx.worker_id, "lease_expires_at": run["lease_expires_at"],
+             "lease_token": run["lease_token"]}
     try:
         decoded = decode_run(run)
     except MalformedRow as exc:
@@ -525,10 +532,12 @@ async def _supervise_once(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
                           lease: dict[str, Any], ctx: RunContext) -> None:
     """Raise LeaseLost if the row is no longer ours; renew the lease when it is due."""
     row = await db.fetch_one(
-        "SELECT status, leased_by, lease_expires_at FROM schedule_runs WHERE id = ?",
+        "SELECT status, leased_by, lease_expires_at, lease_token FROM schedule_runs "
+        "WHERE id = ?",
         (run["id"],))
     if (row is None or row["status"] != "running" or row["leased_by"] != lease["leased_by"]
-            or row["lease_expires_at"] != lease["lease_expires_at"]):
+            or row["lease_expires_at"] != lease["lease_expires_at"]
+            or row["lease_token"] != lease["lease_token"]):
         raise LeaseLost("row changed under us: " + (row["status"] if row else "deleted"))
     now = ctx.clock()
     if now < lease["lease_expires_at"] - ctx.lease_ttl * (1 - RENEW_FRACTION):
@@ -552,7 +561,7 @@ async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: d
     if policy_ is not None and runs_done < policy_.max_attempts:
         now = ctx.clock()
         due = now + policy_.delay(runs_done)
-        patch = {"leased_by": None, "lease_expires_at": None, "retry_due_at": due,
+        patch = {**NO_LEASE, "retry_due_at": due,
                  "run_attempts": runs_done, "exit_code": exit_code,
                  "error_detail": detail[-DETAIL_LIMIT:]}
         applied = await db.write(lambda conn: _finish(
@@ -567,7 +576,7 @@ async def _end(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: di
                detail: str | None) -> str:
     now = ctx.clock()
     if to_state == "queued":  # graceful shutdown: not a failed attempt, so give it back
-        patch: dict[str, Any] = {"leased_by": None, "lease_expires_at": None,
+        patch: dict[str, Any] = {**NO_LEASE,
                                  "lease_attempts": max(0, int(run["lease_attempts"]) - 1)}
     else:
         patch = {"ended_at": now, "exit_code": exit_code,
