@@ -52,8 +52,6 @@ class StateDB:
         self._conn: aiosqlite.Connection | None = None
         self._pending: list[tuple[Unit, asyncio.Future[Any]]] = []
         self._drainer: asyncio.Task[None] | None = None
-        #: Called after every commit that applied writes; the queue wakes idle workers here.
-        self.after_commit: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------ lifecycle
 
@@ -186,9 +184,6 @@ class StateDB:
                         fut.set_result(value)
                     else:
                         fut.set_exception(value)
-                if any(ok for ok, _ in outcomes):
-                    for hook in list(self.after_commit):
-                        hook()
         finally:
             self._drainer = None
 
