@@ -126,16 +126,13 @@ def _sql_str(value: str) -> str:
 class Registry:
     """An immutable set of entity policies, looked up by entity name."""
 
-    __slots__ = ("_by_name", "_by_table")
+    __slots__ = ("_by_name",)
 
     def __init__(self, policies: Iterable[EntityPolicy]) -> None:
         by_name: dict[str, EntityPolicy] = {}
         for p in policies:
             by_name[p.name] = p
         self._by_name: Mapping[str, EntityPolicy] = MappingProxyType(by_name)
-        self._by_table: Mapping[str, EntityPolicy] = MappingProxyType(
-            {p.table: p for p in by_name.values()}
-        )
 
     def __setattr__(self, name: str, value: object) -> None:
         if hasattr(self, name):
@@ -155,9 +152,6 @@ class Registry:
         except KeyError:
             known = ", ".join(sorted(self._by_name)) or "none"
             raise ValueError(f"unknown entity type {name!r}; known: {known}") from None
-
-    def by_table(self, table: str) -> EntityPolicy:
-        return self._by_table[table]
 
     def allows(self, entity_type: str, from_state: str, to_state: str) -> bool:
         return self.entity(entity_type).allows(from_state, to_state)

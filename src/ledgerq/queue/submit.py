@@ -161,6 +161,11 @@ async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = 
     return await db.write(unit)
 
 
+def _fire_code(status: str) -> str:
+    """A fire may start in any initial state whose scheduled reason code the spec declares."""
+    return "run.started.scheduled" if status == "running" else f"run.{status}.scheduled"
+
+
 async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: str,
                                 args: dict[str, Any], status: str = "running",
                                 now: float | None = None, schedule_name: str | None = None,
@@ -171,14 +176,15 @@ async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: s
     claimed by queue workers; the scheduler ends them with :func:`transition`.
     """
     policy = db.registry.entity(ENTITY)
-    if status not in policy.initial or status in ("queued", "waiting_dependency"):
-        raise ValueError(f"a scheduled fire starts running, skipped or failed, not {status!r}")
+    code = _fire_code(status)
+    if status not in policy.initial or code not in policy.reason_codes:
+        allowed = sorted(s for s in policy.initial if _fire_code(s) in policy.reason_codes)
+        raise ValueError(f"a scheduled fire starts in one of {', '.join(allowed)}, "
+                         f"not {status!r}")
     if not isinstance(args, dict):
         raise ValueError(f"args must be a dict, got {type(args).__name__}")
     ts = time.time() if now is None else now
     who = actor or Actor(type="scheduler", id=schedule_id)
-    code = {"running": "run.started.scheduled", "skipped": "run.skipped.scheduled",
-            "failed": "run.failed.scheduled"}[status]
 
     def unit(conn: sqlite3.Connection) -> str:
         conn.execute("INSERT OR IGNORE INTO schedules (id, name, created_at) VALUES (?, ?, ?)",
@@ -187,7 +193,7 @@ async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: s
             "schedule_id": schedule_id, "trigger_context": "{}", "action_kind": action_kind,
             "action_args": dumps(args), "status": status, "chain_depth": 0,
             "fired_at": ts, "created_at": ts,
-            "ended_at": ts if status != "running" else None,
+            "ended_at": ts if status in policy.terminal else None,
         }, reason=StateReason(code=code), actor=who, now=ts)
 
     return await db.write(unit)

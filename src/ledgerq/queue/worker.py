@@ -333,7 +333,6 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
                      advertised_capabilities: Iterable[str] | None = None,
                      execution_targets: Iterable[str] | None = None,
                      heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
-                     servable_kinds: Callable[[str], bool] | None = None,
                      excluded_kinds: Iterable[str] = ("workflow",)) -> ClaimPass:
     """One claim pass (D4): scan, filter, order by affinity, claim up to ``limit`` rows.
 
@@ -463,11 +462,14 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
     lock = KeyLock(ctx.lock_dir, key) if key and ctx.lock_dir is not None else None
     try:
         if lock is not None:
+            next_check = 0.0
             while not lock.try_acquire():
                 if ctx.stopping is not None and ctx.stopping.is_set():
                     return await _end(db, policy, run, lease, ctx, "queued",
                                       "run.queued.worker_shutdown", None, None)
-                await _supervise_once(db, policy, run, lease, ctx)
+                if time.monotonic() >= next_check:
+                    await _supervise_once(db, policy, run, lease, ctx)
+                    next_check = time.monotonic() + ctx.check_interval
                 await asyncio.sleep(0.05)
         return await _run_supervised(db, policy, run, decoded, lease, executor, ctx)
     except LeaseLost as exc:
@@ -502,7 +504,13 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
                 await _stop(task)
                 return await _end(db, policy, run, lease, ctx, "queued",
                                   "run.queued.worker_shutdown", None, None)
-            await _supervise_once(db, policy, run, lease, ctx)
+            try:
+                await _supervise_once(db, policy, run, lease, ctx)
+            except LeaseLost:
+                raise
+            except Exception as exc:  # e.g. a busy database: the lease may still be ours
+                log.warning("run %s: lease check failed (%s); retrying at the next check",
+                            run["id"], exc)
     except BaseException:
         await _stop(task)
         raise
@@ -556,7 +564,11 @@ async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: d
                 ctx: RunContext, code: str, exit_code: int | None, detail: str) -> str:
     """A failed run goes to retry_wait while its retry policy has attempts left."""
     raw = run.get("retry_policy")
-    policy_ = RetryPolicy.from_dict(loads(raw)) if raw else None
+    try:
+        policy_ = RetryPolicy.from_dict(loads(raw)) if raw else None
+    except Exception as exc:  # a hand-edited row: fail it plainly rather than strand it
+        policy_ = None
+        detail = f"{detail} (retry_policy unreadable: {exc})"
     runs_done = int(run.get("run_attempts") or 0) + 1
     if policy_ is not None and runs_done < policy_.max_attempts:
         now = ctx.clock()
@@ -564,26 +576,46 @@ async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: d
         patch = {**NO_LEASE, "retry_due_at": due,
                  "run_attempts": runs_done, "exit_code": exit_code,
                  "error_detail": detail[-DETAIL_LIMIT:]}
-        applied = await db.write(lambda conn: _finish(
+        applied = await _write_outcome(db, lambda conn: _finish(
             conn, policy, run, "retry_wait", "run.retry_wait.backoff", dict(lease), patch, now,
             ctx.worker_id, summary=f"attempt {runs_done} of {policy_.max_attempts} failed"))
         return "retry_wait" if applied else "lost"
     return await _end(db, policy, run, lease, ctx, "failed", code, exit_code, detail)
 
 
+async def _write_outcome(db: StateDB, unit: Callable[[sqlite3.Connection], bool],
+                         attempts: int = 3) -> bool:
+    """Write a run's outcome, retrying a transient database error a few times.
+
+    Giving up leaves the row running until its lease expires and the reaper requeues
+    it, i.e. the task runs again: worth a short wait here. The write is guarded, so a
+    retry after a commit that did land simply conflicts.
+    """
+    for attempt in range(attempts):
+        try:
+            return await db.write(unit)
+        except sqlite3.OperationalError as exc:
+            if attempt == attempts - 1:
+                raise
+            log.warning("outcome write failed (%s); retrying", exc)
+            await asyncio.sleep(0.2 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
 async def _end(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: dict[str, Any],
                ctx: RunContext, to_state: str, code: str, exit_code: int | None,
                detail: str | None) -> str:
     now = ctx.clock()
-    if to_state == "queued":  # graceful shutdown: not a failed attempt, so give it back
+    if to_state not in policy.terminal:  # graceful shutdown: not a failed attempt, give it back
         patch: dict[str, Any] = {**NO_LEASE,
                                  "lease_attempts": max(0, int(run["lease_attempts"]) - 1)}
     else:
         patch = {"ended_at": now, "exit_code": exit_code,
                  "error_detail": detail[-DETAIL_LIMIT:] if detail else None,
                  "run_attempts": int(run.get("run_attempts") or 0) + 1}
-    applied = await db.write(lambda conn: _finish(conn, policy, run, to_state, code, dict(lease),
-                                                  patch, now, ctx.worker_id, summary=detail or ""))
+    applied = await _write_outcome(db, lambda conn: _finish(
+        conn, policy, run, to_state, code, dict(lease), patch, now, ctx.worker_id,
+        summary=detail or ""))
     if not applied:
         log.info("run %s: terminal write %s conflicted (lease no longer ours)", run["id"], to_state)
         return "lost"
@@ -623,7 +655,11 @@ async def claim_and_execute(db: StateDB, *, worker_id: str, execute: ExecuteFn |
     ctx = RunContext(worker_id=worker_id, lease_ttl=lease_ttl, clock=_fixed_clock(now),
                      executors=executors, authorize=authorize,
                      lock_dir=Path(lock_dir) if lock_dir is not None else None)
-    await asyncio.gather(*(execute_claimed(db, run, ctx) for run in claimed.claimed))
+    outcomes = await asyncio.gather(*(execute_claimed(db, run, ctx) for run in claimed.claimed),
+                                    return_exceptions=True)
+    for run, outcome in zip(claimed.claimed, outcomes, strict=True):
+        if isinstance(outcome, BaseException):  # the others still ran to their end
+            log.error("run %s: supervisor failed: %r", run["id"], outcome)
     return len(claimed.claimed)
 
 

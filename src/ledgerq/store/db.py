@@ -52,6 +52,7 @@ class StateDB:
         self._conn: aiosqlite.Connection | None = None
         self._pending: list[tuple[Unit, asyncio.Future[Any]]] = []
         self._drainer: asyncio.Task[None] | None = None
+        self._closing = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -83,12 +84,18 @@ class StateDB:
         create_schema(conn, self.registry)
 
     async def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
+        """Close after every write already accepted has committed (or failed) for real."""
+        if self._conn is None or self._closing:
             return
-        if self._drainer is not None:
-            await asyncio.shield(self._drainer)
-        await conn.close()
+        self._closing = True
+        try:
+            while self._drainer is not None:
+                await asyncio.shield(self._drainer)
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await conn.close()
+        finally:
+            self._closing = False
 
     async def __aenter__(self) -> StateDB:
         return await self.open()
@@ -149,6 +156,8 @@ class StateDB:
         and the exception is raised here; nothing it wrote survives.
         """
         self._require()
+        if self._closing:
+            raise RuntimeError("StateDB is closing; no new writes are accepted")
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._pending.append((fn, fut))
         if self._drainer is None:
