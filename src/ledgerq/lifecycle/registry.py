@@ -89,7 +89,7 @@ class EntityPolicy:
 
     def status_check(self) -> str:
         """The CHECK clause of the table's status column, so schema and spec cannot drift."""
-        states = ", ".join(_sql_str(s) for s in self.states)
+        states = ", ".join(sql_literal(s) for s in self.states)
         return f"CHECK(status IN ({states}))"
 
     def mermaid(self) -> str:
@@ -119,7 +119,7 @@ def _edge_label(rule: EdgeRule) -> str:
     return " / ".join(parts)
 
 
-def _sql_str(value: str) -> str:
+def sql_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
@@ -254,7 +254,7 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
             for j, s in enumerate(ix.where_status):
                 if s not in declared:
                     bad(f"$.indexes[{i}].where_status[{j}]", f"undeclared state {s!r}")
-            status_in = f"status IN ({', '.join(_sql_str(s) for s in ix.where_status)})"
+            status_in = f"status IN ({', '.join(sql_literal(s) for s in ix.where_status)})"
             where = status_in if where is None else f"({where}) AND {status_in}"
         indexes.append(IndexPolicy(ix.name, tuple(ix.columns), ix.unique, where))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ledgerq.lifecycle.engine import apply_transition
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
-from ledgerq.lifecycle.registry import EntityPolicy, IndexPolicy
+from ledgerq.lifecycle.registry import EntityPolicy, IndexPolicy, sql_literal
 from ledgerq.store.codec import loads
 
 ENTITY = "schedule_run"
@@ -60,13 +60,9 @@ def _index_clause(indexes: tuple[IndexPolicy, ...], index: str, states: tuple[st
     for ix in indexes:
         if ix.name == index and ix.where is not None:
             listed = re.fullmatch(r"status IN \((.*)\)", ix.where)
-            if listed and all(_sql_literal(s) in listed.group(1).split(", ") for s in states):
+            if listed and all(sql_literal(s) in listed.group(1).split(", ") for s in states):
                 return ix.where
     return "1"
-
-
-def _sql_literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 def move(conn: sqlite3.Connection, policy: EntityPolicy, run_id: str, from_state: str | None,

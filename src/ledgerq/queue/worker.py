@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.lifecycle.models import Actor
-from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.registry import EntityPolicy, sql_literal
 from ledgerq.queue.application import RetryPolicy
 from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
 from ledgerq.queue.launcher import ExecuteFn, default_execute
@@ -158,6 +158,23 @@ def _waiting_sql(policy: EntityPolicy, columns: str) -> str:
             "AND status = 'waiting_dependency'")
 
 
+def _settled_sql(policy: EntityPolicy) -> str:
+    """Waiting runs that can move now: a dependency ended badly, or all of them completed.
+
+    Lets the sweep skip the write lock while runs merely wait; terminal writes settle
+    dependents themselves, so this sweep is only the safety net (e.g. for a dependency
+    moved with ``transition()`` directly).
+    """
+    bad = ", ".join(sql_literal(s) for s in sorted(policy.terminal - {"completed"})) or "NULL"
+    return (
+        f"{_waiting_sql(policy, '1')} AND ("
+        "EXISTS (SELECT 1 FROM json_each(schedule_runs.depends_on) AS j "
+        f"JOIN schedule_runs AS d ON d.id = j.value WHERE d.status IN ({bad})) "
+        "OR NOT EXISTS (SELECT 1 FROM json_each(schedule_runs.depends_on) AS j "
+        "LEFT JOIN schedule_runs AS d ON d.id = j.value WHERE d.status IS NOT 'completed'))"
+    )
+
+
 def _promote(conn: sqlite3.Connection, policy: EntityPolicy, now: float) -> dict[str, int]:
     counts = {"retried": 0, "released": 0, "cancelled": 0}
     for row in conn.execute(_due_sql(policy, "id, retry_due_at"), (now,)).fetchall():
@@ -178,7 +195,7 @@ async def promote_due(db: StateDB, *, now: float | None = None) -> dict[str, int
     policy = db.registry.entity(ENTITY)
     ts = time.time() if now is None else now
     due = await db.fetch_one(
-        f"SELECT EXISTS ({_due_sql(policy, '1')}) OR EXISTS ({_waiting_sql(policy, '1')}) "
+        f"SELECT EXISTS ({_due_sql(policy, '1')}) OR EXISTS ({_settled_sql(policy)}) "
         "AS due", (ts,))
     if due is None or not due["due"]:
         return {"retried": 0, "released": 0, "cancelled": 0}
