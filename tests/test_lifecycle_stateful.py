@@ -486,7 +486,10 @@ class LifecycleMachine(RuleBasedStateMachine):
                          if e[0] == "applied"]
                 explanations.append(moves)
         assert explanations, ("no serial order explains the race", got_a, got_b, a, b)
-        moves = explanations[0]
+        # Two orders can explain one outcome when the loser replays the winner's shared
+        # idempotency key (both get the winner's result): the log says who won.
+        moves = next((m for m in explanations
+                      if all(self._fact_matches(x, r) for x, r in m)), explanations[0])
         event(f"race: {len(moves)} applied")
         if len(moves) == 2:
             # Both applied: the log says which went first.
@@ -503,6 +506,15 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert isinstance(result, TransitionResult)
             self._check_fact(attempt, result)
         self._commit(ref, moves)  # type: ignore[arg-type]
+
+    def _fact_matches(self, a: Attempt, result: TransitionResult | BaseException) -> bool:
+        if not isinstance(result, TransitionResult):
+            return False
+        fact = self.run(self.db.fetch_one(
+            "SELECT reason_code, actor FROM status_transitions WHERE id = ?",
+            (result.transition_id,)))
+        return fact is not None and (fact["reason_code"], fact["actor"]) == (
+            a.request.reason.code, a.request.actor.id)
 
     def _check_fact(self, a: Attempt, result: TransitionResult) -> None:
         fact = self.run(self.db.fetch_one("SELECT * FROM status_transitions WHERE id = ?",
