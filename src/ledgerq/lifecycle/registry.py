@@ -78,6 +78,12 @@ class EntityPolicy:
     columns: Mapping[str, str]
     indexes: tuple[IndexPolicy, ...]
 
+    @property
+    def json_columns(self) -> tuple[str, ...]:
+        """Columns declared ``JSON``: stored as text, decoded on the way out."""
+        return tuple(c for c, decl in self.columns.items()
+                     if decl.split(maxsplit=1)[0].upper() == "JSON")
+
     def allows(self, from_state: str, to_state: str) -> bool:
         return to_state in self.edges.get(from_state, frozenset())
 

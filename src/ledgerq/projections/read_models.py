@@ -21,9 +21,7 @@ if TYPE_CHECKING:
 
 RUN_ENTITY = "schedule_run"
 RUN_TABLE = "schedule_runs"
-#: JSON columns of schedule_runs and status_transitions, decoded on the way out.
-RUN_JSON_COLUMNS = ("trigger_context", "action_args", "required_capabilities", "depends_on",
-                    "retry_policy", "status_evidence_refs")
+#: JSON columns of status_transitions (a run's come from its spec), decoded on the way out.
 FACT_JSON_COLUMNS = ("evidence_refs", "metadata", "patch")
 #: The columns of a run summary (``ls``), in display order; a stable contract for --json.
 SUMMARY_COLUMNS = (
@@ -46,9 +44,9 @@ def _decode(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def decode_run_row(row: dict[str, Any]) -> dict[str, Any]:
+def decode_run_row(db: StateDB, row: dict[str, Any]) -> dict[str, Any]:
     """A schedule_runs row with its JSON columns decoded (invalid JSON is left as text)."""
-    return _decode(row, RUN_JSON_COLUMNS)
+    return _decode(row, db.registry.entity(RUN_ENTITY).json_columns)
 
 
 def decode_fact(fact: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +118,7 @@ async def get_run(db: StateDB, run_id: str) -> dict[str, Any]:
     row = await db.fetch_one(f"SELECT * FROM {RUN_TABLE} WHERE id = ?", (run_id,))
     if row is None:
         raise LookupError(f"no run {run_id}")
-    return decode_run_row(row)
+    return decode_run_row(db, row)
 
 
 async def run_history(db: StateDB, run_id: str) -> list[dict[str, Any]]:

@@ -15,8 +15,6 @@ from ledgerq.store.codec import loads
 
 ENTITY = "schedule_run"
 SYSTEM = Actor(type="system", id="ledgerq")
-JSON_COLUMNS = ("trigger_context", "action_args", "required_capabilities", "depends_on",
-                "retry_policy", "status_evidence_refs")
 
 
 class MalformedRow(ValueError):
@@ -28,10 +26,10 @@ def row_dict(row: sqlite3.Row) -> dict[str, Any]:
     return dict(zip(row.keys(), row, strict=True))
 
 
-def decode_run(row: dict[str, Any]) -> dict[str, Any]:
-    """A schedule_runs row with its JSON columns decoded; MalformedRow names the column."""
+def decode_run(policy: EntityPolicy, row: dict[str, Any]) -> dict[str, Any]:
+    """A run row with its spec-declared JSON columns decoded; MalformedRow names the column."""
     out = dict(row)
-    for col in JSON_COLUMNS:
+    for col in policy.json_columns:
         if col in out and isinstance(out[col], str | bytes):
             try:
                 out[col] = loads(out[col])

@@ -456,7 +456,7 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
     lease = {"leased_by": ctx.worker_id, "lease_expires_at": run["lease_expires_at"],
              "lease_token": run["lease_token"]}
     try:
-        decoded = decode_run(run)
+        decoded = decode_run(policy, run)
     except MalformedRow as exc:
         return await _end(db, policy, run, lease, ctx, "failed", "run.failed.exception", 1,
                           str(exc))
