@@ -39,6 +39,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ledgerq import __version__
+from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS, runtime
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import Registry
@@ -535,7 +536,8 @@ def cancel(
 def worker(
     ctx: typer.Context,
     capacity: Annotated[int, typer.Option("--capacity", "-c", min=1,
-                                          help="Runs executed at once.")] = 4,
+                                          help="Runs executed at once.")
+    ] = runtime.DEFAULT_CAPACITY,
     cap: Annotated[list[str] | None, typer.Option(
         "--cap", help="An advertised capability token. Repeatable.",
         show_default=False)] = None,
@@ -543,14 +545,18 @@ def worker(
         "--target", "-t", help="An execution target served. Repeatable (default: host).",
         show_default=False)] = None,
     poll_interval: Annotated[float, typer.Option(
-        "--poll-interval", min=0.001, help="Seconds between claim passes when idle.")] = 0.2,
+        "--poll-interval", min=0.001, help="Seconds between claim passes when idle.")
+    ] = runtime.DEFAULT_POLL_INTERVAL,
     lease_ttl: Annotated[float, typer.Option(
-        "--lease-ttl", min=0.1, help="Lease length in seconds; renewed every third.")] = 30.0,
+        "--lease-ttl", min=0.1, help="Lease length in seconds; renewed every third.")
+    ] = runtime.DEFAULT_WORKER_LEASE_TTL,
     heartbeat_ttl: Annotated[float, typer.Option(
-        "--heartbeat-ttl", min=0.1, help="A worker silent this long claims nothing.")] = 90.0,
+        "--heartbeat-ttl", min=0.1, help="A worker silent this long claims nothing.")
+    ] = DEFAULT_HEARTBEAT_TTL_SECONDS,
     shutdown_grace: Annotated[float, typer.Option(
         "--shutdown-grace", min=0.0,
-        help="On SIGINT/SIGTERM, seconds running runs get before being requeued.")] = 10.0,
+        help="On SIGINT/SIGTERM, seconds running runs get before being requeued.")
+    ] = runtime.DEFAULT_SHUTDOWN_GRACE,
     worker_id: Annotated[str | None, typer.Option(
         "--worker-id", help="Worker id (default: host:<8 hex>).", show_default=False)] = None,
     lock_dir: Annotated[Path | None, typer.Option(

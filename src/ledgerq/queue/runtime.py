@@ -116,10 +116,10 @@ class Worker:
 
     async def stop(self) -> None:
         """Stop claiming; running runs get ``shutdown_grace`` seconds, then are requeued."""
-        self._stop.set()
-        self._wake.set()
+        self.request_stop()
 
     def request_stop(self) -> None:
+        """The synchronous half of :meth:`stop`, for signal handlers."""
         self._stop.set()
         self._wake.set()
 
