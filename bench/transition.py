@@ -86,7 +86,7 @@ INSERT INTO status_transitions (
 ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 #: Both sides make fact ids the same way, so the comparison is about the framework.
-new_id: Callable[[], str] = getattr(engine, "_new_id", lambda: str(uuid.uuid4()))
+new_id: Callable[[], str] = getattr(engine, "new_id", lambda: str(uuid.uuid4()))
 
 
 def check_statements() -> None:

@@ -21,7 +21,6 @@ import itertools
 import os
 import shutil
 import tempfile
-import types
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from hypothesis.stateful import (
 import ledgerq.queue.submit as submit_module
 from ledgerq import StateDB
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
+from ledgerq.lifecycle.engine import new_id
 from ledgerq.projections import verify
 from ledgerq.queue import (
     MAX_LEASE_ATTEMPTS,
@@ -100,8 +100,7 @@ class WorkerAPIMachine(RuleBasedStateMachine):
         # Run ids in submission order: claims break queued_at ties by id, and random ids
         # would make hypothesis's draws (which lease to use next) differ between replays.
         counter = itertools.count(1)
-        submit_module.uuid = types.SimpleNamespace(  # type: ignore[attr-defined,assignment]
-            uuid4=lambda: uuid.UUID(int=next(counter)))
+        submit_module.new_run_id = lambda: str(uuid.UUID(int=next(counter)))
         self.clock = 1_000_000.0
         self.model: dict[str, Run] = {}
         self.beliefs: list[Belief] = []
@@ -116,7 +115,7 @@ class WorkerAPIMachine(RuleBasedStateMachine):
         finally:
             self.runner.close()
             shutil.rmtree(self.tmp, ignore_errors=True)
-            submit_module.uuid = uuid  # type: ignore[attr-defined]
+            submit_module.new_run_id = new_id
 
     # ------------------------------------------------------------ model helpers
 

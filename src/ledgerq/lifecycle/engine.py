@@ -31,7 +31,7 @@ INSERT INTO status_transitions (
 """
 
 
-def _new_id() -> str:
+def new_id() -> str:
     """A time-ordered (version 7) UUID string: 48-bit Unix milliseconds, then 74 random bits.
 
     Ids are primary keys of append-mostly tables; ordered keys land on the index's last
@@ -172,7 +172,7 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
         return _conflict(observed)
     if patched:
         changes.update(zip(patched, stored[0], strict=True))
-    fact_id = _new_id()
+    fact_id = new_id()
     _append_fact(conn, fact_id, policy.name, request.entity_id, observed, request.to_state,
                  request.reason, request.actor, ts, version, changes, request.idempotency_key)
     return TransitionResult(applied=True, previous_state=observed,
@@ -182,7 +182,7 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
 def _conflict(observed: str) -> TransitionResult:
     # A conflict writes nothing; its transition_id names no fact.
     return TransitionResult(applied=False, conflict=True, previous_state=observed,
-                            current_state=observed, transition_id=_new_id())
+                            current_state=observed, transition_id=new_id())
 
 
 def _replay(conn: sqlite3.Connection, request: TransitionRequest) -> TransitionResult | None:
@@ -234,7 +234,7 @@ def create_entity(conn: sqlite3.Connection, policy: EntityPolicy, values: dict[s
     # zip, not stored[k]: a Row looks a name up by a case-insensitive linear search.
     initial = {k: v for k, v in zip(stored.keys(), stored, strict=True)
                if k not in ("status", "version")}
-    _append_fact(conn, _new_id(), policy.name, row["id"], None, row["status"], reason, actor,
+    _append_fact(conn, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
                  ts, 1, initial, idempotency_key)
     return str(row["id"])
 
@@ -253,7 +253,7 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
         unknown = sorted(set(values) - set(policy.columns))
         raise ValueError(f"{policy.table} has no column(s) {', '.join(unknown)}")
     row = {k: to_sql(v) for k, v in values.items()}
-    row.setdefault("id", _new_id())
+    row.setdefault("id", new_id())
     row.setdefault("created_at", ts)
     row["version"] = 1
     row["status_reason_code"] = reason.code
@@ -302,7 +302,7 @@ def create_entities(conn: sqlite3.Connection, policy: EntityPolicy,
         for rid, row in zip(ids, rows[i:i + _READBACK_CHUNK], strict=True):
             initial = {k: v for k, v in zip(names, stored[rid], strict=True)
                        if k not in ("status", "version")}
-            facts.append((_new_id(), policy.name, rid, None, row["status"], reason.code,
+            facts.append((new_id(), policy.name, rid, None, row["status"], reason.code,
                           reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
                           dumps(initial), None))
     conn.executemany(_FACT_INSERT, facts)
@@ -329,4 +329,4 @@ def fold(facts: list[dict[str, Any]], policy: EntityPolicy) -> dict[str, Any]:
 
 
 __all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "apply_transition", "create", "create_entities",
-           "create_entity", "fold", "transition"]
+           "create_entity", "fold", "new_id", "transition"]

@@ -57,6 +57,8 @@ class IndexPolicy:
     columns: tuple[str, ...]
     unique: bool
     where: str | None
+    #: The spec's ``where_status``: the states the index covers (None: not status-partial).
+    status_in: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +264,8 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
                     bad(f"$.indexes[{i}].where_status[{j}]", f"undeclared state {s!r}")
             status_in = f"status IN ({', '.join(sql_literal(s) for s in ix.where_status)})"
             where = status_in if where is None else f"({where}) AND {status_in}"
-        indexes.append(IndexPolicy(ix.name, tuple(ix.columns), ix.unique, where))
+        indexes.append(IndexPolicy(ix.name, tuple(ix.columns), ix.unique, where,
+                                   tuple(ix.where_status) if ix.where_status else None))
 
     if spec.table in RESERVED_TABLES:
         bad("$.table", f"table {spec.table!r} is reserved by ledgerq's own schema")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import re
 import sqlite3
 import time
 from typing import Any
@@ -40,7 +39,7 @@ def decode_run(policy: EntityPolicy, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def index_clause(policy: EntityPolicy, index: str, *states: str) -> str:
-    """The WHERE of partial index ``index`` when it is a status list holding every ``states``.
+    """The status term of partial index ``index`` when its status list holds every ``states``.
 
     SQLite uses a partial index only when each term of the index's WHERE appears in the
     query's own WHERE; it does not see that ``status = 'queued'`` implies
@@ -48,7 +47,9 @@ def index_clause(policy: EntityPolicy, index: str, *states: str) -> str:
     clause beside its own ``status = ?`` so the planner can use the index instead of
     scanning the table. The clause is implied by the query's own condition, so it never
     changes a result; for an index the spec does not declare (or declares differently)
-    it is ``1``, and the query is merely slower.
+    it is ``1``, and the query is merely slower. Any other term of the index's WHERE
+    (``concurrency_key IS NOT NULL``) the query must imply itself, e.g. with
+    ``concurrency_key = ?``.
     """
     return _index_clause(policy.indexes, index, states)
 
@@ -56,10 +57,8 @@ def index_clause(policy: EntityPolicy, index: str, *states: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _index_clause(indexes: tuple[IndexPolicy, ...], index: str, states: tuple[str, ...]) -> str:
     for ix in indexes:
-        if ix.name == index and ix.where is not None:
-            listed = re.fullmatch(r"status IN \((.*)\)", ix.where)
-            if listed and all(sql_literal(s) in listed.group(1).split(", ") for s in states):
-                return ix.where
+        if ix.name == index and ix.status_in is not None and set(states) <= set(ix.status_in):
+            return f"status IN ({', '.join(sql_literal(s) for s in ix.status_in)})"
     return "1"
 
 
