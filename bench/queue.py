@@ -17,7 +17,7 @@ database file (WAL, the chosen ``synchronous``), so the figures share one disk:
                    queued -> running (commit), guarded UPDATE running -> completed (commit)
   submit_many      submit_many(db, apps) of N apps in one call vs raw executemany of the
                    same rows plus their creation facts in one transaction (the raw side
-                   builds the same tuples: uuid, JSON columns, the fact's full-row patch)
+                   builds the same tuples: v7 ids, JSON columns, the fact's non-NULL patch)
   claim scale      claim_runs(limit=20) with 1k vs 1M (--quick: 100k) queued rows,
                    written straight into the real schema by executemany (no facts needed)
 
@@ -61,6 +61,7 @@ from typing import Any
 
 from ledgerq import StateDB
 from ledgerq.lifecycle import Registry, default_registry
+from ledgerq.lifecycle.engine import new_id
 from ledgerq.queue import TaskApplication, claim_and_execute, submit_many, submit_task
 from ledgerq.queue.application import digest
 from ledgerq.queue.worker import claim_runs
@@ -268,10 +269,9 @@ INSERT INTO status_transitions (
   evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
 ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
-# Columns a submitted row leaves to their defaults; the fact's patch names them too.
-DEFAULTED = {"updated_at": None, "exit_code": None, "chain_parent_id": None, "ended_at": None,
-             "error_detail": None, "leased_by": None, "lease_expires_at": None,
-             "lease_attempts": 0, "run_attempts": 0, "retry_due_at": None}
+# Non-NULL columns a submitted row leaves to their defaults; the fact's patch names them
+# too (a creation fact leaves NULL columns out).
+DEFAULTED = {"lease_attempts": 0, "run_attempts": 0}
 
 
 def raw_submit_many(path: str, registry: Registry, sync: str, n: int) -> float:
@@ -285,7 +285,7 @@ def raw_submit_many(path: str, registry: Registry, sync: str, n: int) -> float:
     runs: list[tuple[Any, ...]] = []
     facts: list[tuple[Any, ...]] = []
     for app in apps:
-        rid = str(uuid.uuid4())
+        rid = new_id()
         values = {
             "id": rid, "schedule_id": None, "invocation_id": None, "trigger_context": "{}",
             "action_kind": app.action_kind, "action_args": dumps(app.args), "status": "queued",
@@ -299,9 +299,10 @@ def raw_submit_many(path: str, registry: Registry, sync: str, n: int) -> float:
             "status_reason_summary": "", "status_evidence_refs": evidence,
         }
         runs.append(tuple(values.values()))
-        patch = {k: v for k, v in values.items() if k not in ("status", "version")}
+        patch = {k: v for k, v in values.items()
+                 if v is not None and k not in ("status", "version")}
         patch.update(DEFAULTED)
-        facts.append((str(uuid.uuid4()), "schedule_run", rid, None, "queued",
+        facts.append((new_id(), "schedule_run", rid, None, "queued",
                       "run.queued.submitted", "", evidence, "system", "ledgerq.submit", now,
                       "{}", 1, dumps(patch), None))
     conn.execute("BEGIN IMMEDIATE")

@@ -115,11 +115,13 @@ async def test_creation_appends_a_creation_fact(db: StateDB) -> None:
     stored = await row(db, "schedule_runs", rid)
     assert stored is not None
     assert stored["version"] == 1 and stored["created_at"] == 1234.0
-    # The patch carries every initial column of the row as stored (defaults included).
+    # The patch carries every non-NULL initial column of the row as stored (defaults
+    # included); a column it leaves out is NULL in the row.
     for col, value in stored.items():
         if col in ("status", "version"):
             continue
-        assert patch[col] == value, col
+        assert patch.get(col) == value, col
+        assert (col in patch) == (value is not None), col
     assert patch["action_kind"] == "shell"
     assert patch["queued_at"] == 999.5
     assert patch["concurrency_key"] == "ck"

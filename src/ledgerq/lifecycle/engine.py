@@ -221,22 +221,34 @@ def create_entity(conn: sqlite3.Connection, policy: EntityPolicy, values: dict[s
                   idempotency_key: str | None = None) -> str:
     """Insert a projection row in an initial state plus its creation fact (in-transaction).
 
-    The fact carries every column of the row as stored, database defaults included,
-    so folding the log recreates the row exactly.
+    The fact carries the row as stored (``RETURNING *``: after type affinity, database
+    defaults included), so folding the log recreates the row exactly.
     """
     ts = time.time() if now is None else now
     row = _creation_row(policy, values, reason, ts)
-    conn.execute(
-        f"INSERT INTO {policy.table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-        list(row.values()),
-    )
-    stored = conn.execute(f"SELECT * FROM {policy.table} WHERE id = ?", (row["id"],)).fetchone()
-    # zip, not stored[k]: a Row looks a name up by a case-insensitive linear search.
-    initial = {k: v for k, v in zip(stored.keys(), stored, strict=True)
-               if k not in ("status", "version")}
+    cur = conn.execute(_insert_sql(policy.table, tuple(row)), list(row.values()))
+    stored = cur.fetchone()
+    names = [d[0] for d in cur.description]
     _append_fact(conn, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
-                 ts, 1, initial, idempotency_key)
+                 ts, 1, _initial_patch(names, stored), idempotency_key)
     return str(row["id"])
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(table: str, cols: tuple[str, ...]) -> str:
+    return (f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+            "RETURNING *")
+
+
+def _initial_patch(names: list[str], stored: Any) -> dict[str, Any]:
+    """A creation fact's patch: every non-NULL column of the stored row.
+
+    A column it does not name is NULL (:func:`fold` starts from an all-NULL row); leaving
+    the NULLs out halves a typical creation fact, and the log's pages are written by
+    every submit's commit.
+    """
+    return {k: v for k, v in zip(names, stored, strict=True)
+            if v is not None and k not in ("status", "version")}
 
 
 def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateReason,
@@ -300,8 +312,7 @@ def create_entities(conn: sqlite3.Connection, policy: EntityPolicy,
         names = [d[0] for d in cur.description]
         stored = {r[names.index("id")]: r for r in cur.fetchall()}
         for rid, row in zip(ids, rows[i:i + _READBACK_CHUNK], strict=True):
-            initial = {k: v for k, v in zip(names, stored[rid], strict=True)
-                       if k not in ("status", "version")}
+            initial = _initial_patch(names, stored[rid])
             facts.append((new_id(), policy.name, rid, None, row["status"], reason.code,
                           reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
                           dumps(initial), None))
