@@ -12,7 +12,7 @@ import functools
 import os
 import sqlite3
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
@@ -53,7 +53,7 @@ def _select_sql(table: str, guard_cols: tuple[str, ...]) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _update_sql(table: str, guard_cols: tuple[str, ...], change_cols: tuple[str, ...],
-                patch_cols: tuple[str, ...], same_state: bool) -> str:
+                patch_cols: tuple[str, ...], same_state: bool, whole_row: bool = False) -> str:
     # A same-state move (a lease renewal) leaves status as it is (the WHERE pins it), so
     # it does not assign it: assigning status makes SQLite re-check the CHECK constraint
     # and maintain every index whose WHERE names status, which doubles the UPDATE's cost.
@@ -64,7 +64,10 @@ def _update_sql(table: str, guard_cols: tuple[str, ...], change_cols: tuple[str,
     # RETURNING reads the patched columns back as stored (after the column's type
     # affinity), so the fact records exactly what the row holds: 123 patched into a
     # TEXT column is '123' in both, and folding the log reproduces the row.
-    returning = f" RETURNING {', '.join(patch_cols)}" if patch_cols else " RETURNING id"
+    if whole_row:
+        returning = " RETURNING *"
+    else:
+        returning = f" RETURNING {', '.join(patch_cols)}" if patch_cols else " RETURNING id"
     return f"UPDATE {table} SET {sets} WHERE {where}{returning}"
 
 
@@ -112,39 +115,75 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
                      guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
                      now: float | None = None) -> TransitionResult:
     """The in-transaction half of :func:`transition`; callers must have run :func:`prepare`."""
+    done = apply_move(conn, policy, request.entity_id, request.from_state, request.to_state,
+                      request.reason, request.actor, guard=guard, patch=patch, now=now,
+                      idempotency_key=request.idempotency_key)
+    if not done.applied:
+        return TransitionResult(applied=False, conflict=True, previous_state=done.previous_state,
+                                current_state=done.current_state, transition_id=done.transition_id)
+    return TransitionResult(applied=True, previous_state=done.previous_state,
+                            current_state=done.current_state, transition_id=done.transition_id)
+
+
+class Moved(NamedTuple):
+    """What :func:`apply_move` did. A plain tuple: the queue makes several per task, and a
+    validated model per move costs more than the statements' own Python."""
+
+    applied: bool
+    previous_state: str | None
+    current_state: str
+    #: The new fact's id when applied; a fresh id that names no fact on a conflict.
+    transition_id: str
+    #: The whole row after the move, when asked for with ``whole_row=True``.
+    row: dict[str, Any] | None = None
+
+
+def apply_move(conn: sqlite3.Connection, policy: EntityPolicy, entity_id: str,
+               from_state: str | None, to_state: str, reason: StateReason, actor: Actor, *,
+               guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
+               now: float | None = None, idempotency_key: str = "",
+               whole_row: bool = False) -> Moved:
+    """One guarded move inside the caller's transaction, in D3's check order.
+
+    ``reason`` and ``actor`` are trusted as built (the queue makes them with
+    ``model_construct``); the reason code and the column allowlists are still checked
+    against the policy, so nothing the spec does not declare is ever written.
+    ``whole_row`` returns the row as the UPDATE left it (``RETURNING *``), which saves a
+    claim its read-back.
+    """
     guard = guard or {}
     patch = patch or {}
-    repeat = _replay(conn, request)
-    if repeat is not None:
-        return repeat
+    check_reason(policy, reason)
+    check_columns(policy, guard, patch)
+    if idempotency_key:
+        repeat = _replay(conn, policy.name, entity_id, to_state, idempotency_key)
+        if repeat is not None:
+            return repeat
     guard_cols = tuple(sorted(guard))
-    row = conn.execute(_select_sql(policy.table, guard_cols), (request.entity_id,)).fetchone()
+    row = conn.execute(_select_sql(policy.table, guard_cols), (entity_id,)).fetchone()
     if row is None:
-        raise LookupError(f"{policy.name} {request.entity_id!r} not found")
+        raise LookupError(f"{policy.name} {entity_id!r} not found")
     observed: str = row[0]
-    if request.from_state is not None and observed != request.from_state:
+    if from_state is not None and observed != from_state:
         return _conflict(observed)
-    if not policy.allows(observed, request.to_state):
+    if not policy.allows(observed, to_state):
         allowed = ", ".join(policy.targets(observed)) or "none (terminal)"
         raise ValueError(
-            f"{policy.name} {observed} -> {request.to_state} is {VOCABULARY_ERROR}; "
+            f"{policy.name} {observed} -> {to_state} is {VOCABULARY_ERROR}; "
             f"allowed from {observed}: {allowed}"
         )
-    rule = policy.rule(observed, request.to_state)
-    if rule.actors is not None and request.actor.type not in rule.actors:
+    rule = policy.rule(observed, to_state)
+    if rule.actors is not None and actor.type not in rule.actors:
         raise ValueError(
-            f"{policy.name} {observed} -> {request.to_state} is restricted to actor type(s) "
-            f"{', '.join(sorted(rule.actors))}; got {request.actor.type!r}"
+            f"{policy.name} {observed} -> {to_state} is restricted to actor type(s) "
+            f"{', '.join(sorted(rule.actors))}; got {actor.type!r}"
         )
     for kind, need, given in (("guard", rule.requires_guard, guard),
                               ("patch", rule.requires_patch, patch)):
-        if not need or need.issubset(given):
-            continue
-        missing = sorted(need - set(given))
-        if missing:
+        if need and not need.issubset(given):
             raise ValueError(
-                f"{policy.name} {observed} -> {request.to_state} requires {kind} column(s) "
-                f"{', '.join(missing)}"
+                f"{policy.name} {observed} -> {to_state} requires {kind} column(s) "
+                f"{', '.join(sorted(need - set(given)))}"
             )
     for i, col in enumerate(guard_cols):
         if row[2 + i] != guard[col]:
@@ -153,56 +192,62 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
     ts = time.time() if now is None else now
     changes: dict[str, Any] = {
         "updated_at": ts,
-        "status_reason_code": request.reason.code,
-        "status_reason_summary": request.reason.summary,
-        "status_evidence_refs": dumps(request.reason.evidence_refs),
+        "status_reason_code": reason.code,
+        "status_reason_summary": reason.summary,
+        "status_evidence_refs": _json(reason.evidence_refs),
     }
-    changes.update({k: to_sql(v) for k, v in patch.items()})
-    version = int(row[1]) + 1
+    for k, v in patch.items():
+        changes[k] = to_sql(v)
+    version = row[1] + 1
     patched = tuple(patch)
-    same_state = observed == request.to_state
-    params = [version, *changes.values(), request.entity_id, observed,
+    same_state = observed == to_state
+    params = [version, *changes.values(), entity_id, observed,
               *(to_sql(guard[c]) for c in guard_cols)]
     if not same_state:
-        params.insert(0, request.to_state)
-    stored = conn.execute(
-        _update_sql(policy.table, guard_cols, tuple(changes), patched, same_state), params
-    ).fetchall()
+        params.insert(0, to_state)
+    cur = conn.execute(_update_sql(policy.table, guard_cols, tuple(changes), patched,
+                                   same_state, whole_row), params)
+    stored = cur.fetchall()
     if len(stored) != 1:
         return _conflict(observed)
-    if patched:
+    after: dict[str, Any] | None = None
+    if whole_row:
+        after = dict(zip([d[0] for d in cur.description], stored[0], strict=True))
+        for k in patched:
+            changes[k] = after[k]
+    elif patched:
         changes.update(zip(patched, stored[0], strict=True))
     fact_id = new_id()
-    _append_fact(conn, fact_id, policy.name, request.entity_id, observed, request.to_state,
-                 request.reason, request.actor, ts, version, changes, request.idempotency_key)
-    return TransitionResult(applied=True, previous_state=observed,
-                            current_state=request.to_state, transition_id=fact_id)
+    _append_fact(conn, fact_id, policy.name, entity_id, observed, to_state, reason, actor,
+                 ts, version, changes, idempotency_key)
+    return Moved(True, observed, to_state, fact_id, after)
 
 
-def _conflict(observed: str) -> TransitionResult:
+def _json(value: Any) -> str:
+    # Most reasons carry no evidence and no metadata: skip the encoder for the empty ones.
+    return dumps(value) if value else ("[]" if isinstance(value, list) else "{}")
+
+
+def _conflict(observed: str) -> Moved:
     # A conflict writes nothing; its transition_id names no fact.
-    return TransitionResult(applied=False, conflict=True, previous_state=observed,
-                            current_state=observed, transition_id=new_id())
+    return Moved(False, observed, observed, new_id())
 
 
-def _replay(conn: sqlite3.Connection, request: TransitionRequest) -> TransitionResult | None:
-    if not request.idempotency_key:
-        return None
+def _replay(conn: sqlite3.Connection, entity_type: str, entity_id: str, to_state: str,
+            key: str) -> Moved | None:
     fact = conn.execute(
         "SELECT id, previous_status, status FROM status_transitions "
         "WHERE entity_type = ? AND entity_id = ? AND idempotency_key = ?",
-        (request.entity_type, request.entity_id, request.idempotency_key),
+        (entity_type, entity_id, key),
     ).fetchone()
     if fact is None:
         return None
-    if fact[2] != request.to_state:
+    if fact[2] != to_state:
         raise ValueError(
-            f"idempotency key {request.idempotency_key!r} already applied "
-            f"{fact[1]} -> {fact[2]} to {request.entity_type} {request.entity_id!r}; "
-            f"refusing a different move to {request.to_state}"
+            f"idempotency key {key!r} already applied {fact[1]} -> {fact[2]} to "
+            f"{entity_type} {entity_id!r}; refusing a different move to {to_state}"
         )
-    return TransitionResult(applied=True, previous_state=fact[1], current_state=fact[2],
-                            transition_id=fact[0])
+    return Moved(True, fact[1], fact[2], fact[0])
 
 
 def _append_fact(conn: sqlite3.Connection, fact_id: str, entity_type: str, entity_id: str,
@@ -211,7 +256,7 @@ def _append_fact(conn: sqlite3.Connection, fact_id: str, entity_type: str, entit
                  idempotency_key: str | None) -> None:
     conn.execute(_FACT_INSERT, (
         fact_id, entity_type, entity_id, previous, status, reason.code, reason.summary,
-        dumps(reason.evidence_refs), actor.type, actor.id, ts, dumps(reason.metadata),
+        _json(reason.evidence_refs), actor.type, actor.id, ts, _json(reason.metadata),
         version, dumps(changes), idempotency_key or None,
     ))
 
@@ -339,5 +384,5 @@ def fold(facts: list[dict[str, Any]], policy: EntityPolicy) -> dict[str, Any]:
     return row
 
 
-__all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "apply_transition", "create", "create_entities",
-           "create_entity", "fold", "new_id", "transition"]
+__all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "Moved", "apply_move", "apply_transition",
+           "create", "create_entities", "create_entity", "fold", "new_id", "transition"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -80,11 +80,13 @@ class EntityPolicy:
     columns: Mapping[str, str]
     indexes: tuple[IndexPolicy, ...]
 
-    @property
-    def json_columns(self) -> tuple[str, ...]:
-        """Columns declared ``JSON``: stored as text, decoded on the way out."""
-        return tuple(c for c, decl in self.columns.items()
-                     if decl.split(maxsplit=1)[0].upper() == "JSON")
+    #: Columns declared ``JSON``: stored as text, decoded on the way out. Derived once
+    #: here, not per call: every run a worker executes asks for it.
+    json_columns: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "json_columns", tuple(
+            c for c, decl in self.columns.items() if decl.split(maxsplit=1)[0].upper() == "JSON"))
 
     def allows(self, from_state: str, to_state: str) -> bool:
         return to_state in self.edges.get(from_state, frozenset())
@@ -183,10 +185,10 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
     for name in states:
         if not IDENTIFIER.match(name):
             bad(f"$.states.{name}", "state names must be lower_snake_case identifiers")
-    for field, values in (("initial", spec.initial), ("terminal", spec.terminal)):
+    for key, values in (("initial", spec.initial), ("terminal", spec.terminal)):
         for i, s in enumerate(values):
             if s not in declared:
-                bad(f"$.{field}[{i}]", f"undeclared state {s!r}")
+                bad(f"$.{key}[{i}]", f"undeclared state {s!r}")
     if not spec.initial:
         bad("$.initial", "at least one initial state is required")
     if not spec.terminal:
@@ -200,13 +202,13 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
             bad(f"$.columns.{name}", "column names must be lower_snake_case identifiers")
         else:
             columns[name] = decl
-    for field, values in (("guard_columns", spec.guard_columns),
+    for key, values in (("guard_columns", spec.guard_columns),
                           ("patch_columns", spec.patch_columns)):
         for i, col in enumerate(values):
             if col not in columns:
-                bad(f"$.{field}[{i}]", f"column {col!r} is not a column of table {spec.table!r}")
+                bad(f"$.{key}[{i}]", f"column {col!r} is not a column of table {spec.table!r}")
             elif col in ("id", "status", "version"):
-                bad(f"$.{field}[{i}]", f"column {col!r} is maintained by the engine")
+                bad(f"$.{key}[{i}]", f"column {col!r} is maintained by the engine")
     guard_cols = frozenset(spec.guard_columns)
     patch_cols = frozenset(spec.patch_columns)
 

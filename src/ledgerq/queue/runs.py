@@ -7,8 +7,8 @@ import sqlite3
 import time
 from typing import Any
 
-from ledgerq.lifecycle.engine import apply_transition
-from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
+from ledgerq.lifecycle.engine import Moved, apply_move
+from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy, IndexPolicy, sql_literal
 from ledgerq.store.codec import loads
 
@@ -65,14 +65,18 @@ def _index_clause(indexes: tuple[IndexPolicy, ...], index: str, states: tuple[st
 def move(conn: sqlite3.Connection, policy: EntityPolicy, run_id: str, from_state: str | None,
          to_state: str, code: str, *, actor: Actor = SYSTEM, summary: str = "",
          guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
-         metadata: dict[str, Any] | None = None, now: float | None = None) -> TransitionResult:
-    """One guarded move of a run inside the caller's transaction (the queue's only write path)."""
-    request = TransitionRequest(
-        entity_type=policy.name, entity_id=run_id, from_state=from_state, to_state=to_state,
-        reason=StateReason(code=code, summary=summary, metadata=metadata or {}),
-        actor=actor, idempotency_key="",  # guards make internal moves safe to repeat
-    )
-    return apply_transition(conn, policy, request, guard, patch, now)
+         metadata: dict[str, Any] | None = None, now: float | None = None,
+         whole_row: bool = False) -> Moved:
+    """One guarded move of a run inside the caller's transaction (the queue's only write path).
+
+    No idempotency key: the guards make the queue's own moves safe to repeat. The reason
+    is built without pydantic validation (its fields are the queue's own constants and
+    strings); :func:`apply_move` still checks its code against the spec.
+    """
+    reason = StateReason.model_construct(code=code, summary=summary, evidence_refs=[],
+                                         metadata=metadata or {})
+    return apply_move(conn, policy, run_id, from_state, to_state, reason, actor, guard=guard,
+                      patch=patch, now=now, whole_row=whole_row)
 
 
 def _dependents_sql(policy: EntityPolicy) -> str:

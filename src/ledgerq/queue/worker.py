@@ -337,11 +337,8 @@ def _claim_one(conn: sqlite3.Connection, policy: EntityPolicy, cand: dict[str, A
                guard={"lease_attempts": attempts, "leased_by": None},
                patch={"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
                       "lease_token": uuid.uuid4().hex,
-                      "lease_attempts": attempts + 1}, now=now)
-    if not res.applied:
-        return None
-    row = conn.execute("SELECT * FROM schedule_runs WHERE id = ?", (cand["id"],)).fetchone()
-    return row_dict(row)
+                      "lease_attempts": attempts + 1}, now=now, whole_row=True)
+    return res.row if res.applied else None
 
 
 async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
