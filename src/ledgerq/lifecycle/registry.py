@@ -83,10 +83,14 @@ class EntityPolicy:
     #: Columns declared ``JSON``: stored as text, decoded on the way out. Derived once
     #: here, not per call: every run a worker executes asks for it.
     json_columns: tuple[str, ...] = field(init=False, default=())
+    #: Index name -> the states a status-partial index covers (its ``where_status``).
+    index_states: Mapping[str, tuple[str, ...]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "json_columns", tuple(
             c for c, decl in self.columns.items() if decl.split(maxsplit=1)[0].upper() == "JSON"))
+        object.__setattr__(self, "index_states", MappingProxyType(
+            {ix.name: ix.status_in for ix in self.indexes if ix.status_in is not None}))
 
     def allows(self, from_state: str, to_state: str) -> bool:
         return to_state in self.edges.get(from_state, frozenset())

@@ -9,7 +9,7 @@ from typing import Any
 
 from ledgerq.lifecycle.engine import Moved, apply_move
 from ledgerq.lifecycle.models import Actor, StateReason
-from ledgerq.lifecycle.registry import EntityPolicy, IndexPolicy, sql_literal
+from ledgerq.lifecycle.registry import EntityPolicy, sql_literal
 from ledgerq.store.codec import loads
 
 ENTITY = "schedule_run"
@@ -51,15 +51,21 @@ def index_clause(policy: EntityPolicy, index: str, *states: str) -> str:
     (``concurrency_key IS NOT NULL``) the query must imply itself, e.g. with
     ``concurrency_key = ?``.
     """
-    return _index_clause(policy.indexes, index, states)
+    covered = policy.index_states.get(index)
+    if covered is None or not set(states) <= set(covered):
+        return "1"
+    return _status_in(covered)
 
 
-@functools.lru_cache(maxsize=256)
-def _index_clause(indexes: tuple[IndexPolicy, ...], index: str, states: tuple[str, ...]) -> str:
-    for ix in indexes:
-        if ix.name == index and ix.status_in is not None and set(states) <= set(ix.status_in):
-            return f"status IN ({', '.join(sql_literal(s) for s in ix.status_in)})"
-    return "1"
+@functools.lru_cache(maxsize=64)
+def _status_in(states: tuple[str, ...]) -> str:
+    return f"status IN ({', '.join(sql_literal(s) for s in states)})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _reason(code: str, summary: str) -> StateReason:
+    # StateReason is frozen, so one per (code, summary) can be shared by every move.
+    return StateReason.model_construct(code=code, summary=summary, evidence_refs=[], metadata={})
 
 
 def move(conn: sqlite3.Connection, policy: EntityPolicy, run_id: str, from_state: str | None,
@@ -73,8 +79,8 @@ def move(conn: sqlite3.Connection, policy: EntityPolicy, run_id: str, from_state
     is built without pydantic validation (its fields are the queue's own constants and
     strings); :func:`apply_move` still checks its code against the spec.
     """
-    reason = StateReason.model_construct(code=code, summary=summary, evidence_refs=[],
-                                         metadata=metadata or {})
+    reason = (_reason(code, summary) if not metadata else StateReason.model_construct(
+        code=code, summary=summary, evidence_refs=[], metadata=metadata))
     return apply_move(conn, policy, run_id, from_state, to_state, reason, actor, guard=guard,
                       patch=patch, now=now, whole_row=whole_row)
 

@@ -20,8 +20,11 @@ def loads(text: str | bytes | None) -> Any:
     return _decoder.decode(text)
 
 
+_CONTAINERS = (dict, list, tuple)  # a tuple: ``dict | list | tuple`` is rebuilt per call
+
+
 def to_sql(value: Any) -> Any:
     """Containers go to the database as JSON text; scalars as they are."""
-    if isinstance(value, dict | list | tuple):
+    if isinstance(value, _CONTAINERS):
         return dumps(value)
     return value
