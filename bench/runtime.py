@@ -1,6 +1,6 @@
 """Worker runtime benchmark (issue 4): wake-up latency, throughput by capacity, group commit
 under 64 concurrent submitters at synchronous=FULL against the disk's fsync rate, and
-worker memory after many tasks.
+the memory of a worker process after many tasks.
 
 Run: .venv/bin/python bench/runtime.py [--quick]
 """
@@ -17,8 +17,10 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import resource
+import signal
 import statistics
 import tempfile
 import time
@@ -125,61 +127,93 @@ async def concurrent_submitters(path: Path, per: int, submitters: int = 64) -> f
     return per * submitters / elapsed
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
+def rss_mb(pid: int | None = None) -> float:
+    with open(f"/proc/{pid or 'self'}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def memory(path: Path, small: int, large: int) -> tuple[float, float]:
+def _memory_worker(path: str) -> None:
+    """The measured worker: its own process, so its RSS is the worker's alone (SIGTERM stops it)."""
+
     async def noop(run: dict[str, Any]) -> tuple[int, str]:
         return 0, ""
 
-    async with StateDB(path) as db:
-        worker = Worker(db, capacity=32, execute=noop, handle_signals=False,
-                        claim_limit=64, poll_interval=0.05)
-        task = asyncio.create_task(worker.run())
-        done = 0
-        readings = []
-        for target in (small, large):
-            batch = target - done
-            for i in range(0, batch, 5000):
-                await submit_many(db, [APP] * min(5000, batch - i))
-            await _wait_done(db, target)
-            done = target
-            readings.append(rss_mb())
-        await worker.stop()
-        await task
-    return readings[0], readings[1]
+    async def serve() -> None:
+        async with StateDB(path) as db:
+            await Worker(db, capacity=32, execute=noop, claim_limit=64, poll_interval=0.05).run()
+
+    asyncio.run(serve())
+
+
+async def memory(path: Path, checkpoints: list[int], batch: int = 1000) -> list[float]:
+    """The worker process's RSS once each checkpoint's tasks have all completed.
+
+    The submitter (this process) always submits ``batch`` at a time, so what the worker
+    sees between checkpoints is the same traffic, only more of it.
+    """
+    async with StateDB(path) as db:  # create the schema before the worker opens the file
+        pass
+    proc = multiprocessing.get_context("spawn").Process(target=_memory_worker, args=(str(path),))
+    proc.start()
+    readings: list[float] = []
+    try:
+        async with StateDB(path) as db:
+            done = 0
+            for target in checkpoints:
+                while done < target:
+                    k = min(batch, target - done)
+                    await submit_many(db, [APP] * k)
+                    done += k
+                    await _wait_done(db, done)  # keep the queue short, like a steady stream
+                readings.append(rss_mb(proc.pid))
+    finally:
+        if proc.pid is not None:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.join(30)
+    return readings
+
+
+SECTIONS = ("latency", "capacity", "submitters", "memory")
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=SECTIONS, action="append",
+                        help="run only this section (repeatable)")
     opts = parser.parse_args()
     q = opts.quick
+    only = set(opts.only or SECTIONS)
     with tempfile.TemporaryDirectory(prefix="ledgerq-bench-") as tmp:
         d = Path(tmp)
         fs = fsync_rate(d)
         print(f"disk fsync rate: {fs:,.0f}/s")
-        p50, p99 = await latency(d / "lat.db", 50 if q else 300)
-        print(f"submit->start latency, idle in-process worker: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
-        print("lifecycles/s by capacity (NORMAL):")
-        for cap in (1, 8, 32):
-            noop = await throughput(d / f"n{cap}.db", 500 if q else 3000, cap, 0.0)
-            n_slow = min(3000, (60 if q else 200) * cap)
-            slow = await throughput(d / f"s{cap}.db", n_slow, cap, 0.010)
-            print(f"  capacity {cap:>2}: no-op {noop:8,.0f}/s   10 ms tasks {slow:8,.0f}/s")
-        per = 8 if q else 40
-        rate = await concurrent_submitters(d / "c64.db", per)
-        print(f"64 concurrent submitters -> 1 worker, FULL: {rate:,.0f} lifecycles/s "
-              f"= {rate / fs:.2f}x fsync rate (target >= 1.0x)")
-        small, large = (1000, 20_000) if q else (1000, 100_000)
-        m1, m2 = await memory(d / "mem.db", small, large)
-        print(f"worker RSS after {small:,} tasks: {m1:.1f} MB; after {large:,}: {m2:.1f} MB "
-              f"(growth {m2 - m1:+.1f} MB)")
+        if "latency" in only:
+            p50, p99 = await latency(d / "lat.db", 50 if q else 300)
+            print(f"submit->start latency, idle in-process worker: p50 {p50:.2f} ms, "
+                  f"p99 {p99:.2f} ms")
+        if "capacity" in only:
+            print("lifecycles/s by capacity (NORMAL):")
+            for cap in (1, 8, 32):
+                noop = await throughput(d / f"n{cap}.db", 500 if q else 3000, cap, 0.0)
+                n_slow = min(3000, (60 if q else 200) * cap)
+                slow = await throughput(d / f"s{cap}.db", n_slow, cap, 0.010)
+                print(f"  capacity {cap:>2}: no-op {noop:8,.0f}/s   10 ms tasks {slow:8,.0f}/s")
+        if "submitters" in only:
+            per = 8 if q else 40
+            rate = await concurrent_submitters(d / "c64.db", per)
+            print(f"64 concurrent submitters -> 1 worker, FULL: {rate:,.0f} lifecycles/s "
+                  f"= {rate / fs:.2f}x fsync rate (target >= 1.0x)")
+        if "memory" in only:
+            points = [1000, 5000, 20_000] if q else [1000, 10_000, 50_000, 100_000]
+            rss = await memory(d / "mem.db", points)
+            print("worker process RSS after " + ", ".join(
+                f"{n:,} tasks {mb:.1f} MB" for n, mb in zip(points, rss, strict=True)))
+            print(f"  growth from {points[0]:,} to {points[-1]:,} tasks: "
+                  f"{rss[-1] - rss[0]:+.1f} MB")
     sys.stdout.flush()
 
 
