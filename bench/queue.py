@@ -15,6 +15,11 @@ database file (WAL, the chosen ``synchronous``), so the figures share one disk:
                    thread. Two commits per task (enqueue, dequeue), no history
   stdlib 3-commit  plain sqlite3, a minimal table: INSERT (commit), guarded UPDATE
                    queued -> running (commit), guarded UPDATE running -> completed (commit)
+  submit floor     a ceiling, not a system: ledgerq's own submit statements (the row by
+                   INSERT ... RETURNING *, its creation fact) in plain sqlite3, one commit
+                   each, no asyncio, thread hop or validation. Every ledgerq lifecycle with
+                   a sequential submitter contains one such commit, so its rate bounds what
+                   any implementation of ledgerq's schema could reach in this scenario
   submit_many      submit_many(db, apps) of N apps in one call vs raw executemany of the
                    same rows plus their creation facts in one transaction (the raw side
                    builds the same tuples: v7 ids, JSON columns, the fact's non-NULL patch)
@@ -25,7 +30,8 @@ The lifecycle measurements alternate between the systems (--repeat rounds, media
 a slow spell of a shared disk hits all of them. Beside the rates: process CPU time per
 lifecycle (all threads), the figure least moved by other load on the machine, and the
 "free worker" bound: ledgerq's submit-only rate over the others' lifecycle rate, the ratio
-ledgerq would reach if its worker passes cost nothing.
+ledgerq would reach if its worker passes cost nothing, and the "schema ceiling": the
+submit floor over the others' lifecycle rate.
 
 Targets (issue 3), at synchronous=FULL: ledgerq >= 1.5x SqliteHuey and >= 2x the stdlib
 3-commit design; submit_many >= 0.5x raw; a claim pass at 1M rows <= 1.5x one at 1k.
@@ -77,6 +83,10 @@ APP = TaskApplication("command", {"argv": ["true"]}, "host")
 
 async def noop(run: dict[str, Any]) -> tuple[int, str]:
     return 0, ""
+
+
+#: The ceiling row of the lifecycle table: ledgerq's submit statements alone, in raw sqlite3.
+FLOOR = "submit floor"
 
 
 def fresh_path(workdir: Path, name: str) -> str:
@@ -193,6 +203,7 @@ def connect(path: str, sync: str) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {sync}")
     conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA temp_store = MEMORY")
     return conn
 
 
@@ -237,6 +248,47 @@ def stdlib_three_commits(path: str, sync: str, n: int) -> dict[str, float]:
     assert done == n, done
     return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t1),
             "cpu_us": (c2 - c0) / n * 1e6}
+
+
+# ---------------------------------------------------------------- 4b. the submit floor
+
+
+def submit_floor(path: str, registry: Registry, sync: str, n: int) -> dict[str, float]:
+    """ledgerq's own submit statements in plain sqlite3, one commit each: a ceiling.
+
+    The same schema and pragmas, the same row (INSERT ... RETURNING *) and creation fact
+    (same id generator, same patch), in a tight loop with no asyncio, no thread hop, no
+    validation. A ledgerq lifecycle with one sequential submitter contains one such
+    commit, so no implementation of this schema can run lifecycles faster than this.
+    """
+    conn = connect(path, sync)
+    conn.executescript(schema_ddl(registry))
+    x = conn.execute
+    insert = (f"INSERT INTO schedule_runs ({', '.join(RUN_COLUMNS)}) "
+              f"VALUES ({', '.join('?' * len(RUN_COLUMNS))}) RETURNING *")
+    args = dumps(APP.args)
+    fingerprint = digest(APP)
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(n):
+        now = time.time()
+        rid = new_id()
+        values = (rid, None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
+                  None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
+                  None, 1, "run.queued.submitted", "", "[]")
+        x("BEGIN IMMEDIATE")
+        cur = x(insert, values)
+        names = [d[0] for d in cur.description]
+        patch = {k: v for k, v in zip(names, cur.fetchone(), strict=True)
+                 if v is not None and k not in ("status", "version")}
+        x(RAW_FACT_INSERT, (new_id(), "schedule_run", rid, None, "queued",
+                            "run.queued.submitted", "", "[]", "system", "ledgerq.submit", now,
+                            "{}", 1, dumps(patch), None))
+        x("COMMIT")
+    t1, c1 = time.perf_counter(), time.process_time()
+    conn.close()
+    rate = n / (t1 - t0)
+    return {"lifecycle": rate, "submit": rate, "worker": float("inf"),
+            "cpu_us": (c1 - c0) / n * 1e6}
 
 
 # ---------------------------------------------------------------- 5. submit_many vs raw
@@ -442,13 +494,14 @@ def main(argv: list[str] | None = None) -> int:
                     ledgerq_lifecycles(p, registry, s, n, args.limit)),
                 "huey SqliteHuey": lambda p, s: huey_cycles(p, s, n),
                 "stdlib 3-commit": lambda p, s: stdlib_three_commits(p, s, n),
+                FLOOR: lambda p, s: submit_floor(p, registry, s, n),
             }
             names = list(systems)
             for r in range(args.repeat):
                 for sync in syncs:
                     # Interleaved rounds, the order rotated each round: a slow spell of
                     # the disk hits every system alike, and none always runs first.
-                    for name in names[r % 3:] + names[:r % 3]:
+                    for name in names[r % len(names):] + names[:r % len(names)]:
                         tag = f"{name.split()[0]}-{sync}-{r}"
                         path = fresh_path(workdir, tag)
                         lifecycle.setdefault((name, sync), []).append(systems[name](path, sync))
@@ -485,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         for (name, sync), runs in lifecycle.items():
             med[name, sync] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         for sync in syncs:
-            for name in ("ledgerq", "huey SqliteHuey", "stdlib 3-commit"):
+            for name in ("ledgerq", "huey SqliteHuey", "stdlib 3-commit", FLOOR):
                 m = med[name, sync]
                 print(f"{name:<16} {sync:<6} {m['lifecycle']:>12,.0f} {fmt_rate(m['submit'])} "
                       f"{fmt_rate(m['worker'])} {1e6 / m['lifecycle']:>12.0f} "
@@ -505,8 +558,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"[{min(ratios):.2f}, {max(ratios):.2f}]"
                       + (f"   (target >= {goal:.1f}x: {verdict(ratio >= goal)})"
                          if sync == "FULL" else ""))
+                ceiling = [a["lifecycle"] / b["lifecycle"]
+                           for a, b in zip(lifecycle[FLOOR, sync], theirs, strict=True)]
                 print(f"{'':<6}   free-worker bound, ledgerq submit-only / {short} = "
                       f"{statistics.median(bound):.2f}x")
+                print(f"{'':<6}   schema ceiling, raw submit statements / {short} = "
+                      f"{statistics.median(ceiling):.2f}x")
         print()
     if many:
         ratio = many["ledgerq"] / many["raw"]
