@@ -215,6 +215,18 @@ class ClaimPass:
     lost: int = 0
 
 
+def _candidates_sql(policy: EntityPolicy, excluded: int) -> str:
+    """One keyset page of claimable rows; parameters: the excluded kinds, cursor, page size."""
+    kinds_clause = (f"AND action_kind NOT IN ({', '.join('?' * excluded)})" if excluded else "")
+    return (
+        "SELECT id, queued_at, required_capabilities, execution_target, concurrency_key, "
+        "lease_attempts FROM schedule_runs "
+        f"WHERE {index_clause(policy, 'idx_schedule_runs_claim', 'queued')} "
+        f"AND status = 'queued' AND schedule_id IS NULL {kinds_clause} "
+        "AND (queued_at, id) > (?, ?) ORDER BY queued_at, id LIMIT ?"
+    )
+
+
 def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: list[str],
                 advertised: list[str], targets: set[str], result: ClaimPass,
                 enough: Callable[[dict[str, Any]], bool] | None = None
@@ -226,15 +238,7 @@ def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: 
     """
     eligible: list[dict[str, Any]] = []
     cursor: tuple[float, str] = (float("-inf"), "")
-    kinds_clause = (f"AND action_kind NOT IN ({', '.join('?' * len(excluded_kinds))})"
-                    if excluded_kinds else "")
-    sql = (
-        "SELECT id, queued_at, required_capabilities, execution_target, concurrency_key, "
-        "lease_attempts FROM schedule_runs "
-        f"WHERE {index_clause(policy, 'idx_schedule_runs_claim', 'queued')} "
-        f"AND status = 'queued' AND schedule_id IS NULL {kinds_clause} "
-        "AND (queued_at, id) > (?, ?) ORDER BY queued_at, id LIMIT ?"
-    )
+    sql = _candidates_sql(policy, len(excluded_kinds))
     while result.scanned < SCAN_CAP:
         page = conn.execute(sql, (*excluded_kinds, *cursor,
                                   min(PAGE_SIZE, SCAN_CAP - result.scanned))).fetchall()
@@ -290,10 +294,20 @@ class _Picker:
 def _running_keys(conn: sqlite3.Connection, policy: EntityPolicy) -> set[str]:
     # Every running row is in the lease index (NULL expiries included), and there are
     # only as many as workers run at once: cheap however deep the queue is.
-    return {r[0] for r in conn.execute(
-        "SELECT DISTINCT concurrency_key FROM schedule_runs "
-        f"WHERE {index_clause(policy, 'idx_schedule_runs_lease', 'running')} "
-        "AND status = 'running' AND concurrency_key IS NOT NULL")}
+    return {r[0] for r in conn.execute(_running_keys_sql(policy))}
+
+
+def _running_keys_sql(policy: EntityPolicy) -> str:
+    return ("SELECT DISTINCT concurrency_key FROM schedule_runs "
+            f"WHERE {index_clause(policy, 'idx_schedule_runs_lease', 'running')} "
+            "AND status = 'running' AND concurrency_key IS NOT NULL")
+
+
+def _key_running_sql(policy: EntityPolicy) -> str:
+    """Is a run with this concurrency key running? (parameter: the key)"""
+    return ("SELECT 1 FROM schedule_runs WHERE "
+            f"{index_clause(policy, 'idx_schedule_runs_concurrency', 'running')} "
+            "AND status = 'running' AND concurrency_key = ? LIMIT 1")
 
 
 def _select(conn: sqlite3.Connection, policy: EntityPolicy, worker_id: str, now: float,
@@ -324,12 +338,7 @@ def _select(conn: sqlite3.Connection, policy: EntityPolicy, worker_id: str, now:
 def _claim_one(conn: sqlite3.Connection, policy: EntityPolicy, cand: dict[str, Any],
                worker_id: str, now: float, lease_ttl: float) -> dict[str, Any] | None:
     key = cand["concurrency_key"]
-    if key is not None and conn.execute(
-        "SELECT 1 FROM schedule_runs WHERE "
-        f"{index_clause(policy, 'idx_schedule_runs_concurrency', 'running')} "
-        "AND status = 'running' AND concurrency_key = ? LIMIT 1",
-        (key,),
-    ).fetchone():
+    if key is not None and conn.execute(_key_running_sql(policy), (key,)).fetchone():
         return None
     attempts = cand["lease_attempts"]
     res = move(conn, policy, cand["id"], "queued", "running", "run.started.ok",
