@@ -207,6 +207,7 @@ def raw_connect(path: str, registry: Registry, synchronous: str) -> sqlite3.Conn
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA temp_store = MEMORY")
     conn.executescript(schema_ddl(registry))
     return conn
 
