@@ -24,3 +24,4 @@ test: install
 bench: install
 	$(BIN)/python bench/transition.py
 	$(BIN)/python bench/queue.py
+	$(BIN)/python bench/runtime.py
