@@ -207,7 +207,7 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
         else:
             columns[name] = decl
     for key, values in (("guard_columns", spec.guard_columns),
-                          ("patch_columns", spec.patch_columns)):
+                        ("patch_columns", spec.patch_columns)):
         for i, col in enumerate(values):
             if col not in columns:
                 bad(f"$.{key}[{i}]", f"column {col!r} is not a column of table {spec.table!r}")

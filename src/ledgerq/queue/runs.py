@@ -62,7 +62,11 @@ def _status_in(states: tuple[str, ...]) -> str:
     return f"status IN ({', '.join(sql_literal(s) for s in states)})"
 
 
-@functools.lru_cache(maxsize=4096)
+#: Longest summary whose StateReason is shared (claims, renewals: a worker id or less).
+_CACHED_SUMMARY = 200
+
+
+@functools.lru_cache(maxsize=1024)
 def _reason(code: str, summary: str) -> StateReason:
     # StateReason is frozen, so one per (code, summary) can be shared by every move.
     return StateReason.model_construct(code=code, summary=summary, evidence_refs=[], metadata={})
@@ -79,8 +83,11 @@ def move(conn: sqlite3.Connection, policy: EntityPolicy, run_id: str, from_state
     is built without pydantic validation (its fields are the queue's own constants and
     strings); :func:`apply_move` still checks its code against the spec.
     """
-    reason = (_reason(code, summary) if not metadata else StateReason.model_construct(
-        code=code, summary=summary, evidence_refs=[], metadata=metadata))
+    if not metadata and len(summary) <= _CACHED_SUMMARY:
+        reason = _reason(code, summary)
+    else:  # a failure's summary carries its error text: not worth keeping around
+        reason = StateReason.model_construct(code=code, summary=summary, evidence_refs=[],
+                                             metadata=metadata or {})
     return apply_move(conn, policy, run_id, from_state, to_state, reason, actor, guard=guard,
                       patch=patch, now=now, whole_row=whole_row)
 
