@@ -15,6 +15,9 @@ database file (WAL, the chosen ``synchronous``), so the figures share one disk:
                    thread. Two commits per task (enqueue, dequeue), no history
   stdlib 3-commit  plain sqlite3, a minimal table: INSERT (commit), guarded UPDATE
                    queued -> running (commit), guarded UPDATE running -> completed (commit)
+  ledgerq+Worker   the same submitter while a Worker (capacity L, no-op executor) serves
+                   in the same process: its claims and terminal writes share the
+                   submitter's commits; lifecycles/s = N / (first submit to last completion)
   submit floor     a ceiling, not a system: ledgerq's own submit statements (the row by
                    INSERT ... RETURNING *, its creation fact) in plain sqlite3, one commit
                    each, no asyncio, thread hop or validation. Every ledgerq lifecycle with
@@ -68,7 +71,7 @@ from typing import Any
 from ledgerq import StateDB
 from ledgerq.lifecycle import Registry, default_registry
 from ledgerq.lifecycle.engine import new_id
-from ledgerq.queue import TaskApplication, claim_and_execute, submit_many, submit_task
+from ledgerq.queue import TaskApplication, Worker, claim_and_execute, submit_many, submit_task
 from ledgerq.queue.application import digest
 from ledgerq.queue.worker import claim_runs
 from ledgerq.store.codec import dumps
@@ -87,6 +90,8 @@ async def noop(run: dict[str, Any]) -> tuple[int, str]:
 
 #: The ceiling row of the lifecycle table: ledgerq's submit statements alone, in raw sqlite3.
 FLOOR = "submit floor"
+#: ledgerq's scenario with a Worker serving while the submitter submits.
+WITH_WORKER = "ledgerq+Worker"
 
 
 def fresh_path(workdir: Path, name: str) -> str:
@@ -141,6 +146,34 @@ async def ledgerq_lifecycles(path: str, registry: Registry, sync: str, n: int,
         assert row is not None and row["runs"] == n and row["facts"] == 3 * n, row
     return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t1),
             "cpu_us": (c2 - c0) / n * 1e6, "passes": passes}
+
+
+async def ledgerq_with_worker(path: str, registry: Registry, sync: str, n: int,
+                              limit: int) -> dict[str, float]:
+    """The same sequential submitter, with a Worker (capacity ``limit``) running meanwhile.
+
+    What the issue asks to measure if the target needs the runtime's concurrency: the
+    worker's claims and terminal writes share the submitter's commits, and its Python
+    runs while the submitter waits on fsync. lifecycles/s = N / (first submit to last
+    completion).
+    """
+    async with StateDB(path, registry=registry, synchronous=sync) as db:  # type: ignore[arg-type]
+        worker = Worker(db, worker_id=WORKER, capacity=limit, claim_limit=limit, execute=noop,
+                        poll_interval=0.05, lock_dir=None, handle_signals=False)
+        serving = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.1)  # registered and idle
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            await submit_task(db, APP)
+        t1 = time.perf_counter()
+        while sum(worker.outcomes.values()) < n:
+            await asyncio.sleep(0.001)
+        t2, c2 = time.perf_counter(), time.process_time()
+        await worker.stop()
+        await serving
+        assert worker.outcomes["completed"] == n, worker.outcomes
+    return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t0),
+            "cpu_us": (c2 - c0) / n * 1e6}
 
 
 # ---------------------------------------------------------------- 3. huey
@@ -494,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
                     ledgerq_lifecycles(p, registry, s, n, args.limit)),
                 "huey SqliteHuey": lambda p, s: huey_cycles(p, s, n),
                 "stdlib 3-commit": lambda p, s: stdlib_three_commits(p, s, n),
+                WITH_WORKER: lambda p, s: asyncio.run(
+                    ledgerq_with_worker(p, registry, s, n, args.limit)),
                 FLOOR: lambda p, s: submit_floor(p, registry, s, n),
             }
             names = list(systems)
@@ -538,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         for (name, sync), runs in lifecycle.items():
             med[name, sync] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         for sync in syncs:
-            for name in ("ledgerq", "huey SqliteHuey", "stdlib 3-commit", FLOOR):
+            for name in ("ledgerq", WITH_WORKER, "huey SqliteHuey", "stdlib 3-commit", FLOOR):
                 m = med[name, sync]
                 print(f"{name:<16} {sync:<6} {m['lifecycle']:>12,.0f} {fmt_rate(m['submit'])} "
                       f"{fmt_rate(m['worker'])} {1e6 / m['lifecycle']:>12.0f} "
@@ -560,6 +595,10 @@ def main(argv: list[str] | None = None) -> int:
                          if sync == "FULL" else ""))
                 ceiling = [a["lifecycle"] / b["lifecycle"]
                            for a, b in zip(lifecycle[FLOOR, sync], theirs, strict=True)]
+                served = [a["lifecycle"] / b["lifecycle"]
+                          for a, b in zip(lifecycle[WITH_WORKER, sync], theirs, strict=True)]
+                print(f"{'':<6}   with a Worker serving during the submissions = "
+                      f"{statistics.median(served):.2f}x [{min(served):.2f}, {max(served):.2f}]")
                 print(f"{'':<6}   free-worker bound, ledgerq submit-only / {short} = "
                       f"{statistics.median(bound):.2f}x")
                 print(f"{'':<6}   schema ceiling, raw submit statements / {short} = "
