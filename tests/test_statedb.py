@@ -21,9 +21,12 @@ RUN = "schedule_run"
 
 
 async def pragma(db: StateDB, name: str) -> object:
+    """The pragma's value on the write connection, checked equal on the read connection."""
+    written = await db.run(lambda c: c.execute(f"PRAGMA {name}").fetchone()[0])
     got = await db.fetch_one(f"PRAGMA {name}")
     assert got is not None
-    return next(iter(got.values()))
+    assert next(iter(got.values())) == written, f"{name} differs between the connections"
+    return written
 
 
 # ---------------------------------------------------------------- configuration
@@ -44,6 +47,32 @@ async def test_synchronous_full_is_selectable(db_path: Path) -> None:
     async with StateDB(db_path, busy_timeout_ms=1234) as db:
         assert await pragma(db, "synchronous") == 1
         assert await pragma(db, "busy_timeout") == 1234
+
+
+async def test_reads_use_a_query_only_connection_that_sees_committed_writes(
+        db: StateDB) -> None:
+    import sqlite3
+
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        await db.read(lambda c: c.execute("DELETE FROM schedule_runs"))
+    rid = await new_run(db)
+    assert (await row(db, "schedule_runs", rid) or {})["id"] == rid
+
+
+async def test_a_read_does_not_wait_for_a_write_in_flight(db: StateDB) -> None:
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_write(c: object) -> None:
+        loop.call_soon_threadsafe(started.set)
+        time.sleep(0.5)  # holds the write thread (and the write lock) like a slow fsync
+
+    writing = asyncio.ensure_future(db.write(slow_write))
+    await started.wait()
+    got = await db.fetch_one("SELECT count(*) AS n FROM schedule_runs")
+    assert got == {"n": 0}
+    assert not writing.done(), "the read queued behind the write"
+    await writing
 
 
 def test_bad_synchronous_is_refused(db_path: Path) -> None:

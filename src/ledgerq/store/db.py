@@ -1,7 +1,11 @@
-"""StateDB: one aiosqlite connection, one thread hop per unit of work, group commit.
+"""StateDB: a write connection and a read connection (aiosqlite), one thread hop per unit
+of work, group commit.
 
 Why this shape: aiosqlite costs a thread hop per awaited call, so every write is a
 plain function run in the connection's thread from ``BEGIN IMMEDIATE`` to ``COMMIT``.
+Reads go to a second, query-only connection with its own thread: in WAL mode a reader
+never waits for a writer, so a worker's claim scan or lease check does not queue
+behind a commit's fsync, and the write thread does nothing but write.
 Units that arrive while a commit is in flight are queued and run together in the next
 transaction, each inside its own savepoint: a unit that raises is rolled back alone,
 the others commit, and every caller learns its outcome only after the commit that made
@@ -50,6 +54,7 @@ class StateDB:
         self.synchronous = sync
         self.busy_timeout_ms = busy_timeout_ms
         self._conn: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
         self._pending: list[tuple[Unit, asyncio.Future[Any]]] = []
         self._drainer: asyncio.Task[None] | None = None
         self._closing = False
@@ -59,16 +64,27 @@ class StateDB:
     async def open(self) -> StateDB:
         if self._conn is not None:
             return self
+        conn = await self._connect(self._configure)
+        if self.path != ":memory:":  # a second connection to :memory: is another database
+            try:
+                self._reader = await self._connect(self._configure_reader)
+            except BaseException:
+                await conn.close()
+                raise
+        self._conn = conn
+        return self
+
+    async def _connect(self, configure: Callable[[sqlite3.Connection], None]
+                       ) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.path, isolation_level=None,
                                        timeout=self.busy_timeout_ms / 1000,
                                        cached_statements=STATEMENT_CACHE)
         try:
-            await _in_thread(conn, self._configure)
+            await _in_thread(conn, configure)
         except BaseException:
             await conn.close()
             raise
-        self._conn = conn
-        return self
+        return conn
 
     def _configure(self, conn: sqlite3.Connection) -> None:
         conn.row_factory = sqlite3.Row
@@ -83,6 +99,16 @@ class StateDB:
         conn.execute("PRAGMA temp_store = MEMORY")
         create_schema(conn, self.registry)
 
+    def _configure_reader(self, conn: sqlite3.Connection) -> None:
+        # The writer's settings (so a PRAGMA read through either reports the same), plus
+        # query_only: every write goes through write(), never through this connection.
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        conn.execute("PRAGMA query_only = ON")
+
     async def close(self) -> None:
         """Close after every write already accepted has committed (or failed) for real."""
         if self._conn is None or self._closing:
@@ -92,6 +118,9 @@ class StateDB:
             while self._drainer is not None:
                 await asyncio.shield(self._drainer)
             conn, self._conn = self._conn, None
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                await reader.close()
             if conn is not None:
                 await conn.close()
         finally:
@@ -116,12 +145,24 @@ class StateDB:
     # ------------------------------------------------------------ reads
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in the connection's thread, outside any transaction (one hop)."""
+        """Run ``fn`` in the write connection's thread, outside any transaction (one hop).
+
+        For what must happen on the connection writes use (a trace callback, a pragma);
+        plain reads belong in :meth:`read`, :meth:`fetch_one` and :meth:`fetch_all`.
+        """
         conn = self._require()
         return await _in_thread(conn, fn)
 
+    async def _query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self._require()
+        return await _in_thread(self._reader or self._require(), fn)
+
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` inside one read transaction, so every statement sees one snapshot."""
+        """Run ``fn`` inside one read transaction, so every statement sees one snapshot.
+
+        It runs on the read connection: it sees every write whose ``write()`` has
+        returned, and it never waits for a commit in flight.
+        """
 
         def snapshot(conn: sqlite3.Connection) -> T:
             conn.execute("BEGIN")
@@ -130,7 +171,7 @@ class StateDB:
             finally:
                 conn.execute("COMMIT")
 
-        return await self.run(snapshot)
+        return await self._query(snapshot)
 
     async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
                         ) -> dict[str, Any] | None:
@@ -138,14 +179,14 @@ class StateDB:
             row = conn.execute(sql, params).fetchone()
             return dict(row) if row is not None else None
 
-        return await self.run(one)
+        return await self._query(one)
 
     async def fetch_all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
                         ) -> list[dict[str, Any]]:
         def rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             return [dict(r) for r in conn.execute(sql, params).fetchall()]
 
-        return await self.run(rows)
+        return await self._query(rows)
 
     # ------------------------------------------------------------ writes
 
