@@ -24,6 +24,7 @@ import signal
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,62 @@ async def concurrent_submitters(path: Path, per: int, submitters: int = 64) -> f
     return per * submitters / elapsed
 
 
+def database_thread_ceiling(path: Path, n: int, group: int = 64) -> float:
+    """Lifecycles/s of the database thread's own work alone: a ceiling for the 64-submitter case.
+
+    The same in-thread units the StateDB runs for a lifecycle (submit, claim, terminal
+    write), called directly on a plain connection with the same schema and pragmas and
+    committed in groups of ``group`` units through the same ``_run_group`` (a savepoint
+    per unit, one fsync per group), single-threaded, with no event loop, no thread hop
+    and no validation. The StateDB's database thread is where the 64-submitter case
+    saturates, so this bounds what that case can reach on this machine.
+    """
+    import sqlite3
+
+    from ledgerq.lifecycle import default_registry
+    from ledgerq.queue import worker as w
+    from ledgerq.queue.application import validate
+    from ledgerq.queue.submit import SUBMITTER, _insert_all
+    from ledgerq.store.db import STATEMENT_CACHE, _run_group
+    from ledgerq.store.schema import create_schema
+
+    registry = default_registry()
+    policy = registry.entity("schedule_run")
+    conn = sqlite3.connect(path, isolation_level=None, cached_statements=STATEMENT_CACHE)
+    conn.row_factory = sqlite3.Row
+    for pragma in ("journal_mode = WAL", "synchronous = FULL", "foreign_keys = ON",
+                   "temp_store = MEMORY"):
+        conn.execute(f"PRAGMA {pragma}")
+    create_schema(conn, registry)
+    app = validate(APP)
+
+    def submit(c: sqlite3.Connection, now: float) -> str:
+        return _insert_all(c, policy, [app], now, "host", SUBMITTER)[0]
+
+    def claim(c: sqlite3.Connection, rid: str, now: float) -> dict[str, Any] | None:
+        cand = {"id": rid, "concurrency_key": None, "lease_attempts": 0}
+        return w._claim_one(c, policy, cand, "bench", now, 30.0)
+
+    def finish(c: sqlite3.Connection, run: dict[str, Any], now: float) -> bool:
+        lease = {k: run[k] for k in ("leased_by", "lease_expires_at", "lease_token")}
+        patch = {"ended_at": now, "exit_code": 0, "error_detail": None, "run_attempts": 1}
+        return w._finish(c, policy, run, "completed", "run.completed.ok", lease, patch, now,
+                         "bench")
+
+    start = time.perf_counter()
+    for first in range(0, n, group):
+        now = time.time()
+        size = min(group, n - first)
+        ids = [v for _, v in _run_group(conn, units=[partial(submit, now=now)] * size)]
+        claimed = [v for _, v in _run_group(conn, units=[
+            partial(claim, rid=rid, now=now) for rid in ids])]
+        done = _run_group(conn, units=[partial(finish, run=r, now=now) for r in claimed])
+        assert all(ok and value for ok, value in done), done[:1]
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return n / elapsed
+
+
 def rss_mb(pid: int | None = None) -> float:
     with open(f"/proc/{pid or 'self'}/status") as f:
         for line in f:
@@ -207,6 +264,9 @@ async def main() -> None:
             rate = await concurrent_submitters(d / "c64.db", per)
             print(f"64 concurrent submitters -> 1 worker, FULL: {rate:,.0f} lifecycles/s "
                   f"= {rate / fs:.2f}x fsync rate (target >= 1.0x)")
+            ceiling = database_thread_ceiling(d / "ceiling.db", per * 64)
+            print(f"  ceiling: the database thread's units alone, groups of 64, FULL: "
+                  f"{ceiling:,.0f} lifecycles/s = {ceiling / fs:.2f}x fsync rate")
         if "memory" in only:
             points = [1000, 5000, 20_000] if q else [1000, 10_000, 50_000, 100_000]
             rss = await memory(d / "mem.db", points)
