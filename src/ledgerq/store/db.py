@@ -175,6 +175,9 @@ class StateDB:
 
     async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
                         ) -> dict[str, Any] | None:
+        """The first row of a query, as a dict (read connection: a statement that writes
+        fails with "attempt to write a readonly database"; writes go through write())."""
+
         def one(conn: sqlite3.Connection) -> dict[str, Any] | None:
             row = conn.execute(sql, params).fetchone()
             return dict(row) if row is not None else None
@@ -183,6 +186,8 @@ class StateDB:
 
     async def fetch_all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
                         ) -> list[dict[str, Any]]:
+        """Every row of a query, as dicts (read connection, like :meth:`fetch_one`)."""
+
         def rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             return [dict(r) for r in conn.execute(sql, params).fetchall()]
 
