@@ -330,6 +330,26 @@ async def test_without_a_wakeup_the_worker_finds_work_by_polling(rdb: StateDB, r
     assert rec.calls == [rid]
 
 
+async def test_an_idle_worker_polling_an_empty_queue_takes_no_write_lock(
+        rdb: StateDB, lock_dir: Path) -> None:
+    """A claim pass is a write; polling an empty queue must not hold other writers up."""
+    rec = Recorder()
+    w = make_worker(rdb, lock_dir, poll_interval=0.02, execute=rec)
+    statements: list[str] = []
+    async with serving(w):
+        await eventually(lambda: rdb.fetch_one(
+            "SELECT 1 FROM workers WHERE worker_id = ?", (w.worker_id,)), what="first pass")
+        await asyncio.sleep(0.1)
+        await rdb.run(lambda conn: conn.set_trace_callback(statements.append))
+        await asyncio.sleep(0.5)  # ~25 polls, with the reaper's and promoter's probes
+        idle = list(statements)
+        rid = await submit_task(rdb, task())  # then a submission still gets claimed
+        await wait_status(rdb, rid, "completed")
+        await rdb.run(lambda conn: conn.set_trace_callback(None))
+    assert not [s for s in idle if s.startswith("BEGIN IMMEDIATE")], idle
+    assert rec.calls == [rid]
+
+
 class WorkerProcess:
     """tests/helpers/runtime_worker.py in its own process."""
 
