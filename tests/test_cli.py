@@ -340,6 +340,18 @@ def test_id_prefixes_unique_ambiguous_and_too_short(dbfile: Path) -> None:
         "ledgerq: error: no run abc"  # under 4 characters a prefix is not tried
 
 
+def test_time_ordered_ids_resolve_by_their_random_tail(dbfile: Path) -> None:
+    ids = [ok("submit", "command", "--db", dbfile, "--", "true").stdout.strip()
+           for _ in range(3)]
+    # created together: a long common prefix (character by character, on purpose)
+    shared = next((ids[0][:n] for n in range(len(ids[0]), 0, -1)
+                   if all(i.startswith(ids[0][:n]) for i in ids)), "")
+    assert len(shared) >= 4, ids
+    assert as_json("show", ids[1][-8:], "--db", dbfile)["run"]["id"] == ids[1]
+    line = one_error_line(cli("show", shared, "--db", dbfile), 2)
+    assert "prefix" in line and "ambiguous" in line
+
+
 def test_cancel_then_cancel_again_conflicts(seeded: Path) -> None:
     run_id = as_json("ls", "--db", seeded)["runs"][0]["id"]
     res = ok("cancel", run_id, "--db", seeded)

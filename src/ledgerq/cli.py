@@ -98,6 +98,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+#: Run ids are time-ordered (UUIDv7): the random part, and so the easy short piece, is the tail.
+ID_HELP = "Run id, or a unique prefix or suffix of 4+ characters."
 DbOption = Annotated[
     Path | None,
     typer.Option("--db", help=f"Database file (env {DB_ENV}; default ./{DEFAULT_DB}).",
@@ -435,7 +437,7 @@ async def _resolve(handle: StateDB, run_id: str) -> str:
 @app.command()
 def show(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix of 4+ characters).",
+    run_id: Annotated[str, typer.Argument(help=ID_HELP,
                                           show_default=False, metavar="ID")],
     db: DbOption = None,
     json_out: JsonOption = False,
@@ -487,7 +489,7 @@ def show(
 @app.command()
 def cancel(
     ctx: typer.Context,
-    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).",
+    run_id: Annotated[str, typer.Argument(help=ID_HELP,
                                           show_default=False, metavar="ID")],
     actor: Annotated[str | None, typer.Option(
         "--actor", help="Operator id recorded on the fact (default: your user name).",

@@ -28,7 +28,7 @@ SUMMARY_COLUMNS = (
     "id", "status", "action_kind", "execution_target", "created_at", "updated_at", "ended_at",
     "exit_code", "leased_by", "lease_attempts", "run_attempts", "status_reason_code",
 )
-#: Shortest id prefix accepted by :func:`resolve_run_id`.
+#: Shortest id prefix (or suffix) accepted by :func:`resolve_run_id`.
 MIN_PREFIX = 4
 
 
@@ -92,24 +92,28 @@ async def list_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
 
 
 async def resolve_run_id(db: StateDB, id_or_prefix: str) -> str:
-    """The full id of the one run whose id is, or starts with, ``id_or_prefix``.
+    """The full id of the one run whose id is, starts with, or ends with ``id_or_prefix``.
 
-    LookupError when no run matches; ValueError when a prefix is too short or matches
-    more than one run.
+    Run ids are time-ordered (UUIDv7): runs created minutes apart share their first
+    eight characters and only the tail is random, so a short unique piece is easiest
+    taken from the end. A prefix is tried first (it uses the primary key's index); only
+    when no id starts with it is it tried as a suffix (a scan of the ids).
+    LookupError when no run matches; ValueError when a piece is ambiguous.
     """
     exact = await db.fetch_one(f"SELECT id FROM {RUN_TABLE} WHERE id = ?", (id_or_prefix,))
     if exact is not None:
         return str(exact["id"])
     if len(id_or_prefix) >= MIN_PREFIX and "%" not in id_or_prefix and "_" not in id_or_prefix:
-        found = await db.fetch_all(
-            f"SELECT id FROM {RUN_TABLE} WHERE id LIKE ? ORDER BY id LIMIT 3",
-            (id_or_prefix + "%",))
-        if len(found) == 1:
-            return str(found[0]["id"])
-        if len(found) > 1:
-            raise ValueError(f"id prefix {id_or_prefix!r} is ambiguous: matches "
-                             + ", ".join(r["id"] for r in found[:2])
-                             + (" and more" if len(found) > 2 else ""))
+        for where, pattern, what in (("id LIKE ?", id_or_prefix + "%", "prefix"),
+                                     ("id LIKE ?", "%" + id_or_prefix, "suffix")):
+            found = await db.fetch_all(
+                f"SELECT id FROM {RUN_TABLE} WHERE {where} ORDER BY id LIMIT 3", (pattern,))
+            if len(found) == 1:
+                return str(found[0]["id"])
+            if len(found) > 1:
+                raise ValueError(f"id {what} {id_or_prefix!r} is ambiguous: matches "
+                                 + ", ".join(r["id"] for r in found[:2])
+                                 + (" and more" if len(found) > 2 else ""))
     raise LookupError(f"no run {id_or_prefix}")
 
 
