@@ -27,7 +27,6 @@ QUERIES = [
      "idx_schedule_runs_claim"),
     ("claim scan page, no kind excluded", worker._candidates_sql(POLICY, 0), (0.0, "", 50),
      "idx_schedule_runs_claim"),
-    ("idle poll: anything queued?", worker._queued_sql(POLICY), (), "idx_schedule_runs_claim"),
     ("running concurrency keys", worker._running_keys_sql(POLICY), (),
      "idx_schedule_runs_lease"),
     ("is this key running", worker._key_running_sql(POLICY), ("host:gpu",),

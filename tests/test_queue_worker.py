@@ -482,6 +482,18 @@ async def test_running_key_is_rechecked_inside_the_claim_transaction(
     assert (await get_row(qdb, g1))["status"] == "queued"
 
 
+async def test_a_pass_over_rows_it_cannot_serve_takes_no_write_lock(qdb: StateDB) -> None:
+    """A worker facing a deep backlog it cannot serve scans it without holding writers up."""
+    await submit_many(qdb, [TaskApplication("command", {"argv": ["true"]}, "host",
+                                            required_capabilities=[GPU])] * 120)
+    statements: list[str] = []
+    await qdb.run(lambda conn: conn.set_trace_callback(statements.append))
+    got = await claim_runs(qdb, worker_id="cpu-only", now=NOW + 10)
+    await qdb.run(lambda conn: conn.set_trace_callback(None))
+    assert got.scanned == 120 and got.claimed == []
+    assert not [s for s in statements if s.startswith("BEGIN IMMEDIATE")], statements
+
+
 # ----------------------------------------------------------------- competing claimants
 
 

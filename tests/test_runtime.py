@@ -332,7 +332,7 @@ async def test_without_a_wakeup_the_worker_finds_work_by_polling(rdb: StateDB, r
 
 async def test_an_idle_worker_polling_an_empty_queue_takes_no_write_lock(
         rdb: StateDB, lock_dir: Path) -> None:
-    """A claim pass is a write; polling an empty queue must not hold other writers up."""
+    """Polling must not hold other processes' writers up: an idle pass takes no write lock."""
     rec = Recorder()
     w = make_worker(rdb, lock_dir, poll_interval=0.02, execute=rec)
     statements: list[str] = []

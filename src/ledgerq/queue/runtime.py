@@ -9,6 +9,7 @@ A submission in the same process wakes the loop at once; otherwise it polls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import tempfile
@@ -31,7 +32,6 @@ from ledgerq.queue.worker import (
     claim_runs,
     execute_claimed,
     promote_due,
-    queued_work_exists,
     reap_expired_leases,
     register_heartbeat,
 )
@@ -161,7 +161,6 @@ class Worker:
         heartbeat_every = max(0.05, min(self.heartbeat_ttl / 3, 5.0))
         maintain_every = max(self.poll_interval, 0.5)
         last_heartbeat = last_maintain = float("-inf")
-        woken = True  # by a submission, a finished run or a full pass: work is likely
         while not self._stop.is_set():
             now = time.time()
             self._wake.clear()
@@ -177,19 +176,15 @@ class Worker:
                     await promote_due(self.db, now=now)
                     last_maintain = now
                 free = self.capacity - len(self.active)
-                # A claim pass is a write: on a plain poll, look (without the lock) first.
-                if free > 0 and (woken or await queued_work_exists(self.db)):
+                if free > 0:
                     await self._claim(min(free, self.claim_limit))
             except Exception:
                 log.exception("worker %s: pass failed; retrying after the poll interval",
                               self.worker_id)
             if self._stop.is_set():
                 break
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-                woken = True
-            except TimeoutError:
-                woken = False
 
     async def _claim(self, limit: int) -> None:
         got = await claim_runs(

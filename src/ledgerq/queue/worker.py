@@ -227,21 +227,6 @@ def _candidates_sql(policy: EntityPolicy, excluded: int) -> str:
     )
 
 
-def _queued_sql(policy: EntityPolicy) -> str:
-    return ("SELECT 1 FROM schedule_runs "
-            f"WHERE {index_clause(policy, 'idx_schedule_runs_claim', 'queued')} "
-            "AND status = 'queued' AND schedule_id IS NULL LIMIT 1")
-
-
-async def queued_work_exists(db: StateDB) -> bool:
-    """Whether any run waits in queued, read without the write lock.
-
-    A claim pass is a write; an idle worker polling asks this first, so polling an
-    empty queue never takes the write lock other processes' writers need.
-    """
-    return await db.fetch_one(_queued_sql(db.registry.entity(ENTITY))) is not None
-
-
 def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: list[str],
                 advertised: list[str], targets: set[str], result: ClaimPass,
                 enough: Callable[[dict[str, Any]], bool] | None = None
@@ -374,16 +359,13 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
                      excluded_kinds: Iterable[str] = ("workflow",)) -> ClaimPass:
     """One claim pass (D4): scan, filter, order by affinity, claim up to ``limit`` rows.
 
-    The whole pass is one write unit: the heartbeat check, the running keys, the scan
-    and the claims see one state under the write lock, so a chosen row cannot be taken
-    in between, and the pass costs one thread hop. Within the unit each claim is its own
-    guarded queued -> running move (with its fact) inside its own savepoint, so a claim
-    that fails is rolled back alone and counted as lost. A concurrency key already
-    running or claimed earlier in this pass blocks a candidate for the rest of the pass.
-    When the worker advertises no affinity token every score is equal, so the scan stops
-    once ``limit`` rows are chosen (the same rows the full sort would pick); a pass then
-    costs the same at any queue depth. Being a write, the pass shares its commit with
-    the writes around it (a submission, the previous pass's terminal writes).
+    Each claim is its own guarded queued -> running move; all of a pass's claims
+    commit together. A concurrency key already running (checked inside the claim's
+    own transaction, so across workers too) or claimed earlier in this pass blocks a
+    candidate for the rest of the pass. The heartbeat check, the running keys and the
+    scan read one snapshot. When the worker advertises no affinity token every score
+    is equal, so the scan stops once ``limit`` rows are chosen (the same rows the full
+    sort would pick); a pass then costs the same at any queue depth.
     """
     ts = time.time() if now is None else now
     result = ClaimPass()
@@ -393,36 +375,27 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
     targets = set(execution_targets or ["host"])
     excluded = sorted(set(excluded_kinds))
     policy = db.registry.entity(ENTITY)
-
-    def claim_pass(conn: sqlite3.Connection) -> bool:
-        chosen = _select(conn, policy, worker_id, ts, heartbeat_ttl, excluded, advertised,
-                         targets, limit, result)
-        if chosen is None:
-            return False
-        for cand in chosen:
-            conn.execute("SAVEPOINT claim")
-            try:
-                got = _claim_one(conn, policy=policy, cand=cand, worker_id=worker_id, now=ts,
-                                 lease_ttl=lease_ttl)
-            except Exception as exc:
-                conn.execute("ROLLBACK TO claim")
-                log.warning("claim of run %s failed: %s", cand["id"], exc)
-                got = None
-            conn.execute("RELEASE claim")
-            if got is None:
-                result.lost += 1
-            else:
-                result.claimed.append(got)
-        return True
-
-    try:
-        live = await db.write(claim_pass)
-    except BaseException:
-        # The unit's writes were rolled back (or never committed): nothing was claimed.
-        result.claimed.clear()
-        raise
-    if not live:
+    chosen = await db.read(lambda conn: _select(
+        conn, policy, worker_id, ts, heartbeat_ttl, excluded, advertised, targets, limit,
+        result))
+    if chosen is None:
         log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
+        return result
+    if not chosen:
+        return result
+    outcomes = await asyncio.gather(*(
+        db.write(functools.partial(_claim_one, policy=policy, cand=c, worker_id=worker_id,
+                                   now=ts, lease_ttl=lease_ttl))
+        for c in chosen
+    ), return_exceptions=True)
+    for cand, got in zip(chosen, outcomes, strict=True):
+        if isinstance(got, BaseException):
+            log.warning("claim of run %s failed: %s", cand["id"], got)
+            result.lost += 1
+        elif got is None:
+            result.lost += 1
+        else:
+            result.claimed.append(got)
     return result
 
 
