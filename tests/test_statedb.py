@@ -104,9 +104,12 @@ async def test_schema_is_created_on_first_open_and_reopen_keeps_data(db_path: Pa
         assert (await verify(db)).ok
 
 
-async def test_memory_database_works() -> None:
-    async with StateDB(":memory:") as db:
+@pytest.mark.parametrize("path", [":memory:", ""], ids=["memory", "private-temp"])
+async def test_memory_database_works(path: str) -> None:
+    """Databases private to one connection: reads must see them (no second connection)."""
+    async with StateDB(path) as db:
         rid = await new_run(db)
+        assert (await row(db, "schedule_runs", rid) or {}).get("id") == rid
         did = await new_dispatch(db)
         assert (await move(db, RUN, rid, "queued", "running", "run.started.ok")).applied
         assert (await move(db, "dispatch", did, "pending", "acked", "dispatch.acked.ok")).applied

@@ -65,7 +65,9 @@ class StateDB:
         if self._conn is not None:
             return self
         conn = await self._connect(self._configure)
-        if self.path != ":memory:":  # a second connection to :memory: is another database
+        # ":memory:" and "" (a private temporary file) are per connection: a second
+        # connection would open another, empty database.
+        if self.path not in (":memory:", ""):
             try:
                 self._reader = await self._connect(self._configure_reader)
             except BaseException:
@@ -119,10 +121,12 @@ class StateDB:
                 await asyncio.shield(self._drainer)
             conn, self._conn = self._conn, None
             reader, self._reader = self._reader, None
-            if reader is not None:
-                await reader.close()
-            if conn is not None:
-                await conn.close()
+            try:
+                if reader is not None:
+                    await reader.close()
+            finally:
+                if conn is not None:
+                    await conn.close()
         finally:
             self._closing = False
 
