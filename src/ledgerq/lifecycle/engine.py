@@ -118,11 +118,9 @@ def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: Tr
     done = apply_move(conn, policy, request.entity_id, request.from_state, request.to_state,
                       request.reason, request.actor, guard=guard, patch=patch, now=now,
                       idempotency_key=request.idempotency_key)
-    if not done.applied:
-        return TransitionResult(applied=False, conflict=True, previous_state=done.previous_state,
-                                current_state=done.current_state, transition_id=done.transition_id)
-    return TransitionResult(applied=True, previous_state=done.previous_state,
-                            current_state=done.current_state, transition_id=done.transition_id)
+    return TransitionResult(applied=done.applied, conflict=not done.applied,
+                            previous_state=done.previous_state, current_state=done.current_state,
+                            transition_id=done.transition_id)
 
 
 class Moved(NamedTuple):

@@ -104,10 +104,9 @@ async def resolve_run_id(db: StateDB, id_or_prefix: str) -> str:
     if exact is not None:
         return str(exact["id"])
     if len(id_or_prefix) >= MIN_PREFIX and "%" not in id_or_prefix and "_" not in id_or_prefix:
-        for where, pattern, what in (("id LIKE ?", id_or_prefix + "%", "prefix"),
-                                     ("id LIKE ?", "%" + id_or_prefix, "suffix")):
+        for pattern, what in ((id_or_prefix + "%", "prefix"), ("%" + id_or_prefix, "suffix")):
             found = await db.fetch_all(
-                f"SELECT id FROM {RUN_TABLE} WHERE {where} ORDER BY id LIMIT 3", (pattern,))
+                f"SELECT id FROM {RUN_TABLE} WHERE id LIKE ? ORDER BY id LIMIT 3", (pattern,))
             if len(found) == 1:
                 return str(found[0]["id"])
             if len(found) > 1:

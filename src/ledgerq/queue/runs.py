@@ -66,10 +66,14 @@ def _status_in(states: tuple[str, ...]) -> str:
 _CACHED_SUMMARY = 200
 
 
-@functools.lru_cache(maxsize=1024)
-def _reason(code: str, summary: str) -> StateReason:
-    # StateReason is frozen, so one per (code, summary) can be shared by every move.
-    return StateReason.model_construct(code=code, summary=summary, evidence_refs=[], metadata={})
+def _reason(code: str, summary: str, metadata: dict[str, Any] | None = None) -> StateReason:
+    """A reason built without pydantic validation: the queue's own codes and strings."""
+    return StateReason.model_construct(code=code, summary=summary, evidence_refs=[],
+                                       metadata=metadata or {})
+
+
+#: StateReason is frozen, so one per short (code, summary) is shared by every move.
+_shared_reason = functools.lru_cache(maxsize=1024)(_reason)
 
 
 def move(conn: sqlite3.Connection, policy: EntityPolicy, run_id: str, from_state: str | None,
@@ -83,11 +87,9 @@ def move(conn: sqlite3.Connection, policy: EntityPolicy, run_id: str, from_state
     is built without pydantic validation (its fields are the queue's own constants and
     strings); :func:`apply_move` still checks its code against the spec.
     """
-    if not metadata and len(summary) <= _CACHED_SUMMARY:
-        reason = _reason(code, summary)
-    else:  # a failure's summary carries its error text: not worth keeping around
-        reason = StateReason.model_construct(code=code, summary=summary, evidence_refs=[],
-                                             metadata=metadata or {})
+    # A failure's summary carries its error text: not worth keeping around.
+    shared = not metadata and len(summary) <= _CACHED_SUMMARY
+    reason = _shared_reason(code, summary) if shared else _reason(code, summary, metadata)
     return apply_move(conn, policy, run_id, from_state, to_state, reason, actor, guard=guard,
                       patch=patch, now=now, whole_row=whole_row)
 
