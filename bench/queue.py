@@ -76,16 +76,16 @@ from ledgerq.lifecycle import Registry, default_registry
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.queue import TaskApplication, Worker, claim_and_execute, submit_many, submit_task
 from ledgerq.queue.application import digest
-from ledgerq.queue.runs import index_clause
 from ledgerq.queue.worker import claim_runs
 from ledgerq.store.codec import dumps
-from ledgerq.store.db import BUSY_TIMEOUT_MS
 from ledgerq.store.schema import schema_ddl
 
-WORKER = "bench-worker"
+sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for floor.py
+from floor import (  # noqa: I001  (a sibling script, importable only after the line above)
+    APP, RAW_FACT_INSERT, RAW_RUN_INSERT, WORKER, connect, schema_floor)
+
 CLAIM_PASSES = 41
 MANY_REPEAT = 5
-APP = TaskApplication("command", {"argv": ["true"]}, "host")
 
 
 async def noop(run: dict[str, Any]) -> tuple[int, str]:
@@ -233,17 +233,6 @@ CREATE INDEX IF NOT EXISTS tasks_queued ON tasks(queued_at, id) WHERE status = '
 """
 
 
-def connect(path: str, sync: str) -> sqlite3.Connection:
-    """ledgerq's pragmas on a plain connection (autocommit; BEGIN/COMMIT by hand)."""
-    conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute(f"PRAGMA synchronous = {sync}")
-    conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute("PRAGMA temp_store = MEMORY")
-    return conn
-
-
 def stdlib_three_commits(path: str, sync: str, n: int) -> dict[str, float]:
     conn = connect(path, sync)
     conn.executescript(STDLIB_DDL)
@@ -287,111 +276,6 @@ def stdlib_three_commits(path: str, sync: str, n: int) -> dict[str, float]:
             "cpu_us": (c2 - c0) / n * 1e6}
 
 
-# ---------------------------------------------------------------- 4b. the schema floor
-
-#: The floor's claim: ledgerq's guarded queued -> running move, as apply_move writes it.
-FLOOR_CLAIM = (
-    "UPDATE schedule_runs SET status = 'running', version = ?, updated_at = ?, "
-    "status_reason_code = 'run.started.ok', status_reason_summary = ?, "
-    "status_evidence_refs = '[]', leased_by = ?, lease_expires_at = ?, lease_token = ?, "
-    "lease_attempts = ? WHERE id = ? AND status = 'queued' AND lease_attempts IS ? "
-    "AND leased_by IS NULL RETURNING *")
-#: The floor's terminal write: running -> completed, guarded on the lease.
-FLOOR_END = (
-    "UPDATE schedule_runs SET status = 'completed', version = ?, updated_at = ?, "
-    "status_reason_code = 'run.completed.ok', status_reason_summary = '', "
-    "status_evidence_refs = '[]', ended_at = ?, exit_code = ?, error_detail = ?, "
-    "run_attempts = ? WHERE id = ? AND status = 'running' AND leased_by IS ? "
-    "AND lease_expires_at IS ? AND lease_token IS ? "
-    "RETURNING ended_at, exit_code, error_detail, run_attempts")
-#: The next page of queued rows, through the claim index (its WHERE, as ledgerq's scan has it).
-FLOOR_PAGE = ("SELECT id, lease_attempts, version FROM schedule_runs WHERE {claim_index} "
-              "AND status = 'queued' AND schedule_id IS NULL ORDER BY queued_at, id LIMIT ?")
-
-
-def schema_floor(path: str, registry: Registry, sync: str, n: int,
-                 limit: int) -> dict[str, float]:
-    """ledgerq's own statements in plain sqlite3, ledgerq's commits: a ceiling, not a system.
-
-    The same schema and pragmas; per task the row (INSERT ... RETURNING *) and its
-    creation fact, one commit each; then passes of ``limit``: the guarded claims with
-    their facts in one commit, the guarded terminal writes with theirs in another. No
-    asyncio, no thread hop, no validation, no savepoints, no selection logic, no
-    dependents lookup. Every ledgerq lifecycle in this scenario runs at least these
-    statements and commits, so no implementation of ledgerq's schema can run lifecycles
-    faster than this loop; its submit column is the submit-only ceiling.
-    """
-    conn = connect(path, sync)
-    conn.executescript(schema_ddl(registry))
-    x = conn.execute
-    insert = (f"INSERT INTO schedule_runs ({', '.join(RUN_COLUMNS)}) "
-              f"VALUES ({', '.join('?' * len(RUN_COLUMNS))}) RETURNING *")
-    page = FLOOR_PAGE.format(claim_index=index_clause(
-        registry.entity("schedule_run"), "idx_schedule_runs_claim", "queued"))
-    args = dumps(APP.args)
-    fingerprint = digest(APP)
-
-    def fact(rid: str, prev: str | None, status: str, code: str, summary: str, now: float,
-             version: int, patch: dict[str, Any]) -> None:
-        x(RAW_FACT_INSERT, (new_id(), "schedule_run", rid, prev, status, code, summary, "[]",
-                            "system", WORKER, now, "{}", version, dumps(patch), None))
-
-    c0, t0 = time.process_time(), time.perf_counter()
-    for _ in range(n):
-        now = time.time()
-        rid = new_id()
-        values = (rid, None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
-                  None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
-                  None, 1, "run.queued.submitted", "", "[]")
-        x("BEGIN IMMEDIATE")
-        cur = x(insert, values)
-        names = [d[0] for d in cur.description]
-        patch = {k: v for k, v in zip(names, cur.fetchone(), strict=True)
-                 if v is not None and k not in ("status", "version")}
-        fact(rid, None, "queued", "run.queued.submitted", "", now, 1, patch)
-        x("COMMIT")
-    t1 = time.perf_counter()
-    done = 0
-    summary = f"claimed by {WORKER}"
-    while True:
-        x("BEGIN IMMEDIATE")
-        now = time.time()
-        claimed = []
-        for rid, attempts, version in x(page, (limit,)).fetchall():
-            lease = (WORKER, now + 300, uuid.uuid4().hex)
-            cur = x(FLOOR_CLAIM, (version + 1, now, summary, *lease, attempts + 1, rid,
-                                  attempts))
-            row = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
-            fact(rid, "queued", "running", "run.started.ok", summary, now, version + 1,
-                 {"updated_at": now, "status_reason_code": "run.started.ok",
-                  "status_reason_summary": summary, "status_evidence_refs": "[]",
-                  "leased_by": lease[0], "lease_expires_at": lease[1],
-                  "lease_token": lease[2], "lease_attempts": attempts + 1})
-            claimed.append(row)
-        x("COMMIT")
-        if not claimed:
-            break
-        x("BEGIN IMMEDIATE")
-        now = time.time()
-        for row in claimed:  # the no-op executor: exit 0
-            version = row["version"] + 1
-            cur = x(FLOOR_END, (version, now, now, 0, None, 1, row["id"], row["leased_by"],
-                                row["lease_expires_at"], row["lease_token"]))
-            stored = cur.fetchone()
-            fact(row["id"], "running", "completed", "run.completed.ok", "", now, version,
-                 {"updated_at": now, "status_reason_code": "run.completed.ok",
-                  "status_reason_summary": "", "status_evidence_refs": "[]",
-                  **dict(zip(("ended_at", "exit_code", "error_detail", "run_attempts"),
-                             stored, strict=True))})
-            done += 1
-        x("COMMIT")
-    t2, c2 = time.perf_counter(), time.process_time()
-    conn.close()
-    assert done == n, done
-    return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t1),
-            "cpu_us": (c2 - c0) / n * 1e6}
-
-
 # ---------------------------------------------------------------- 5. submit_many vs raw
 
 
@@ -407,21 +291,6 @@ async def ledgerq_submit_many(path: str, registry: Registry, sync: str, n: int) 
     return n / elapsed
 
 
-RUN_COLUMNS = (
-    "id", "schedule_id", "invocation_id", "trigger_context", "action_kind", "action_args",
-    "status", "chain_depth", "fired_at", "created_at", "queued_at", "concurrency_key",
-    "required_capabilities", "execution_target", "library_ref", "library_content_hash",
-    "idempotency_key", "application_digest", "retry_policy", "timeout_seconds", "depends_on",
-    "version", "status_reason_code", "status_reason_summary", "status_evidence_refs",
-)
-RAW_RUN_INSERT = (f"INSERT INTO schedule_runs ({', '.join(RUN_COLUMNS)}) "
-                  f"VALUES ({', '.join('?' * len(RUN_COLUMNS))})")
-RAW_FACT_INSERT = """
-INSERT INTO status_transitions (
-  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
-  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
-) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
 # Non-NULL columns a submitted row leaves to their defaults; the fact's patch names them
 # too (a creation fact leaves NULL columns out).
 DEFAULTED = {"lease_attempts": 0, "run_attempts": 0}

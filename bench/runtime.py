@@ -29,7 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from ledgerq import StateDB
+from ledgerq.lifecycle import default_registry
 from ledgerq.queue import TaskApplication, Worker, submit_many, submit_task
+
+sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for floor.py
+from floor import schema_floor  # a sibling script, importable only after the line above
 
 APP = TaskApplication("command", {"argv": ["true"]}, "host")
 
@@ -267,6 +271,11 @@ async def main() -> None:
             ceiling = database_thread_ceiling(d / "ceiling.db", per * 64)
             print(f"  ceiling: the database thread's units alone, groups of 64, FULL: "
                   f"{ceiling:,.0f} lifecycles/s = {ceiling / fs:.2f}x fsync rate")
+            floor = schema_floor(str(d / "floor.db"), default_registry(), "FULL", per * 64,
+                                 limit=64, submit_group=64)["lifecycle"]
+            print(f"  floor: the raw statements alone (bench/floor.py), 64 submits per "
+                  f"commit, passes of 64, FULL: {floor:,.0f} lifecycles/s = "
+                  f"{floor / fs:.2f}x fsync rate")
         if "memory" in only:
             points = [1000, 5000, 20_000] if q else [1000, 10_000, 50_000, 100_000]
             rss = await memory(d / "mem.db", points)

@@ -1,0 +1,158 @@
+"""The schema floor: ledgerq's own statements in plain sqlite3, with ledgerq's commits.
+
+Not a system but a ceiling for the benchmarks: the same schema and pragmas as a StateDB,
+and per task the statements any implementation of ledgerq's schema runs: the row
+(INSERT ... RETURNING *) and its creation fact, the guarded claim (UPDATE ... RETURNING *)
+and its fact, the guarded terminal write and its fact, committed as ledgerq commits them.
+No asyncio, no thread hop, no validation, no savepoints, no selection logic, no
+dependents lookup, so nothing built on this schema runs these lifecycles faster.
+Used by bench/queue.py (one commit per submit, two per pass) and bench/runtime.py
+(submits grouped like the 64 concurrent submitters' group commits).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from typing import Any
+
+from ledgerq.lifecycle import Registry
+from ledgerq.lifecycle.engine import new_id
+from ledgerq.queue import TaskApplication
+from ledgerq.queue.application import digest
+from ledgerq.queue.runs import index_clause
+from ledgerq.store.codec import dumps
+from ledgerq.store.db import BUSY_TIMEOUT_MS
+from ledgerq.store.schema import schema_ddl
+
+WORKER = "bench-worker"
+APP = TaskApplication("command", {"argv": ["true"]}, "host")
+
+
+def connect(path: str, sync: str) -> sqlite3.Connection:
+    """ledgerq's pragmas on a plain connection (autocommit; BEGIN/COMMIT by hand)."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(f"PRAGMA synchronous = {sync}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    return conn
+
+
+RUN_COLUMNS = (
+    "id", "schedule_id", "invocation_id", "trigger_context", "action_kind", "action_args",
+    "status", "chain_depth", "fired_at", "created_at", "queued_at", "concurrency_key",
+    "required_capabilities", "execution_target", "library_ref", "library_content_hash",
+    "idempotency_key", "application_digest", "retry_policy", "timeout_seconds", "depends_on",
+    "version", "status_reason_code", "status_reason_summary", "status_evidence_refs",
+)
+RAW_RUN_INSERT = (f"INSERT INTO schedule_runs ({', '.join(RUN_COLUMNS)}) "
+                  f"VALUES ({', '.join('?' * len(RUN_COLUMNS))})")
+RAW_FACT_INSERT = """
+INSERT INTO status_transitions (
+  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+#: The floor's claim: ledgerq's guarded queued -> running move, as apply_move writes it.
+FLOOR_CLAIM = (
+    "UPDATE schedule_runs SET status = 'running', version = ?, updated_at = ?, "
+    "status_reason_code = 'run.started.ok', status_reason_summary = ?, "
+    "status_evidence_refs = '[]', leased_by = ?, lease_expires_at = ?, lease_token = ?, "
+    "lease_attempts = ? WHERE id = ? AND status = 'queued' AND lease_attempts IS ? "
+    "AND leased_by IS NULL RETURNING *")
+#: The floor's terminal write: running -> completed, guarded on the lease.
+FLOOR_END = (
+    "UPDATE schedule_runs SET status = 'completed', version = ?, updated_at = ?, "
+    "status_reason_code = 'run.completed.ok', status_reason_summary = '', "
+    "status_evidence_refs = '[]', ended_at = ?, exit_code = ?, error_detail = ?, "
+    "run_attempts = ? WHERE id = ? AND status = 'running' AND leased_by IS ? "
+    "AND lease_expires_at IS ? AND lease_token IS ? "
+    "RETURNING ended_at, exit_code, error_detail, run_attempts")
+#: The next page of queued rows, through the claim index (its WHERE, as ledgerq's scan has it).
+FLOOR_PAGE = ("SELECT id, lease_attempts, version FROM schedule_runs WHERE {claim_index} "
+              "AND status = 'queued' AND schedule_id IS NULL ORDER BY queued_at, id LIMIT ?")
+
+
+def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
+                 submit_group: int = 1) -> dict[str, float]:
+    """ledgerq's own statements in plain sqlite3, ledgerq's commits: a ceiling, not a system.
+
+    Per task the row (INSERT ... RETURNING *) and its creation fact, ``submit_group``
+    submits per commit; then passes of ``limit``: the guarded claims with their facts in
+    one commit, the guarded terminal writes with theirs in another. Returns lifecycles/s
+    with its submit-only and worker-only parts and CPU per lifecycle.
+    """
+    conn = connect(path, sync)
+    conn.executescript(schema_ddl(registry))
+    x = conn.execute
+    insert = (f"INSERT INTO schedule_runs ({', '.join(RUN_COLUMNS)}) "
+              f"VALUES ({', '.join('?' * len(RUN_COLUMNS))}) RETURNING *")
+    page = FLOOR_PAGE.format(claim_index=index_clause(
+        registry.entity("schedule_run"), "idx_schedule_runs_claim", "queued"))
+    args = dumps(APP.args)
+    fingerprint = digest(APP)
+
+    def fact(rid: str, prev: str | None, status: str, code: str, summary: str, now: float,
+             version: int, patch: dict[str, Any]) -> None:
+        x(RAW_FACT_INSERT, (new_id(), "schedule_run", rid, prev, status, code, summary, "[]",
+                            "system", WORKER, now, "{}", version, dumps(patch), None))
+
+    c0, t0 = time.process_time(), time.perf_counter()
+    for i in range(n):
+        now = time.time()
+        rid = new_id()
+        values = (rid, None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
+                  None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
+                  None, 1, "run.queued.submitted", "", "[]")
+        if i % submit_group == 0:
+            x("BEGIN IMMEDIATE")
+        cur = x(insert, values)
+        names = [d[0] for d in cur.description]
+        patch = {k: v for k, v in zip(names, cur.fetchone(), strict=True)
+                 if v is not None and k not in ("status", "version")}
+        fact(rid, None, "queued", "run.queued.submitted", "", now, 1, patch)
+        if (i + 1) % submit_group == 0 or i + 1 == n:
+            x("COMMIT")
+    t1 = time.perf_counter()
+    done = 0
+    summary = f"claimed by {WORKER}"
+    while True:
+        x("BEGIN IMMEDIATE")
+        now = time.time()
+        claimed = []
+        for rid, attempts, version in x(page, (limit,)).fetchall():
+            lease = (WORKER, now + 300, uuid.uuid4().hex)
+            cur = x(FLOOR_CLAIM, (version + 1, now, summary, *lease, attempts + 1, rid,
+                                  attempts))
+            row = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
+            fact(rid, "queued", "running", "run.started.ok", summary, now, version + 1,
+                 {"updated_at": now, "status_reason_code": "run.started.ok",
+                  "status_reason_summary": summary, "status_evidence_refs": "[]",
+                  "leased_by": lease[0], "lease_expires_at": lease[1],
+                  "lease_token": lease[2], "lease_attempts": attempts + 1})
+            claimed.append(row)
+        x("COMMIT")
+        if not claimed:
+            break
+        x("BEGIN IMMEDIATE")
+        now = time.time()
+        for row in claimed:  # the no-op executor: exit 0
+            version = row["version"] + 1
+            cur = x(FLOOR_END, (version, now, now, 0, None, 1, row["id"], row["leased_by"],
+                                row["lease_expires_at"], row["lease_token"]))
+            stored = cur.fetchone()
+            fact(row["id"], "running", "completed", "run.completed.ok", "", now, version,
+                 {"updated_at": now, "status_reason_code": "run.completed.ok",
+                  "status_reason_summary": "", "status_evidence_refs": "[]",
+                  **dict(zip(("ended_at", "exit_code", "error_detail", "run_attempts"),
+                             stored, strict=True))})
+            done += 1
+        x("COMMIT")
+    t2, c2 = time.perf_counter(), time.process_time()
+    conn.close()
+    assert done == n, done
+    return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t1),
+            "cpu_us": (c2 - c0) / n * 1e6}
