@@ -44,7 +44,7 @@ LEDGERQ = _console_script()
 
 def cli(*args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None,
         timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k != "LEDGERQ_DB"}
+    base = {k: v for k, v in os.environ.items() if k not in ("LEDGERQ_DB", "LEDGERQ_SYNCHRONOUS")}
     return subprocess.run([LEDGERQ, *map(str, args)], capture_output=True, text=True,
                           env={**base, **(env or {})}, cwd=cwd, timeout=timeout, check=False)
 
@@ -418,6 +418,58 @@ def test_worker_sigint_requeues_what_outlives_the_grace(dbfile: Path, tmp_path: 
     assert got["status"] == "queued" and got["leased_by"] is None
     codes = [f["reason_code"] for f in as_json("show", slow, "--db", dbfile)["history"]]
     assert codes[-1] == "run.queued.worker_shutdown"
+
+
+def _heartbeats(db: Path, worker_id: str) -> int:
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM workers WHERE worker_id = ?",
+                                (worker_id,)).fetchone()[0])
+
+
+def _worker_banner(db: Path, tmp_path: Path, *root: str, env: dict[str, str] | None = None
+                   ) -> str:
+    """The worker's startup line (it reads the durability level back from its connection)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("LEDGERQ_DB", "LEDGERQ_SYNCHRONOUS")}
+    worker_id = f"banner-{time.monotonic_ns()}"
+    proc = subprocess.Popen(
+        [LEDGERQ, *root, "worker", "--db", str(db), "--lock-dir", str(tmp_path / "locks"),
+         "--worker-id", worker_id],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**base, **(env or {})})
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        deadline = time.monotonic() + 20  # serving (signal handlers in place) once it heartbeats
+        while not _heartbeats(db, worker_id):
+            assert time.monotonic() < deadline, line
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0, line
+    return line
+
+
+def test_worker_durability_from_option_or_env(tmp_path: Path) -> None:
+    db = tmp_path / "sync.db"
+    async def create() -> None:
+        async with StateDB(db):
+            pass
+    asyncio.run(create())
+    assert ", synchronous NORMAL, " in _worker_banner(db, tmp_path)
+    assert ", synchronous FULL, " in _worker_banner(db, tmp_path, "--synchronous", "full")
+    assert ", synchronous FULL, " in _worker_banner(db, tmp_path,
+                                                   env={"LEDGERQ_SYNCHRONOUS": "FULL"})
+    assert ", synchronous NORMAL, " in _worker_banner(
+        db, tmp_path, "--synchronous", "NORMAL", env={"LEDGERQ_SYNCHRONOUS": "FULL"})
+
+
+def test_bad_durability_level_is_a_usage_error_and_writes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "never.db"
+    for args in (["--synchronous", "sometimes", "worker"],
+                 ["--synchronous", "paranoid", "submit", "command", "--", "true"]):
+        line = one_error_line(cli(*args, "--db", db), 2)
+        assert "--synchronous" in line and "FULL" in line and "NORMAL" in line, line
+    assert not db.exists()
 
 
 def test_worker_rejects_bad_options(dbfile: Path) -> None:

@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -43,13 +43,16 @@ from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS, runtime
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import Registry
-    from ledgerq.store.db import StateDB
+    from ledgerq.store.db import StateDB, Synchronous
 
 T = TypeVar("T")
 
 DEFAULT_DB = "ledgerq.db"
 DB_ENV = "LEDGERQ_DB"
 SPECS_ENV = "LEDGERQ_SPECS"
+SYNC_ENV = "LEDGERQ_SYNCHRONOUS"
+#: ``PRAGMA synchronous`` reads back a number.
+SYNC_LEVELS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 RUN_ENTITY = "schedule_run"
 #: Exit codes.
 OK, DOMAIN_FAILURE, USAGE_ERROR = 0, 1, 2
@@ -126,15 +129,22 @@ def root_specs(ctx: typer.Context) -> Path | None:
 
 
 @asynccontextmanager
-async def open_db(path: Path, specs: Path | None, *, must_exist: bool = True
+async def open_db(ctx: typer.Context, path: Path, *, must_exist: bool = True
                   ) -> AsyncIterator[StateDB]:
-    """Open the database with the packaged specs, or with ``specs`` when given."""
+    """Open the database with the root options: the spec directory and ``--synchronous``."""
     from ledgerq.store.db import StateDB
 
     if must_exist and str(path) != ":memory:" and not path.exists():
         die(f"no database at {path} (pass --db or set {DB_ENV}; submit and worker create one)")
+    specs = root_specs(ctx)
     registry = load_specs(specs) if specs is not None else None
-    db = StateDB(path, registry=registry)
+    root = ctx.find_root().obj
+    synchronous = (root.get("synchronous") if isinstance(root, dict) else None) or "NORMAL"
+    try:
+        # StateDB checks the value (any case) and names the accepted ones if it is wrong.
+        db = StateDB(path, registry=registry, synchronous=cast("Synchronous", synchronous))
+    except ValueError as exc:
+        die(f"--synchronous: {exc}")
     try:
         await db.open()
     except sqlite3.Error as exc:
@@ -190,11 +200,16 @@ def root(
         "--specs", envvar=SPECS_ENV, exists=True,
         help=f"Spec directory the database commands use (env {SPECS_ENV}; default: the "
              "packaged specs).", show_default=False)] = None,
+    synchronous: Annotated[str | None, typer.Option(
+        "--synchronous", envvar=SYNC_ENV, metavar="NORMAL|FULL",
+        help=f"SQLite durability of every commit (env {SYNC_ENV}; default NORMAL). NORMAL "
+             "survives a killed process; FULL also survives power loss, one fsync per "
+             "commit. EXTRA and OFF are accepted too.", show_default=False)] = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.",
                                           is_eager=True, callback=_print_version)] = False,
 ) -> None:
     """ledgerq: every status change is a guarded fact in an append-only log."""
-    ctx.obj = {"db": db, "specs": specs}
+    ctx.obj = {"db": db, "specs": specs, "synchronous": synchronous}
 
 
 # ------------------------------------------------------------------ submit
@@ -335,12 +350,11 @@ def submit(
     except (ValueError, TypeError) as exc:
         die(str(exc))
     path = db_path(ctx, db)
-    specs_dir = root_specs(ctx)
 
     async def go() -> tuple[str, str]:
         from ledgerq.queue.submit import submit_task
 
-        async with open_db(path, specs_dir, must_exist=False) as handle:
+        async with open_db(ctx, path, must_exist=False) as handle:
             try:
                 run_id = await submit_task(handle, application)
             except ValueError as exc:
@@ -393,10 +407,9 @@ def ls(
     targets = list(target or [])
     _check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
     path = db_path(ctx, db)
-    specs_dir = root_specs(ctx)
 
     async def go() -> Any:
-        async with open_db(path, specs_dir) as handle:
+        async with open_db(ctx, path) as handle:
             return await list_runs(handle, statuses=statuses, kinds=kinds, targets=targets,
                                    limit=limit, offset=offset)
 
@@ -446,10 +459,9 @@ def show(
     from ledgerq.projections.read_models import get_run, run_history
 
     path = db_path(ctx, db)
-    specs_dir = root_specs(ctx)
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with open_db(path, specs_dir) as handle:
+        async with open_db(ctx, path) as handle:
             full = await _resolve(handle, run_id)
             return await get_run(handle, full), await run_history(handle, full)
 
@@ -506,11 +518,10 @@ def cancel(
     from ledgerq.queue.submit import cancel_task
 
     path = db_path(ctx, db)
-    specs_dir = root_specs(ctx)
     who = Actor(type="operator", id=actor or current_user())
 
     async def go() -> tuple[str, str, bool, str]:
-        async with open_db(path, specs_dir) as handle:
+        async with open_db(ctx, path) as handle:
             full = await _resolve(handle, run_id)
             before = await handle.fetch_one("SELECT status FROM schedule_runs WHERE id = ?",
                                             (full,))
@@ -583,13 +594,12 @@ def worker(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     path = db_path(ctx, db)
-    specs_dir = root_specs(ctx)
 
     async def go() -> None:
         from ledgerq.queue.launcher import default_execute
         from ledgerq.queue.runtime import DEFAULT_LOCK_DIR, Worker
 
-        async with open_db(path, specs_dir, must_exist=False) as handle:
+        async with open_db(ctx, path, must_exist=False) as handle:
             holder: dict[str, str] = {}
 
             def say(text: str) -> None:
@@ -616,10 +626,14 @@ def worker(
                        lock_dir=lock_dir if lock_dir is not None else DEFAULT_LOCK_DIR,
                        shutdown_grace=shutdown_grace)
             holder["id"] = w.worker_id
+            # What the connection really runs with, read back: a durability setting that
+            # did not take must not be announced as if it had.
+            level = await handle.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
             sys.stderr.write(
                 f"ledgerq worker {w.worker_id} (pid {os.getpid()}): capacity {capacity}, "
                 f"targets {','.join(targets)}, capabilities {','.join(cap or []) or '-'}, "
-                f"lease {lease_ttl:g}s, db {path}\n")
+                f"lease {lease_ttl:g}s, synchronous {SYNC_LEVELS.get(level, level)}, "
+                f"db {path}\n")
             sys.stderr.flush()
             await w.run()
             summary = ", ".join(f"{n} {k}" for k, n in sorted(w.outcomes.items())) or "no runs"
@@ -646,10 +660,9 @@ def verify(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False
     from ledgerq.projections.log import verify as verify_db
 
     path = db_path(ctx, db)
-    specs_dir = root_specs(ctx)
 
     async def go() -> Any:
-        async with open_db(path, specs_dir) as handle:
+        async with open_db(ctx, path) as handle:
             return await verify_db(handle)
 
     report = run(go())
@@ -678,10 +691,9 @@ def rebuild(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = Fals
     from ledgerq.projections.log import verify as verify_db
 
     path = db_path(ctx, db)
-    specs_dir = root_specs(ctx)
 
     async def go() -> tuple[Any, Any]:
-        async with open_db(path, specs_dir) as handle:
+        async with open_db(ctx, path) as handle:
             facts = (await handle.fetch_one("SELECT COUNT(*) AS n FROM status_transitions")
                      or {"n": 0})["n"]
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -715,10 +727,9 @@ def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False)
     from ledgerq.projections.read_models import queue_stats
 
     path = db_path(ctx, db)
-    specs_dir = root_specs(ctx)
 
     async def go() -> Any:
-        async with open_db(path, specs_dir) as handle:
+        async with open_db(ctx, path) as handle:
             return await queue_stats(handle)
 
     s = run(go())
