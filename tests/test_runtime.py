@@ -263,7 +263,8 @@ async def test_default_worker_id_has_the_records_shape(rdb: StateDB) -> None:
     assert Worker(rdb, worker_id="mine").worker_id == "mine"
 
 
-@pytest.mark.parametrize("kw", [{"capacity": 0}, {"poll_interval": 0}, {"lease_ttl": -1}])
+@pytest.mark.parametrize("kw", [{"capacity": 0}, {"poll_interval": 0}, {"lease_ttl": -1},
+                                {"claim_cooldown": -0.1}])
 async def test_worker_refuses_bad_settings(rdb: StateDB, kw: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         Worker(rdb, **kw)
@@ -307,6 +308,46 @@ async def test_in_process_submission_wakes_an_idle_worker(rdb: StateDB, rt_path:
                 await asyncio.sleep(0.2)  # idle again
     assert max(latencies) < 1.0
     assert statistics.median(latencies) < 0.5
+
+
+async def test_a_trickle_of_submissions_is_claimed_a_few_rows_per_pass(
+        rdb: StateDB, lock_dir: Path) -> None:
+    """Each submission wakes the worker, but after a pass that drained the queue the next
+    waits out the cooldown, so the trickle is claimed in batches, and every task runs once."""
+    rec = Recorder()
+    w = make_worker(rdb, lock_dir, execute=rec, capacity=20, claim_cooldown=0.05)
+    async with serving(w):
+        await asyncio.sleep(0.2)
+        before = w.claim_passes
+        ids = [await submit_task(rdb, task()) for _ in range(120)]
+        for rid in ids:
+            await wait_status(rdb, rid, "completed")
+        passes = w.claim_passes - before
+    assert sorted(rec.calls) == sorted(ids)
+    assert passes <= 40, passes  # ~one pass per submission without the cooldown
+
+
+async def test_the_cooldown_never_slows_a_backlog_or_a_rested_worker(
+        rdb: StateDB, lock_dir: Path) -> None:
+    """A pass that fills its limit starts the next at once: 100 tasks through 5 slots with a
+    2 s cooldown finish in far less than the 20 passes x 2 s a throttled backlog would
+    take. Once the cooldown has passed, a submission is claimed at once (5 s poll)."""
+    rec = Recorder()
+    w = make_worker(rdb, lock_dir, execute=rec, capacity=5, claim_limit=5, claim_cooldown=2.0,
+                    poll_interval=5.0)
+    ids = await submit_many(rdb, [task() for _ in range(100)])
+    t0 = time.monotonic()
+    async with serving(w):
+        for rid in ids:
+            await wait_status(rdb, rid, "completed", timeout=30)
+        drained = time.monotonic() - t0
+        await asyncio.sleep(2.2)  # the last (draining) pass's cooldown is over
+        t1 = time.monotonic()
+        rid = await submit_task(rdb, task())
+        await asyncio.wait_for(rec.event(rid).wait(), 1.5)
+        rested = time.monotonic() - t1
+    assert drained < 15, drained
+    assert rested < 1.0, rested
 
 
 async def test_without_a_wakeup_the_worker_finds_work_by_polling(rdb: StateDB, rt_path: Path,
