@@ -511,6 +511,39 @@ async def test_a_healthy_long_run_keeps_its_lease(rdb: StateDB, lock_dir: Path) 
     await assert_clean(rdb)
 
 
+async def test_concurrent_runs_share_one_lease_read_per_check(rdb: StateDB,
+                                                              lock_dir: Path) -> None:
+    """30 runs started at scattered moments still check their leases on the same
+    boundaries: each check interval costs about one read for all of them, not one per
+    run, and every renewal still lands before its lease would lapse."""
+    lease_reads: list[int] = []
+    real = rdb.fetch_all
+
+    async def spy(sql: str, params: Any = ()) -> list[dict[str, Any]]:
+        if "lease_token FROM schedule_runs WHERE id IN" in sql:
+            lease_reads.append(len(params))
+        return await real(sql, params)
+
+    rdb.fetch_all = spy  # type: ignore[method-assign]
+    rec = Recorder()
+    w = make_worker(rdb, lock_dir, execute=rec, capacity=30, lease_ttl=0.9, check_interval=0.1)
+    ids = []
+    async with serving(w):
+        for _ in range(30):  # 37 ms apart: every run's own phase differs
+            ids.append(await submit_task(rdb, task(sleep=1.5)))
+            await asyncio.sleep(0.037)
+        for rid in ids:
+            await wait_status(rdb, rid, "completed", timeout=30)
+    checks = sum(lease_reads)
+    assert checks >= 30 * 10, checks  # every run checked about every 0.1 s
+    assert len(lease_reads) <= checks / 8, (len(lease_reads), checks)
+    for rid in ids:
+        codes = [f["reason_code"] for f in await facts(rdb, rid)]
+        assert "run.running.lease_renewed" in codes
+        assert "run.queued.lease_expired" not in codes
+    await assert_clean(rdb)
+
+
 async def db_rows(db: StateDB) -> list[dict[str, Any]]:
     return await db.fetch_all("SELECT * FROM schedule_runs ORDER BY id")
 

@@ -27,6 +27,7 @@ from ledgerq.lifecycle.registry import EntityPolicy, sql_literal
 from ledgerq.queue.application import RetryPolicy
 from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
 from ledgerq.queue.launcher import ExecuteFn, default_execute
+from ledgerq.queue.leases import LeaseReads, until_next_check
 from ledgerq.queue.locks import KeyLock
 from ledgerq.queue.runs import (
     ENTITY,
@@ -435,6 +436,8 @@ class RunContext:
     lock_dir: Path | None = None
     check_interval: float = LEASE_CHECK_SECONDS
     stopping: asyncio.Event | None = None
+    #: Shared by the runs of one worker (or one pass): their checks become one read.
+    lease_reads: LeaseReads = field(default_factory=LeaseReads)
 
 
 class LeaseLost(Exception):
@@ -512,7 +515,7 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
     task: asyncio.Task[tuple[int, str]] = asyncio.ensure_future(_call(executor, decoded))
     try:
         while True:
-            wait = ctx.check_interval
+            wait = until_next_check(ctx.check_interval)
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - ctx.clock()))
             done, _ = await asyncio.wait({task}, timeout=wait)
@@ -562,10 +565,7 @@ async def _stop(task: asyncio.Task[Any]) -> None:
 async def _supervise_once(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
                           lease: dict[str, Any], ctx: RunContext) -> None:
     """Raise LeaseLost if the row is no longer ours; renew the lease when it is due."""
-    row = await db.fetch_one(
-        "SELECT status, leased_by, lease_expires_at, lease_token FROM schedule_runs "
-        "WHERE id = ?",
-        (run["id"],))
+    row = await ctx.lease_reads.lease_row(db, run["id"])
     if (row is None or row["status"] != "running" or row["leased_by"] != lease["leased_by"]
             or row["lease_expires_at"] != lease["lease_expires_at"]
             or row["lease_token"] != lease["lease_token"]):
