@@ -88,8 +88,7 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
     conn = connect(path, sync)
     conn.executescript(schema_ddl(registry))
     x = conn.execute
-    insert = (f"INSERT INTO schedule_runs ({', '.join(RUN_COLUMNS)}) "
-              f"VALUES ({', '.join('?' * len(RUN_COLUMNS))}) RETURNING *")
+    insert = RAW_RUN_INSERT + " RETURNING *"
     page = FLOOR_PAGE.format(claim_index=index_clause(
         registry.entity("schedule_run"), "idx_schedule_runs_claim", "queued"))
     args = dumps(APP.args)
