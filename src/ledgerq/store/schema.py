@@ -64,6 +64,9 @@ CREATE TABLE IF NOT EXISTS workers (
   pid                     INTEGER,
   started_at              REAL
 );
+-- The foreign key's child side: deleting a run (rebuild) looks up referencing workers.
+CREATE INDEX IF NOT EXISTS idx_workers_leased_run
+  ON workers(leased_run_id) WHERE leased_run_id IS NOT NULL;
 """
 
 
