@@ -11,24 +11,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ledgerq.errors import DatabaseGone
 from ledgerq.queue import wakeup
 from ledgerq.queue.launcher import ExecuteFn
 from ledgerq.queue.worker import (
     DEFAULT_CLAIM_LIMIT,
     DEFAULT_HEARTBEAT_TTL_SECONDS,
-    LEASE_CHECK_SECONDS,
+    STUCK_RETRY_SECONDS,
     Authorize,
     Executors,
     RunContext,
+    StuckRows,
+    check_interval_for,
     claim_runs,
     execute_claimed,
     promote_due,
@@ -57,6 +61,17 @@ DEFAULT_SHUTDOWN_GRACE = 10.0
 #: not delayed.
 DEFAULT_CLAIM_COOLDOWN = 0.01
 DEFAULT_LOCK_DIR = Path(tempfile.gettempdir()) / "ledgerq-locks"
+#: Paths that name no file: SQLite's in-memory and private temporary databases.
+_NO_FILE = (":memory:", "")
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path`` now; None when nothing is there."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def default_worker_id() -> str:
@@ -84,20 +99,27 @@ class Worker:
                  lock_dir: str | Path | None = DEFAULT_LOCK_DIR,
                  shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
                  claim_limit: int = DEFAULT_CLAIM_LIMIT,
-                 check_interval: float = LEASE_CHECK_SECONDS,
+                 check_interval: float | None = None,
                  handle_signals: bool = True,
-                 claim_cooldown: float = DEFAULT_CLAIM_COOLDOWN) -> None:
+                 claim_cooldown: float = DEFAULT_CLAIM_COOLDOWN,
+                 stuck_retry: float = STUCK_RETRY_SECONDS) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, not {capacity}")
         if claim_cooldown < 0:
             raise ValueError(f"claim_cooldown must be >= 0, not {claim_cooldown}")
-        if poll_interval <= 0 or lease_ttl <= 0 or check_interval <= 0:
+        if poll_interval <= 0 or lease_ttl <= 0 or (check_interval is not None
+                                                     and check_interval <= 0):
             raise ValueError("poll_interval, lease_ttl and check_interval must be positive")
-        if lease_ttl < 3 * check_interval:
+        if check_interval is None:
+            # A caller who asks for a short lease gets one: the checks follow the lease.
+            check_interval = check_interval_for(lease_ttl)
+        elif lease_ttl < 3 * check_interval:
             # Renewal is due after a third of the TTL and noticed within one check:
             # a shorter lease could lapse on a healthy worker.
             raise ValueError(f"lease_ttl ({lease_ttl}s) must be at least 3 x check_interval "
-                             f"({check_interval}s)")
+                             f"({check_interval}s); leave check_interval out to derive it "
+                             "from the lease")
+        self.check_interval = check_interval
         self.db = db
         self.worker_id = worker_id or default_worker_id()
         self.capacity = capacity
@@ -110,6 +132,8 @@ class Worker:
         self.claim_limit = claim_limit
         self.claim_cooldown = claim_cooldown
         self.handle_signals = handle_signals
+        #: Rows the passes could not move (skipped, reported once; see StuckRows).
+        self.stuck = StuckRows(stuck_retry)
         self.executors = Executors(execute=execute, adapters=dict(adapters or {}))
         self._stopping_runs = asyncio.Event()
         self.context = RunContext(
@@ -127,6 +151,10 @@ class Worker:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._running = False
+        #: Per pass, the failure last logged with its traceback (repeats are not).
+        self._failing: dict[str, str] = {}
+        self._db_identity: tuple[int, int] | None = None
+        self._gone: DatabaseGone | None = None
 
     # ------------------------------------------------------------ control
 
@@ -146,20 +174,33 @@ class Worker:
     # ------------------------------------------------------------ loop
 
     async def run(self) -> None:
+        """Serve until stopped; DatabaseGone if the database file is deleted or replaced.
+
+        A worker left holding an unlinked file would go on claiming from a queue nobody
+        can submit to, while the next submit creates a fresh database at the path: it
+        stops instead (running runs are stopped at once, not after the grace period).
+        """
         if self._running:
             raise RuntimeError(f"worker {self.worker_id} is already running")
         self._running = True
+        self._gone = None
         loop = asyncio.get_running_loop()
         installed = self._install_signals(loop)
         wakeup.subscribe(self.db.path, self._wake)
         try:
-            await self._loop()
+            if self.db.path not in _NO_FILE:
+                self._db_identity = _file_identity(self.db.path)
+                self._check_db_file()
+            if self._gone is None:
+                await self._loop()
         finally:
             wakeup.unsubscribe(self.db.path, self._wake)
             await self._drain()
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self._running = False
+        if self._gone is not None:
+            raise self._gone
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
         if not self.handle_signals:
@@ -173,6 +214,22 @@ class Worker:
             installed.append(sig)
         return installed
 
+    def _check_db_file(self) -> None:
+        """Stop with DatabaseGone once the path no longer names the file we have open."""
+        if self.db.path in _NO_FILE:
+            return
+        now = _file_identity(self.db.path)
+        if now is not None and now == self._db_identity:
+            return
+        what = "deleted" if now is None else "replaced by another file"
+        self._gone = DatabaseGone(
+            f"database file {self.db.path} was {what} while worker {self.worker_id} had it "
+            "open; stopping (its writes would reach no one, and a new submit creates a "
+            "fresh database at that path)")
+        log.error("%s", self._gone)
+        self._stopping_runs.set()  # nothing they write can be seen: stop them now
+        self.request_stop()
+
     async def _loop(self) -> None:
         heartbeat_every = max(0.05, min(self.heartbeat_ttl / 3, 5.0))
         maintain_every = max(self.poll_interval, 0.5)
@@ -180,29 +237,53 @@ class Worker:
         while not self._stop.is_set():
             now = time.time()
             self._wake.clear()
-            try:
-                if now - last_heartbeat >= heartbeat_every:
-                    await register_heartbeat(
+            # Each pass is isolated: a reaper that cannot run must not keep the claim
+            # pass (and so every new submission) from running, nor the other way round.
+            if now - last_heartbeat >= heartbeat_every and await self._step(
+                    "heartbeat", register_heartbeat(
                         self.db, worker_id=self.worker_id,
                         advertised_capabilities=self.advertised_capabilities,
-                        execution_targets=self.execution_targets, now=now)
-                    last_heartbeat = now
-                if now - last_maintain >= maintain_every:
-                    await reap_expired_leases(self.db, now=now)
-                    await promote_due(self.db, now=now)
-                    last_maintain = now
-                if self.capacity > len(self.active):
-                    await self._cool_down()
-                free = self.capacity - len(self.active)
-                if free > 0 and not self._stop.is_set():
-                    await self._claim(min(free, self.claim_limit))
-            except Exception:
-                log.exception("worker %s: pass failed; retrying after the poll interval",
-                              self.worker_id)
+                        execution_targets=self.execution_targets, now=now)):
+                last_heartbeat = now
+            if now - last_maintain >= maintain_every:
+                self._check_db_file()
+                if self._stop.is_set():
+                    break
+                await self._step("reaper", reap_expired_leases(self.db, now=now,
+                                                               stuck=self.stuck))
+                await self._step("promotion", promote_due(self.db, now=now, stuck=self.stuck))
+                last_maintain = now
+            if self.capacity > len(self.active):
+                await self._cool_down()
+            free = self.capacity - len(self.active)
+            if free > 0 and not self._stop.is_set():
+                await self._step("claim", self._claim(min(free, self.claim_limit)))
             if self._stop.is_set():
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def _step(self, name: str, pass_: Awaitable[Any]) -> bool:
+        """Run one pass; log a failure with its traceback once, not on every tick.
+
+        The same failure repeating (same pass, same error) is logged at DEBUG only; a
+        different one, and the pass's recovery, are logged again.
+        """
+        try:
+            await pass_
+        except Exception as exc:
+            key = f"{type(exc).__name__}: {exc}"
+            if self._failing.get(name) != key:
+                self._failing[name] = key
+                log.exception("worker %s: %s pass failed; retrying every %gs (repeats of "
+                              "this error are not logged)", self.worker_id, name,
+                              self.poll_interval)
+            else:
+                log.debug("worker %s: %s pass failed again: %s", self.worker_id, name, key)
+            return False
+        if self._failing.pop(name, None) is not None:
+            log.warning("worker %s: %s pass works again", self.worker_id, name)
+        return True
 
     async def _cool_down(self) -> None:
         """Wait out the cooldown after a pass that drained the queue (only a stop cuts it)."""
@@ -218,7 +299,7 @@ class Worker:
             self.db, worker_id=self.worker_id, lease_ttl=self.lease_ttl, limit=limit,
             advertised_capabilities=self.advertised_capabilities,
             execution_targets=self.execution_targets, heartbeat_ttl=self.heartbeat_ttl,
-            excluded_kinds=self.executors.excluded_kinds())
+            excluded_kinds=self.executors.excluded_kinds(), stuck=self.stuck)
         for run in got.claimed:
             task = asyncio.get_running_loop().create_task(self._execute(run))
             self.active[run["id"]] = task

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledgerq.lifecycle.models import Actor
 from ledgerq.lifecycle.registry import EntityPolicy, sql_literal
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
 
 log = logging.getLogger("ledgerq.worker")
+T = TypeVar("T")
 
 TASK_WORKER_ENABLED = True
 DEFAULT_LEASE_TTL_SECONDS = 300.0
@@ -63,8 +64,24 @@ TIMEOUT_EXIT_CODE = 124
 NO_LEASE: dict[str, Any] = {"leased_by": None, "lease_expires_at": None, "lease_token": None}
 #: Longest error_detail kept on a row.
 DETAIL_LIMIT = 4096
+#: A row whose move raised is left alone this long by every pass before one more try.
+STUCK_RETRY_SECONDS = 60.0
+#: Primary SQLite result codes that say the database or connection failed, not one row:
+#: a pass that meets one fails as a whole (and is retried), no row is blamed for it.
+#: BUSY, LOCKED, NOMEM, READONLY, INTERRUPT, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB.
+_DATABASE_FAILURES = frozenset({5, 6, 7, 8, 9, 10, 11, 13, 14, 26})
 
 Authorize = Callable[[dict[str, Any]], "bool | str | Awaitable[bool | str]"]
+
+
+def check_interval_for(lease_ttl: float) -> float:
+    """The lease-check interval a lease of ``lease_ttl`` seconds gets when none is given.
+
+    A renewal falls due after a third of the TTL and is noticed within one check, so a
+    check interval above a third of the lease could let it lapse on a healthy worker;
+    the usual interval is kept for every lease long enough for it.
+    """
+    return min(LEASE_CHECK_SECONDS, lease_ttl / 3)
 
 
 @functools.lru_cache(maxsize=64)
@@ -100,6 +117,153 @@ async def register_heartbeat(db: StateDB, *, worker_id: str,
     await db.write(unit)
 
 
+# ----------------------------------------------------------------- stuck rows
+
+
+@dataclass
+class StuckRow:
+    """One row a pass could not move: which pass, why, and when it is tried again."""
+
+    run_id: str
+    step: str
+    reason: str
+    #: ``time.monotonic()`` before which every pass leaves the row alone.
+    retry_at: float
+
+
+class StuckRows:
+    """Rows a worker's passes could not move, so one bad row never stops the others.
+
+    A row whose move raised (a state the loaded specs do not know, a hand-edited column,
+    a trigger refusing it) is skipped by every pass for ``retry_after`` seconds, then
+    tried once more: an operator may have repaired it meanwhile. Each row is logged once
+    per tracker, however often it fails again (a Worker has one tracker, so a worker
+    process reports a stuck row once, not once per tick), and once more when it moves.
+
+    Only the event loop's side touches a tracker; the passes' units, which run in the
+    database thread, get a snapshot of :meth:`skipping` and return what failed.
+    """
+
+    def __init__(self, retry_after: float = STUCK_RETRY_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if retry_after < 0:
+            raise ValueError(f"retry_after must be >= 0, not {retry_after}")
+        self.retry_after = retry_after
+        self.clock = clock
+        self.rows: dict[str, StuckRow] = {}
+        self._notes: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self.rows
+
+    def skipping(self) -> frozenset[str]:
+        """Ids every pass leaves alone right now (their retry time has not come)."""
+        if not self.rows:
+            return frozenset()
+        now = self.clock()
+        return frozenset(rid for rid, r in self.rows.items() if r.retry_at > now)
+
+    def report(self, run_id: str, step: str, reason: str) -> None:
+        """Record that ``step`` could not move ``run_id``; logs only the first time."""
+        first = run_id not in self.rows
+        self.rows[run_id] = StuckRow(run_id, step, reason, self.clock() + self.retry_after)
+        if first:
+            log.warning("run %s is stuck: the %s pass cannot move it (%s); skipping it, "
+                        "every other row proceeds; retried every %gs", run_id, step, reason,
+                        self.retry_after)
+
+    def tried(self, run_ids: Iterable[str]) -> None:
+        """These rows went through a pass without raising: they are stuck no more."""
+        if not self.rows:
+            return
+        for rid in run_ids:
+            if self.rows.pop(rid, None) is not None:
+                log.info("run %s is no longer stuck", rid)
+
+    def note_once(self, key: str, message: str, *args: Any) -> None:
+        """Log a condition of a whole pass (e.g. a state the specs lack) once per tracker."""
+        if key not in self._notes:
+            self._notes.add(key)
+            log.warning(message, *args)
+
+
+#: What the record's plain functions (worker_tick and friends) use when given no tracker.
+PROCESS_STUCK = StuckRows()
+
+
+def _is_database_failure(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in \
+        _DATABASE_FAILURES
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+_SAVEPOINT = "ledgerq_row"
+
+
+def _isolated(conn: sqlite3.Connection, fn: Callable[..., T], *args: Any
+              ) -> tuple[T | None, str | None]:
+    """``fn(*args)`` in its own savepoint: what it wrote vanishes alone if it raises.
+
+    Returns (its value, None), or (None, the failure's description). A failure of the
+    database itself (busy, I/O, full, corrupt) is no row's fault: it propagates and
+    fails the whole pass.
+    """
+    conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+    try:
+        value = fn(*args)
+    except Exception as exc:
+        with contextlib.suppress(sqlite3.Error):  # the transaction may be gone already
+            conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+            conn.execute(f"RELEASE {_SAVEPOINT}")
+        if _is_database_failure(exc):
+            raise
+        return None, _describe(exc)
+    conn.execute(f"RELEASE {_SAVEPOINT}")
+    return value, None
+
+
+@dataclass
+class _Swept:
+    """What a maintenance unit did, and which rows it could not move (id -> reason)."""
+
+    counts: dict[str, int]
+    failures: dict[str, str] = field(default_factory=dict)
+    tried: list[str] = field(default_factory=list)
+
+
+def _settle_dependents(conn: sqlite3.Connection, policy: EntityPolicy, run_ids: list[str],
+                       now: float) -> None:
+    """Release or cancel the dependents of runs that just ended, never failing the end.
+
+    A dependent that cannot be moved must not undo its dependency's terminal write
+    (the run would stay running until its lease expired and then run again): its part
+    is rolled back alone, and the dependency sweep retries it row by row.
+    """
+    _, err = _isolated(conn, functools.partial(resolve_dependents, now=now),
+                       conn, policy, run_ids)
+    if err is not None:
+        log.warning("dependents of %s not settled (%s); the dependency sweep retries them",
+                    ", ".join(run_ids), err)
+
+
+def _tracked(stuck: StuckRows | None) -> StuckRows:
+    return PROCESS_STUCK if stuck is None else stuck
+
+
+def _record(stuck: StuckRows, step: str, swept: _Swept) -> dict[str, int]:
+    for rid, reason in swept.failures.items():
+        stuck.report(rid, step, reason)
+    stuck.tried(swept.tried)
+    return swept.counts
+
+
 # ----------------------------------------------------------------- reaper
 
 
@@ -110,47 +274,80 @@ def _expired_sql(policy: EntityPolicy, columns: str) -> str:
             "AND lease_expires_at < ?")
 
 
-def _reap(conn: sqlite3.Connection, policy: EntityPolicy, now: float) -> dict[str, int]:
-    counts = {"requeued": 0, "failed": 0}
+def _reap(conn: sqlite3.Connection, policy: EntityPolicy, now: float,
+          skip: frozenset[str] = frozenset()) -> _Swept:
+    swept = _Swept({"requeued": 0, "failed": 0})
     expired = conn.execute(
         _expired_sql(policy, "id, leased_by, lease_expires_at, lease_token, lease_attempts"),
         (now,),
     ).fetchall()
     for row in expired:
-        guard = {"leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"],
-                 "lease_token": row["lease_token"]}
-        if row["lease_attempts"] < MAX_LEASE_ATTEMPTS:
-            res = move(conn, policy, row["id"], "running", "queued", "run.queued.lease_expired",
-                       summary=f"lease of {row['leased_by']} expired", guard=guard,
-                       patch=dict(NO_LEASE), now=now,
-                       metadata={"expired_worker": row["leased_by"]})
-            counts["requeued"] += int(res.applied)
-        else:
-            detail = (f"lease expired {row['lease_attempts']} times "
-                      f"(last holder {row['leased_by']})")
-            res = move(conn, policy, row["id"], "running", "failed",
-                       "run.failed.lease_attempts_exhausted", summary=detail, guard=guard,
-                       patch={"ended_at": now, "error_detail": detail}, now=now,
-                       metadata={"expired_worker": row["leased_by"]})
-            if res.applied:
-                counts["failed"] += 1
-                resolve_dependents(conn, policy, [row["id"]], now=now)
-    return counts
+        if row["id"] in skip:
+            continue
+        counted, err = _isolated(conn, _reap_one, conn, policy, row, now)
+        if err is not None:
+            swept.failures[row["id"]] = err
+            continue
+        swept.tried.append(row["id"])
+        if counted:
+            swept.counts[counted] += 1
+    return swept
 
 
-async def reap_expired_leases(db: StateDB, *, now: float | None = None) -> dict[str, int]:
-    """Return expired leases to the queue, or fail rows whose leases expired 3 times."""
+def _reap_one(conn: sqlite3.Connection, policy: EntityPolicy, row: sqlite3.Row,
+              now: float) -> str:
+    """Requeue or fail one expired lease; returns the count it adds to ("" if none)."""
+    guard = {"leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"],
+             "lease_token": row["lease_token"]}
+    if row["lease_attempts"] < MAX_LEASE_ATTEMPTS:
+        res = move(conn, policy, row["id"], "running", "queued", "run.queued.lease_expired",
+                   summary=f"lease of {row['leased_by']} expired", guard=guard,
+                   patch=dict(NO_LEASE), now=now,
+                   metadata={"expired_worker": row["leased_by"]})
+        return "requeued" if res.applied else ""
+    detail = (f"lease expired {row['lease_attempts']} times "
+              f"(last holder {row['leased_by']})")
+    res = move(conn, policy, row["id"], "running", "failed",
+               "run.failed.lease_attempts_exhausted", summary=detail, guard=guard,
+               patch={"ended_at": now, "error_detail": detail}, now=now,
+               metadata={"expired_worker": row["leased_by"]})
+    if not res.applied:
+        return ""
+    _settle_dependents(conn, policy, [row["id"]], now)
+    return "failed"
+
+
+def _unskipped(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...],
+               skip: frozenset[str]) -> bool:
+    """Whether ``sql`` (selecting ids) finds a row outside ``skip``; reads len(skip)+1 ids.
+
+    A stuck row must not make every pass take the write lock only to skip it again.
+    """
+    ids = conn.execute(f"{sql} LIMIT ?", (*params, len(skip) + 1)).fetchall()
+    return any(r[0] not in skip for r in ids)
+
+
+async def reap_expired_leases(db: StateDB, *, now: float | None = None,
+                              stuck: StuckRows | None = None) -> dict[str, int]:
+    """Return expired leases to the queue, or fail rows whose leases expired 3 times.
+
+    A row whose move raises is skipped and reported through ``stuck`` (default: the
+    process-wide tracker); the other expired rows are reaped all the same.
+    """
     policy = db.registry.entity(ENTITY)
     ts = time.time() if now is None else now
-    if await db.fetch_one(_expired_sql(policy, "1") + " LIMIT 1", (ts,)) is None:
+    tracker = _tracked(stuck)
+    skip = tracker.skipping()
+    if not await db.read(lambda conn: _unskipped(conn, _expired_sql(policy, "id"), (ts,), skip)):
         return {"requeued": 0, "failed": 0}  # nothing expired: skip the write lock
-    return await db.write(lambda conn: _reap(conn, policy, ts))
+    return _record(tracker, "reaper", await db.write(lambda conn: _reap(conn, policy, ts, skip)))
 
 
-def _due_sql(policy: EntityPolicy, columns: str) -> str:
+def _due_sql(policy: EntityPolicy, columns: str, now: str = "?") -> str:
+    """Due retries; ``now`` is the placeholder of the due time (``?`` or a named one)."""
     return (f"SELECT {columns} FROM schedule_runs "
             f"WHERE {index_clause(policy, 'idx_schedule_runs_retry_due', 'retry_wait')} "
-            "AND status = 'retry_wait' AND retry_due_at <= ?")
+            f"AND status = 'retry_wait' AND retry_due_at <= {now}")
 
 
 def _waiting_sql(policy: EntityPolicy, columns: str) -> str:
@@ -159,48 +356,122 @@ def _waiting_sql(policy: EntityPolicy, columns: str) -> str:
             "AND status = 'waiting_dependency'")
 
 
-def _settled_sql(policy: EntityPolicy) -> str:
+def _settled_sql(policy: EntityPolicy, columns: str = "1") -> str:
     """Waiting runs that can move now: a dependency ended badly, or all of them completed.
 
     Lets the sweep skip the write lock while runs merely wait; terminal writes settle
     dependents themselves, so this sweep is only the safety net (e.g. for a dependency
-    moved with ``transition()`` directly).
+    moved with ``transition()`` directly). A row whose ``depends_on`` is not valid JSON
+    is never settled (``json_each`` would fail the whole query, i.e. every row's sweep):
+    it waits, and ``queue_stats`` counts it as stuck.
     """
     bad = ", ".join(sql_literal(s) for s in sorted(policy.terminal - {"completed"})) or "NULL"
     return (
-        f"{_waiting_sql(policy, '1')} AND ("
-        "EXISTS (SELECT 1 FROM json_each(schedule_runs.depends_on) AS j "
+        f"{_waiting_sql(policy, columns)} AND CASE WHEN json_valid(schedule_runs.depends_on) "
+        "THEN (EXISTS (SELECT 1 FROM json_each(schedule_runs.depends_on) AS j "
         f"JOIN schedule_runs AS d ON d.id = j.value WHERE d.status IN ({bad})) "
         "OR NOT EXISTS (SELECT 1 FROM json_each(schedule_runs.depends_on) AS j "
-        "LEFT JOIN schedule_runs AS d ON d.id = j.value WHERE d.status IS NOT 'completed'))"
+        "LEFT JOIN schedule_runs AS d ON d.id = j.value WHERE d.status IS NOT 'completed')) "
+        "ELSE 0 END"
     )
 
 
-def _promote(conn: sqlite3.Connection, policy: EntityPolicy, now: float) -> dict[str, int]:
-    counts = {"retried": 0, "released": 0, "cancelled": 0}
-    for row in conn.execute(_due_sql(policy, "id, retry_due_at"), (now,)).fetchall():
-        res = move(conn, policy, row["id"], "retry_wait", "queued", "run.queued.retry_due",
-                   guard={"retry_due_at": row["retry_due_at"]},
-                   patch={"lease_attempts": 0, "retry_due_at": None, "queued_at": now}, now=now)
-        counts["retried"] += int(res.applied)
-    waiting = [r[0] for r in conn.execute(_waiting_sql(policy, "id"))]
-    for i in range(0, len(waiting), 500):
-        got = resolve_dependents(conn, policy, waiting[i:i + 500], waiting=True, now=now)
-        counts["released"] += got["released"]
-        counts["cancelled"] += got["cancelled"]
-    return counts
+#: Waiting rows settled per resolve_dependents call (bound parameters stay under the limit).
+SWEEP_CHUNK = 500
 
 
-async def promote_due(db: StateDB, *, now: float | None = None) -> dict[str, int]:
-    """Move due retries back to queued and settle waiting runs whose dependencies ended."""
+def _retry_one(conn: sqlite3.Connection, policy: EntityPolicy, row: sqlite3.Row,
+               now: float) -> bool:
+    return move(conn, policy, row["id"], "retry_wait", "queued", "run.queued.retry_due",
+                guard={"retry_due_at": row["retry_due_at"]},
+                patch={"lease_attempts": 0, "retry_due_at": None, "queued_at": now},
+                now=now).applied
+
+
+def _promote(conn: sqlite3.Connection, policy: EntityPolicy, now: float,
+             skip: frozenset[str] = frozenset(), *, retries: bool = True,
+             dependencies: bool = True) -> _Swept:
+    swept = _Swept({"retried": 0, "released": 0, "cancelled": 0})
+    if retries:
+        for row in conn.execute(_due_sql(policy, "id, retry_due_at"), (now,)).fetchall():
+            if row["id"] in skip:
+                continue
+            applied, err = _isolated(conn, _retry_one, conn, policy, row, now)
+            if err is not None:
+                swept.failures[row["id"]] = err
+                continue
+            swept.tried.append(row["id"])
+            swept.counts["retried"] += int(bool(applied))
+    if dependencies:
+        settled = [r[0] for r in conn.execute(_settled_sql(policy, "id")) if r[0] not in skip]
+        for i in range(0, len(settled), SWEEP_CHUNK):
+            _sweep(conn, policy, settled[i:i + SWEEP_CHUNK], now, swept)
+    return swept
+
+
+def _sweep(conn: sqlite3.Connection, policy: EntityPolicy, ids: list[str], now: float,
+           swept: _Swept) -> None:
+    """Settle waiting rows together; when that raises, row by row, so one row fails alone.
+
+    A row settles with its own cascade (cancelling a run cancels its dependents), so a
+    row whose cascade meets an unmovable dependent is the one reported.
+    """
+    def settle(part: list[str]) -> None:
+        got = resolve_dependents(conn, policy, part, waiting=True, now=now)
+        swept.counts["released"] += got["released"]
+        swept.counts["cancelled"] += got["cancelled"]
+
+    if _isolated(conn, settle, ids)[1] is None:
+        swept.tried += ids
+        return
+    for rid in ids:
+        _, err = _isolated(conn, settle, [rid])
+        if err is None:
+            swept.tried.append(rid)
+        else:
+            swept.failures[rid] = err
+
+
+def _due_check_sql(policy: EntityPolicy, retries: bool, dependencies: bool) -> str:
+    parts = []
+    if retries:
+        parts.append(f"SELECT id FROM ({_due_sql(policy, 'id', ':now')} LIMIT :n)")
+    if dependencies:
+        parts.append(f"SELECT id FROM ({_settled_sql(policy, 'id')} LIMIT :n)")
+    return " UNION ALL ".join(parts)
+
+
+async def promote_due(db: StateDB, *, now: float | None = None,
+                      stuck: StuckRows | None = None) -> dict[str, int]:
+    """Move due retries back to queued and settle waiting runs whose dependencies ended.
+
+    Specs that do not declare ``retry_wait`` (or ``waiting_dependency``) are an older
+    version of the queue's: their rows in that state are left alone (see DESIGN, spec
+    evolution). A row whose move raises is skipped and reported through ``stuck``.
+    """
     policy = db.registry.entity(ENTITY)
     ts = time.time() if now is None else now
-    due = await db.fetch_one(
-        f"SELECT EXISTS ({_due_sql(policy, '1')}) OR EXISTS ({_settled_sql(policy)}) "
-        "AS due", (ts,))
-    if due is None or not due["due"]:
+    tracker = _tracked(stuck)
+    retries = "retry_wait" in policy.states
+    dependencies = "waiting_dependency" in policy.states
+    for state, ok in (("retry_wait", retries), ("waiting_dependency", dependencies)):
+        if not ok:
+            tracker.note_once(f"undeclared:{state}",
+                              "the loaded specs do not declare %s: its rows are left alone "
+                              "(ledgerq stats counts them as stuck)", state)
+    if not (retries or dependencies):
         return {"retried": 0, "released": 0, "cancelled": 0}
-    return await db.write(lambda conn: _promote(conn, policy, ts))
+    skip = tracker.skipping()
+    sql = _due_check_sql(policy, retries, dependencies)
+
+    def due(conn: sqlite3.Connection) -> bool:
+        ids = conn.execute(sql, {"now": ts, "n": len(skip) + 1}).fetchall()
+        return any(r[0] not in skip for r in ids)
+
+    if not await db.read(due):
+        return {"retried": 0, "released": 0, "cancelled": 0}
+    return _record(tracker, "promotion", await db.write(lambda conn: _promote(
+        conn, policy, ts, skip, retries=retries, dependencies=dependencies)))
 
 
 # ----------------------------------------------------------------- claim
@@ -213,7 +484,10 @@ class ClaimPass:
     claimed: list[dict[str, Any]] = field(default_factory=list)
     scanned: int = 0
     malformed: list[str] = field(default_factory=list)
+    #: Chosen rows not claimed: another claimant won, or the claim raised.
     lost: int = 0
+    #: Chosen rows whose claim raised (id -> reason); each is also counted in ``lost``.
+    failures: dict[str, str] = field(default_factory=dict)
 
 
 def _candidates_sql(policy: EntityPolicy, excluded: int) -> str:
@@ -230,12 +504,13 @@ def _candidates_sql(policy: EntityPolicy, excluded: int) -> str:
 
 def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: list[str],
                 advertised: list[str], targets: set[str], result: ClaimPass,
-                enough: Callable[[dict[str, Any]], bool] | None = None
-                ) -> list[dict[str, Any]]:
+                enough: Callable[[dict[str, Any]], bool] | None = None,
+                skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Eligible queued rows in (queued_at, id) order, read in keyset pages up to the scan cap.
 
     ``enough`` is offered each eligible row as it is found; when it returns True the
-    scan stops there (the caller has all it can use).
+    scan stops there (the caller has all it can use). Rows in ``skip`` (stuck: their
+    claim raised recently) are passed over, so they cannot take a pass's every slot.
     """
     eligible: list[dict[str, Any]] = []
     cursor: tuple[float, str] = (float("-inf"), "")
@@ -248,6 +523,8 @@ def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: 
         result.scanned += len(page)
         cursor = (page[-1]["queued_at"], page[-1]["id"])
         for row in page:
+            if row["id"] in skip:
+                continue
             try:
                 caps = loads(row["required_capabilities"]) or []
                 if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
@@ -313,7 +590,8 @@ def _key_running_sql(policy: EntityPolicy) -> str:
 
 def _select(conn: sqlite3.Connection, policy: EntityPolicy, worker_id: str, now: float,
             heartbeat_ttl: float, excluded_kinds: list[str], advertised: list[str],
-            targets: set[str], limit: int, result: ClaimPass) -> list[dict[str, Any]] | None:
+            targets: set[str], limit: int, result: ClaimPass,
+            skip: frozenset[str] = frozenset()) -> list[dict[str, Any]] | None:
     """The rows a pass will try to claim, read in one snapshot; None if the worker is stale."""
     hb = conn.execute("SELECT last_heartbeat_at FROM workers WHERE worker_id = ?",
                       (worker_id,)).fetchone()
@@ -325,9 +603,10 @@ def _select(conn: sqlite3.Connection, policy: EntityPolicy, worker_id: str, now:
         # choice is the first ``limit`` unblocked eligible rows: stop scanning there.
         # Same rows as sorting the whole scan, without reading up to SCAN_CAP of them.
         _candidates(conn, policy, excluded_kinds, advertised, targets, result,
-                    enough=picker.offer)
+                    enough=picker.offer, skip=skip)
         return picker.chosen
-    eligible = _candidates(conn, policy, excluded_kinds, advertised, targets, result)
+    eligible = _candidates(conn, policy, excluded_kinds, advertised, targets, result,
+                           skip=skip)
     # Stable: equal scores keep the oldest-first order of the scan.
     eligible.sort(key=lambda c: -affinity_score(c["required_capabilities"], advertised))
     for cand in eligible:
@@ -357,7 +636,8 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
                      advertised_capabilities: Iterable[str] | None = None,
                      execution_targets: Iterable[str] | None = None,
                      heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
-                     excluded_kinds: Iterable[str] = ("workflow",)) -> ClaimPass:
+                     excluded_kinds: Iterable[str] = ("workflow",),
+                     stuck: StuckRows | None = None) -> ClaimPass:
     """One claim pass (D4): scan, filter, order by affinity, claim up to ``limit`` rows.
 
     Each claim is its own guarded queued -> running move; all of a pass's claims
@@ -367,8 +647,14 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
     scan read one snapshot. When the worker advertises no affinity token every score
     is equal, so the scan stops once ``limit`` rows are chosen (the same rows the full
     sort would pick); a pass then costs the same at any queue depth.
+
+    A claim that raises is logged, counted in ``lost`` and reported to ``stuck``
+    (default: the process-wide tracker), which keeps the row out of the next passes for
+    a while; the pass's other claims complete all the same.
     """
     ts = time.time() if now is None else now
+    tracker = _tracked(stuck)
+    skip = tracker.skipping()
     result = ClaimPass()
     if limit <= 0:
         return result
@@ -378,7 +664,7 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
     policy = db.registry.entity(ENTITY)
     chosen = await db.read(lambda conn: _select(
         conn, policy, worker_id, ts, heartbeat_ttl, excluded, advertised, targets, limit,
-        result))
+        result, skip))
     if chosen is None:
         log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
         return result
@@ -389,14 +675,22 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
                                    now=ts, lease_ttl=lease_ttl))
         for c in chosen
     ), return_exceptions=True)
+    tried: list[str] = []
     for cand, got in zip(chosen, outcomes, strict=True):
         if isinstance(got, BaseException):
-            log.warning("claim of run %s failed: %s", cand["id"], got)
             result.lost += 1
-        elif got is None:
-            result.lost += 1
+            if _is_database_failure(got) or not isinstance(got, Exception):
+                log.warning("claim of run %s failed: %s", cand["id"], got)
+            else:
+                result.failures[cand["id"]] = _describe(got)
+                tracker.report(cand["id"], "claim", _describe(got))
         else:
-            result.claimed.append(got)
+            tried.append(cand["id"])
+            if got is None:
+                result.lost += 1
+            else:
+                result.claimed.append(got)
+    tracker.tried(tried)
     return result
 
 
@@ -443,6 +737,21 @@ class RunContext:
 class LeaseLost(Exception):
     """The run's lease is no longer ours (reaped, cancelled, reclaimed)."""
 
+    def __init__(self, message: str, status: str | None = None) -> None:
+        super().__init__(message)
+        #: The row's status when the loss was noticed (None: the row is gone).
+        self.status = status
+
+
+def _lost_outcome(status: str | None) -> str:
+    """What a run whose lease went away counts as in a worker's outcomes.
+
+    A cancel ends the run where it stands: that is its real outcome, not a lost lease.
+    Anything else (reaped, reclaimed, deleted) is ``lost``: whatever the row says now
+    was written by someone else's lease, not by this run.
+    """
+    return "cancelled" if status == "cancelled" else "lost"
+
 
 def _finish(conn: sqlite3.Connection, policy: EntityPolicy, run: dict[str, Any], to_state: str,
             code: str, guard: dict[str, Any], patch: dict[str, Any], now: float,
@@ -450,7 +759,7 @@ def _finish(conn: sqlite3.Connection, policy: EntityPolicy, run: dict[str, Any],
     res = move(conn, policy, run["id"], "running", to_state, code, actor=_actor(worker_id),
                summary=summary, guard=guard, patch=patch, now=now)
     if res.applied and to_state in policy.terminal:
-        resolve_dependents(conn, policy, [run["id"]], now=now)
+        _settle_dependents(conn, policy, [run["id"]], now)
     return res.applied
 
 
@@ -458,8 +767,9 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
     """Run one claimed row to an end and write its outcome, guarded on our lease.
 
     Returns the state written (``completed``, ``failed``, ``retry_wait``,
-    ``timed_out``, ``queued`` on shutdown) or ``lost`` when the lease went away, in
-    which case the child is stopped and nothing terminal is written.
+    ``timed_out``, ``queued`` on shutdown), ``cancelled`` when an operator cancelled it
+    meanwhile, or ``lost`` when the lease went away otherwise; in those two cases the
+    child is stopped and nothing is written.
     """
     policy = db.registry.entity(ENTITY)
     lease = {"leased_by": ctx.worker_id, "lease_expires_at": run["lease_expires_at"],
@@ -500,7 +810,7 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
         return await _run_supervised(db, policy, run, decoded, lease, executor, ctx)
     except LeaseLost as exc:
         log.info("run %s: lease lost (%s); child stopped, nothing written", run["id"], exc)
-        return "lost"
+        return _lost_outcome(exc.status)
     finally:
         if lock is not None:
             lock.release()
@@ -569,7 +879,8 @@ async def _supervise_once(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
     if (row is None or row["status"] != "running" or row["leased_by"] != lease["leased_by"]
             or row["lease_expires_at"] != lease["lease_expires_at"]
             or row["lease_token"] != lease["lease_token"]):
-        raise LeaseLost("row changed under us: " + (row["status"] if row else "deleted"))
+        raise LeaseLost("row changed under us: " + (row["status"] if row else "deleted"),
+                        row["status"] if row else None)
     now = ctx.clock()
     if now < lease["lease_expires_at"] - ctx.lease_ttl * (1 - RENEW_FRACTION):
         return
@@ -602,7 +913,7 @@ async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: d
         applied = await _write_outcome(db, lambda conn: _finish(
             conn, policy, run, "retry_wait", "run.retry_wait.backoff", dict(lease), patch, now,
             ctx.worker_id, summary=f"attempt {runs_done} of {policy_.max_attempts} failed"))
-        return "retry_wait" if applied else "lost"
+        return "retry_wait" if applied else await _conflicted(db, run, "retry_wait")
     return await _end(db, policy, run, lease, ctx, "failed", code, exit_code, detail)
 
 
@@ -640,9 +951,18 @@ async def _end(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: di
         conn, policy, run, to_state, code, dict(lease), patch, now, ctx.worker_id,
         summary=detail or ""))
     if not applied:
-        log.info("run %s: terminal write %s conflicted (lease no longer ours)", run["id"], to_state)
-        return "lost"
+        return await _conflicted(db, run, to_state)
     return to_state
+
+
+async def _conflicted(db: StateDB, run: dict[str, Any], to_state: str) -> str:
+    """The outcome of a run whose final write found the lease gone (see _lost_outcome)."""
+    log.info("run %s: write of %s conflicted (lease no longer ours)", run["id"], to_state)
+    try:
+        row = await db.fetch_one("SELECT status FROM schedule_runs WHERE id = ?", (run["id"],))
+    except Exception:  # only the count depends on it: lost is the safe answer
+        return "lost"
+    return _lost_outcome(row["status"] if row else None)
 
 
 # ----------------------------------------------------------------- passes
@@ -664,20 +984,23 @@ async def claim_and_execute(db: StateDB, *, worker_id: str, execute: ExecuteFn |
                             heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
                             adapters: Mapping[str, ExecuteFn] | None = None,
                             authorize: Authorize | None = None,
-                            lock_dir: str | Path | None = None) -> int:
+                            lock_dir: str | Path | None = None,
+                            stuck: StuckRows | None = None) -> int:
     """One claim pass, then run every claimed row concurrently to its end; returns claims.
 
     Past the record: claimed rows run concurrently (not one after another), leases
     are renewed while they run, and terminal writes record ended_at/exit_code/error_detail.
+    Leases are checked every :func:`check_interval_for` ``lease_ttl`` seconds.
     """
     executors = Executors(execute=execute, adapters=dict(adapters or {}))
     claimed = await claim_runs(
         db, worker_id=worker_id, now=now, lease_ttl=lease_ttl, limit=limit,
         advertised_capabilities=advertised_capabilities, execution_targets=execution_targets,
-        heartbeat_ttl=heartbeat_ttl, excluded_kinds=executors.excluded_kinds())
+        heartbeat_ttl=heartbeat_ttl, excluded_kinds=executors.excluded_kinds(), stuck=stuck)
     ctx = RunContext(worker_id=worker_id, lease_ttl=lease_ttl, clock=_fixed_clock(now),
                      executors=executors, authorize=authorize,
-                     lock_dir=Path(lock_dir) if lock_dir is not None else None)
+                     lock_dir=Path(lock_dir) if lock_dir is not None else None,
+                     check_interval=check_interval_for(lease_ttl))
     outcomes = await asyncio.gather(*(execute_claimed(db, run, ctx) for run in claimed.claimed),
                                     return_exceptions=True)
     for run, outcome in zip(claimed.claimed, outcomes, strict=True):
@@ -694,16 +1017,22 @@ async def worker_tick(db: StateDB, *, worker_id: str, execute: ExecuteFn | None 
                       heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
                       adapters: Mapping[str, ExecuteFn] | None = None,
                       authorize: Authorize | None = None,
-                      lock_dir: str | Path | None = None) -> dict[str, int]:
-    """Heartbeat, reap, then claim and execute: the record's tick, in that order."""
+                      lock_dir: str | Path | None = None,
+                      stuck: StuckRows | None = None) -> dict[str, int]:
+    """Heartbeat, reap, then claim and execute: the record's tick, in that order.
+
+    Rows a pass cannot move are skipped and reported through ``stuck`` (default: the
+    process-wide tracker), so they never stop the tick's other rows.
+    """
     targets = execution_targets if execution_targets is not None else ["host"]
     await register_heartbeat(db, worker_id=worker_id,
                              advertised_capabilities=advertised_capabilities,
                              execution_targets=targets, now=now)
-    reaped = await reap_expired_leases(db, now=now)
-    await promote_due(db, now=now)
+    reaped = await reap_expired_leases(db, now=now, stuck=stuck)
+    await promote_due(db, now=now, stuck=stuck)
     claimed = await claim_and_execute(
         db, worker_id=worker_id, execute=execute, now=now, lease_ttl=lease_ttl, limit=limit,
         advertised_capabilities=advertised_capabilities, execution_targets=targets,
-        heartbeat_ttl=heartbeat_ttl, adapters=adapters, authorize=authorize, lock_dir=lock_dir)
+        heartbeat_ttl=heartbeat_ttl, adapters=adapters, authorize=authorize, lock_dir=lock_dir,
+        stuck=stuck)
     return {"requeued": reaped["requeued"], "failed": reaped["failed"], "claimed": claimed}
