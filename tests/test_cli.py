@@ -522,7 +522,9 @@ def test_stats_counts_oldest_age_and_running_per_worker(dbfile: Path) -> None:
     asyncio.run(claim())
     s = as_json("stats", "--db", dbfile)
     assert set(s) == {"now", "counts", "total", "oldest_queued_at",
-                      "oldest_queued_age_seconds", "running_by_worker", "workers"}
+                      "oldest_queued_age_seconds", "running_by_worker", "workers",
+                      "stuck", "stuck_runs"}
+    assert (s["stuck"], s["stuck_runs"]) == (0, [])
     assert list(s["counts"]) == sorted(default_registry().entity("schedule_run").states)
     assert s["counts"]["queued"] == 1 and s["counts"]["running"] == 1
     assert s["counts"]["cancelled"] == 1 and s["total"] == 3

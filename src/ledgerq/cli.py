@@ -745,6 +745,8 @@ def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False)
     out.print(counts)
     out.print(f"\noldest queued: {fmt_age(s.oldest_queued_age_seconds)}"
               + (f" (since {fmt_ts(s.oldest_queued_at)})" if s.oldest_queued_at else ""))
+    out.print(f"stuck: {s.stuck}" + "".join(f"\n  {r.id} {r.status}: {r.why}"
+                                              for r in s.stuck_runs))
     if s.workers or s.running_by_worker:
         wt = Table(box=None, header_style="bold", pad_edge=False, title="workers",
                    title_justify="left")

@@ -30,6 +30,11 @@ SUMMARY_COLUMNS = (
 )
 #: Shortest id prefix (or suffix) accepted by :func:`resolve_run_id`.
 MIN_PREFIX = 4
+#: A lease expired (or a retry due) this long before a live worker's heartbeat, and not
+#: yet moved, counts as stuck: a worker reaps and promotes every half second or so.
+STUCK_AFTER_SECONDS = 60.0
+#: Stuck runs listed by id in QueueStats (all of them are counted).
+STUCK_SAMPLE = 20
 
 
 def _decode(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
@@ -142,8 +147,21 @@ class WorkerInfo:
 
 
 @dataclass
+class StuckRun:
+    """A run the queue's passes cannot move (see :func:`queue_stats`)."""
+
+    id: str
+    status: str
+    why: str
+
+
+@dataclass
 class QueueStats:
-    """Counts per status (every declared state, zeros included) and who is running what."""
+    """Counts per status (every declared state, zeros included) and who is running what.
+
+    ``stuck`` counts runs no pass will move as things stand (see :func:`queue_stats`);
+    ``stuck_runs`` names the first :data:`STUCK_SAMPLE` of them.
+    """
 
     now: float
     counts: dict[str, int]
@@ -152,15 +170,66 @@ class QueueStats:
     oldest_queued_age_seconds: float | None
     running_by_worker: dict[str, int]
     workers: list[WorkerInfo] = field(default_factory=list)
+    stuck: int = 0
+    stuck_runs: list[StuckRun] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-async def queue_stats(db: StateDB, *, now: float | None = None) -> QueueStats:
-    """One consistent snapshot of the queue: per-status counts, oldest queued age, workers."""
+def _stuck_queries(db: StateDB) -> list[tuple[str, str]]:
+    """(SQL selecting id, status, why; what it finds) per kind of stuck run.
+
+    Parameters: ``:now``, ``:grace``. What a database shows on its own, whichever
+    process asks: a status the loaded specs do not declare (no pass of this version
+    moves it); a lease expired, or a retry due, ``grace`` seconds before the heartbeat
+    of a worker already running then (its reaper or promotion should have moved the row
+    and could not); a waiting run whose depends_on is not valid JSON (never released).
+    Queued rows are not judged: an unclaimed row may simply have no worker to serve it.
+    """
+    from ledgerq.lifecycle.registry import sql_literal
+    from ledgerq.queue.runs import index_clause
+
+    policy = db.registry.entity(RUN_ENTITY)
+    declared = ", ".join(sql_literal(s) for s in sorted(policy.states))
+    live = ("EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - :grace > "
+            "max({due}, COALESCE(w.started_at, {due})))")
+    queries = [(f"SELECT id, status, 'status ' || status || ' is not declared by the loaded "
+                f"specs' AS why FROM {RUN_TABLE} WHERE status NOT IN ({declared})",
+                "undeclared")]
+    if "running" in policy.states:
+        queries.append((
+            f"SELECT id, status, 'lease expired at ' || lease_expires_at || "
+            f"' and was not reaped' AS why FROM {RUN_TABLE} "
+            f"WHERE {index_clause(policy, 'idx_schedule_runs_lease', 'running')} "
+            "AND status = 'running' AND lease_expires_at < :now - :grace "
+            f"AND {live.format(due='lease_expires_at')}", "lease"))
+    if "retry_wait" in policy.states:
+        queries.append((
+            f"SELECT id, status, 'retry due at ' || retry_due_at || ' was not promoted' "
+            f"AS why FROM {RUN_TABLE} "
+            f"WHERE {index_clause(policy, 'idx_schedule_runs_retry_due', 'retry_wait')} "
+            "AND status = 'retry_wait' AND retry_due_at < :now - :grace "
+            f"AND {live.format(due='retry_due_at')}", "retry"))
+    if "waiting_dependency" in policy.states:
+        queries.append((
+            "SELECT id, status, 'depends_on is not valid JSON' AS why "
+            f"FROM {RUN_TABLE} WHERE "
+            f"{index_clause(policy, 'idx_schedule_runs_waiting', 'waiting_dependency')} "
+            "AND status = 'waiting_dependency' AND NOT COALESCE(json_valid(depends_on), 0)",
+            "waiting"))
+    return queries
+
+
+async def queue_stats(db: StateDB, *, now: float | None = None,
+                      stuck_after: float = STUCK_AFTER_SECONDS) -> QueueStats:
+    """One consistent snapshot of the queue: per-status counts, oldest queued age, workers,
+    and the runs stuck where no pass will move them (see :func:`_stuck_queries`)."""
     states = list(db.registry.entity(RUN_ENTITY).states)
     ts = time.time() if now is None else now
+    stuck_sql = _stuck_queries(db)
+
+    declared = set(states)
 
     def read(conn: sqlite3.Connection) -> QueueStats:
         counts = dict.fromkeys(states, 0)
@@ -182,11 +251,22 @@ async def queue_stats(db: StateDB, *, now: float | None = None) -> QueueStats:
                 "SELECT worker_id, hostname, pid, last_heartbeat_at FROM workers "
                 "ORDER BY worker_id")
         ]
+        stuck_runs: list[StuckRun] = []
+        stuck = 0
+        undeclared = sum(n for s, n in counts.items() if s not in declared)
+        for sql, kind in stuck_sql:
+            if kind == "undeclared" and not undeclared:
+                continue  # the counts already tell: skip a scan of the table
+            params = {"now": ts, "grace": stuck_after}
+            stuck += conn.execute(f"SELECT COUNT(*) FROM ({sql})", params).fetchone()[0]
+            if len(stuck_runs) < STUCK_SAMPLE:
+                stuck_runs += [StuckRun(r[0], r[1], r[2]) for r in conn.execute(
+                    f"{sql} LIMIT {STUCK_SAMPLE - len(stuck_runs)}", params)]
         return QueueStats(
             now=ts, counts=counts, total=sum(counts.values()),
             oldest_queued_at=oldest,
             oldest_queued_age_seconds=None if oldest is None else max(0.0, ts - oldest),
-            running_by_worker=running, workers=workers)
+            running_by_worker=running, workers=workers, stuck=stuck, stuck_runs=stuck_runs)
 
     return await db.read(read)
 
@@ -219,9 +299,11 @@ async def wait_for_runs(db: StateDB, run_ids: Iterable[str], *, timeout: float =
 
 
 __all__ = [
+    "STUCK_AFTER_SECONDS",
     "SUMMARY_COLUMNS",
     "QueueStats",
     "RunPage",
+    "StuckRun",
     "WorkerInfo",
     "decode_fact",
     "decode_run_row",

@@ -125,6 +125,9 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
         out, err = await readers
     except BaseException:
         readers.cancel()
+        # A cancelled gather keeps a CancelledError as its exception; retrieve it, or
+        # asyncio logs "_GatheringFuture exception was never retrieved" on every stop.
+        readers.add_done_callback(lambda f: f.cancelled() or f.exception())
         kill_group(proc.pid, signal.SIGTERM)
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE_SECONDS)

@@ -226,7 +226,6 @@ class Worker:
             f"database file {self.db.path} was {what} while worker {self.worker_id} had it "
             "open; stopping (its writes would reach no one, and a new submit creates a "
             "fresh database at that path)")
-        log.error("%s", self._gone)
         self._stopping_runs.set()  # nothing they write can be seen: stop them now
         self.request_stop()
 
