@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
 
+from ledgerq.errors import InvalidInput
 from ledgerq.store.codec import dumps, loads
 
 #: Kinds the subprocess launcher knows, plus ``workflow`` (run only through an adapter)
@@ -42,17 +44,17 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if (isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int)
                 or self.max_attempts < 1):
-            raise ValueError(f"RetryPolicy.max_attempts must be an int >= 1, "
-                             f"not {self.max_attempts!r}")
+            raise InvalidInput(f"RetryPolicy.max_attempts must be an int >= 1, "
+                               f"not {self.max_attempts!r}")
         for name in ("base_delay", "factor", "max_delay", "jitter"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"RetryPolicy.{name} must be a finite number >= 0, "
-                                 f"not {value!r}")
+                raise InvalidInput(f"RetryPolicy.{name} must be a finite number >= 0, "
+                                   f"not {value!r}")
         if self.factor < 1:
-            raise ValueError(f"RetryPolicy.factor must be >= 1, not {self.factor!r}")
+            raise InvalidInput(f"RetryPolicy.factor must be >= 1, not {self.factor!r}")
         if self.jitter > 1:
-            raise ValueError(f"RetryPolicy.jitter is a fraction in [0, 1], not {self.jitter!r}")
+            raise InvalidInput(f"RetryPolicy.jitter is a fraction in [0, 1], not {self.jitter!r}")
 
     def delay(self, failed_runs: int, rng: random.Random | None = None) -> float:
         base = min(self.max_delay, self.base_delay * self.factor ** max(0, failed_runs - 1))
@@ -85,70 +87,248 @@ class TaskApplication:
     depends_on: Sequence[str] = ()
 
 
+#: Documented defaults of :class:`SubmitLimits` (docs/queue.md, "Limits"). The walk over
+#: ``args`` is iterative, but encoding, decoding and comparing JSON recurse: an unbounded
+#: depth reached Python's recursion limit as a bare RecursionError.
+MAX_ARGS_DEPTH = 64
+#: ``args`` as stored: its JSON text encoded as UTF-8 (1 MiB). The row is read by every
+#: claim pass that selects it, and its creation fact carries a second copy.
+MAX_ARGS_BYTES = 1024 * 1024
+#: Characters of an idempotency key: long enough for a UUID, a hash or a composite key.
+MAX_IDEMPOTENCY_KEY_LENGTH = 256
+#: Ids in ``depends_on``; each is looked up inside the submit transaction.
+MAX_DEPENDS_ON = 1000
+#: The deepest ``max_args_depth`` a SubmitLimits accepts: deeper JSON can exhaust the
+#: interpreter's recursion limit while it is encoded, decoded or compared.
+ARGS_DEPTH_CEILING = 256
+#: How many offending items one error message lists, and how long a quoted value may get:
+#: a message names what is wrong, it does not echo the whole input back.
+MESSAGE_ITEMS = 10
+MESSAGE_VALUE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class SubmitLimits:
+    """Size limits every submission is checked against before any transaction.
+
+    Pass one to ``submit_task``/``submit_many``/``validate`` (``limits=``) to raise or lower
+    them; the defaults are the module's ``MAX_*`` constants. Each limit exists because the
+    input without it failed badly instead of being refused: a RecursionError, a row too big
+    for every read that selects it, a multi-megabyte error message.
+    """
+
+    max_args_depth: int = MAX_ARGS_DEPTH
+    max_args_bytes: int = MAX_ARGS_BYTES
+    max_idempotency_key_length: int = MAX_IDEMPOTENCY_KEY_LENGTH
+    max_depends_on: int = MAX_DEPENDS_ON
+
+    def __post_init__(self) -> None:
+        for name in ("max_args_depth", "max_args_bytes", "max_idempotency_key_length",
+                     "max_depends_on"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput(f"SubmitLimits.{name} must be an int >= 1, not {value!r}")
+        if self.max_args_depth > ARGS_DEPTH_CEILING:
+            raise InvalidInput(f"SubmitLimits.max_args_depth must be at most "
+                               f"{ARGS_DEPTH_CEILING} (deeper JSON can exhaust the "
+                               f"interpreter's recursion limit), not {self.max_args_depth}")
+
+
+DEFAULT_LIMITS = SubmitLimits()
+
+
+def shown(value: object, limit: int = MESSAGE_VALUE_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for quoting user input in a message.
+
+    repr escapes control characters and lone surrogates, so the quote is safe to print;
+    the cut keeps a 10 MB bad value from becoming a 10 MB message.
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def _path(parts: Sequence[str | int]) -> str:
+    """``args['a'][0]``: where in ``args`` a value sits (long paths shortened in the middle)."""
+    steps = [f"[{shown(p, 40)}]" for p in parts]
+    if len(steps) > 8:
+        steps = [*steps[:4], f"[...{len(steps) - 7} more...]", *steps[-3:]]
+    return "args" + "".join(steps)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(value: str, field_name: str) -> None:
+    """Refuse a string that cannot be stored as UTF-8, naming the field it came in.
+
+    Python turns bytes that are not UTF-8 (from argv, the environment, a file name) into
+    lone surrogates (``surrogateescape``); SQLite and the JSON encoder cannot store them
+    and failed with a UnicodeEncodeError traceback deep inside a transaction.
+    """
+    match = _SURROGATE.search(value)
+    if match is None:
+        return
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:
+        why = f"byte 0x{code - 0xDC00:02x} at position {match.start()} is not valid UTF-8"
+    else:
+        why = (f"it holds a lone surrogate U+{code:04X} at position {match.start()}, "
+               "which UTF-8 cannot encode")
+    raise InvalidInput(f"{field_name} is not valid UTF-8 text: {why}")
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_args(args: dict[str, Any], limits: SubmitLimits) -> None:
+    """One iterative walk over ``args``: depth, key types, value types, text encoding.
+
+    Iterative, so a 5,000-level input is refused at level ``max_args_depth + 1`` instead
+    of overflowing the stack; every refusal names the path of the offending value.
+    """
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(args, ())]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict | list):
+            if len(where) >= limits.max_args_depth:
+                raise InvalidInput(
+                    f"args is nested too deeply: {_path(where)} is level {len(where) + 1}, "
+                    f"the limit is {limits.max_args_depth} (SubmitLimits.max_args_depth)")
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise InvalidInput(f"{_path(where)} has a key that is not a string: "
+                                           f"{shown(key)} ({type(key).__name__})")
+                    check_text(key, f"a key of {_path(where)} ({shown(key)})")
+                    stack.append((item, (*where, key)))
+            else:
+                stack.extend((item, (*where, i)) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            check_text(value, _path(where))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInput(f"{_path(where)} is {value!r}: JSON has no such number")
+        elif not isinstance(value, _SCALARS):
+            raise InvalidInput(f"{_path(where)} is a {type(value).__name__}, not plain JSON "
+                               "(dict, list, str, finite number, bool or None)")
+
+
+def _check_command(args: dict[str, Any]) -> None:
+    """A command's argv and cwd go to exec as they are: refuse what exec cannot take."""
+    argv = args.get("argv")
+    if not isinstance(argv, list) or not argv:
+        raise InvalidInput('command tasks need args["argv"]: a non-empty list of strings, '
+                           f"got {shown(argv)}")
+    for i, item in enumerate(argv):
+        if not isinstance(item, str):
+            raise InvalidInput(f"args['argv'][{i}] must be a string, got "
+                               f"{type(item).__name__} {shown(item)}")
+        if "\0" in item:
+            raise InvalidInput(f"args['argv'][{i}] contains a NUL character, which no "
+                               f"program can receive: {shown(item)}")
+    if not argv[0]:
+        raise InvalidInput("args['argv'][0] (the program) must not be empty")
+    if "cwd" in args:
+        cwd = args["cwd"]
+        if not isinstance(cwd, str) or not cwd:
+            raise InvalidInput("args['cwd'] (the working directory) must be a non-empty "
+                               f"string, got {type(cwd).__name__} {shown(cwd)}")
+        if "\0" in cwd:
+            raise InvalidInput(f"args['cwd'] contains a NUL character: {shown(cwd)}")
+
+
 def _kinds_message() -> str:
     aliases = ", ".join(f"{a} -> {c}" for a, c in ACTION_ALIASES.items())
     return f"expected one of {', '.join(ACTION_KINDS)} (aliases: {aliases})"
 
 
-def validate(app: TaskApplication) -> TaskApplication:
-    """Check every field and return the normalized application; raise ValueError naming the field.
+def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS) -> TaskApplication:
+    """Check every field and return the normalized application; raise InvalidInput (a
+    ValueError) naming the field.
 
-    Runs before any transaction, so a rejected application writes nothing.
+    Runs before any transaction, so a rejected application writes nothing. The checks
+    that bound size (``limits``) run before the work they bound: depth before encoding,
+    the id count before any lookup.
     """
     if not isinstance(app, TaskApplication):
         raise TypeError(f"expected a TaskApplication, got {type(app).__name__}")
+    if not isinstance(limits, SubmitLimits):
+        raise TypeError(f"limits must be a SubmitLimits, got {type(limits).__name__}")
     key = app.idempotency_key
-    if key is not None and (not isinstance(key, str) or not key):
-        raise ValueError("idempotency_key must be a non-empty string or None; "
-                         f"got {key!r} (an empty key would dedupe nothing)")
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise InvalidInput("idempotency_key must be a non-empty string or None; "
+                               f"got {shown(key)} (an empty key would dedupe nothing)")
+        if len(key) > limits.max_idempotency_key_length:
+            raise InvalidInput(f"idempotency_key is {len(key):,} characters long; the limit "
+                               f"is {limits.max_idempotency_key_length:,} "
+                               "(SubmitLimits.max_idempotency_key_length)")
+        check_text(key, "idempotency_key")
     kind = app.action_kind
     if not isinstance(kind, str):
-        raise ValueError(f"action_kind must be a string; {_kinds_message()}")
+        raise InvalidInput(f"action_kind must be a string; {_kinds_message()}")
     kind = ACTION_ALIASES.get(kind, kind)
     if kind not in ACTION_KINDS:
-        raise ValueError(f"unknown action_kind {app.action_kind!r}; {_kinds_message()}")
+        raise InvalidInput(f"unknown action_kind {shown(app.action_kind)}; {_kinds_message()}")
     if not isinstance(app.execution_target, str) or app.execution_target not in EXECUTION_TARGETS:
-        raise ValueError(f"unknown execution_target {app.execution_target!r}; expected one of "
-                         f"{', '.join(sorted(EXECUTION_TARGETS))}")
+        raise InvalidInput(f"unknown execution_target {shown(app.execution_target)}; expected "
+                           f"one of {', '.join(sorted(EXECUTION_TARGETS))}")
     if not isinstance(app.args, dict):
-        raise ValueError(f"args must be a dict, got {type(app.args).__name__}")
+        raise InvalidInput(f"args must be a dict, got {type(app.args).__name__}")
+    _check_args(app.args, limits)
     try:
         encoded = dumps(app.args)
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise ValueError(f"args must be JSON-serializable: {exc}") from None
-    # The encoder is lenient (NaN/inf become null, sets and tuples become lists, bytes
-    # become base64): accept only args that read back exactly as given.
+    except (TypeError, ValueError, msgspec.EncodeError) as exc:
+        raise InvalidInput(f"args must be JSON-serializable: {exc}") from None
+    # Characters first: a str of n characters is at most 4n bytes of UTF-8.
+    if len(encoded) * 4 > limits.max_args_bytes:
+        size = len(encoded.encode())
+        if size > limits.max_args_bytes:
+            raise InvalidInput(f"args is {size:,} bytes as JSON; the limit is "
+                               f"{limits.max_args_bytes:,} (SubmitLimits.max_args_bytes)")
+    # The encoder is lenient (sets and tuples become lists, bytes become base64): accept
+    # only args that read back exactly as given. The walk above names most such values;
+    # this catches whatever it does not know.
     if loads(encoded) != app.args:
-        raise ValueError("args must be plain JSON (str keys; dict, list, str, finite number, "
-                         "bool, None): these would not be stored exactly as given")
+        raise InvalidInput("args must be plain JSON (str keys; dict, list, str, finite "
+                           "number, bool, None): these would not be stored exactly as given")
     if kind == "command":
-        argv = app.args.get("argv")
-        if (not isinstance(argv, list) or not argv
-                or not all(isinstance(a, str) for a in argv) or not argv[0]):
-            raise ValueError('command tasks need args["argv"]: a non-empty list of strings')
+        _check_command(app.args)
     caps = app.required_capabilities
     if not isinstance(caps, list):
-        raise ValueError(f"required_capabilities must be a list, got {type(caps).__name__}")
+        raise InvalidInput(f"required_capabilities must be a list, got {type(caps).__name__}")
     for i, token in enumerate(caps):
         if not isinstance(token, str) or not token:
-            raise ValueError(f"required_capabilities[{i}] must be a non-empty string, "
-                             f"got {token!r}")
+            raise InvalidInput(f"required_capabilities[{i}] must be a non-empty string, "
+                               f"got {shown(token)}")
+        check_text(token, f"required_capabilities[{i}]")
     for name in ("library_ref", "library_content_hash"):
         value = getattr(app, name)
-        if value is not None and not isinstance(value, str):
-            raise ValueError(f"{name} must be a string or None, got {type(value).__name__}")
+        if value is not None:
+            if not isinstance(value, str):
+                raise InvalidInput(f"{name} must be a string or None, "
+                                   f"got {type(value).__name__}")
+            check_text(value, name)
     if app.retry is not None and not isinstance(app.retry, RetryPolicy):
-        raise ValueError(f"retry must be a RetryPolicy or None, got {type(app.retry).__name__}")
+        raise InvalidInput(f"retry must be a RetryPolicy or None, "
+                           f"got {type(app.retry).__name__}")
     t = app.timeout_seconds
     if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)
                           or not math.isfinite(t) or t <= 0):
-        raise ValueError(f"timeout_seconds must be a positive number or None, got {t!r}")
+        raise InvalidInput(f"timeout_seconds must be a positive number or None, "
+                           f"got {shown(t)}")
     deps = app.depends_on
     if isinstance(deps, str) or not isinstance(deps, Sequence):
-        raise ValueError("depends_on must be a list of run ids")
+        raise InvalidInput("depends_on must be a list of run ids")
+    if len(deps) > limits.max_depends_on:
+        raise InvalidInput(f"depends_on lists {len(deps):,} run ids; the limit is "
+                           f"{limits.max_depends_on:,} (SubmitLimits.max_depends_on)")
     for i, dep in enumerate(deps):
         if not isinstance(dep, str) or not dep:
-            raise ValueError(f"depends_on[{i}] must be a non-empty run id string, got {dep!r}")
+            raise InvalidInput(f"depends_on[{i}] must be a non-empty run id string, "
+                               f"got {shown(dep)}")
+        check_text(dep, f"depends_on[{i}]")
     changes: dict[str, Any] = {}
     if kind != app.action_kind:
         changes["action_kind"] = kind

@@ -8,11 +8,20 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ledgerq.errors import InvalidInput, NotFound
 from ledgerq.lifecycle.engine import create_entities, create_entity, new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue import wakeup
-from ledgerq.queue.application import TaskApplication, digest, validate
+from ledgerq.queue.application import (
+    DEFAULT_LIMITS,
+    MESSAGE_ITEMS,
+    SubmitLimits,
+    TaskApplication,
+    digest,
+    shown,
+    validate,
+)
 from ledgerq.queue.capabilities import host_scoped_concurrency_key
 from ledgerq.queue.runs import ENTITY, move, resolve_dependents
 from ledgerq.store.codec import dumps
@@ -35,7 +44,7 @@ def _insert(conn: sqlite3.Connection, policy: EntityPolicy, app: TaskApplication
         ).fetchone()
         if existing is not None:
             if existing["application_digest"] != fingerprint:
-                raise ValueError(
+                raise InvalidInput(
                     f"idempotency_key {app.idempotency_key!r} was already used by run "
                     f"{existing['id']} with a different application"
                 )
@@ -46,7 +55,7 @@ def _insert(conn: sqlite3.Connection, policy: EntityPolicy, app: TaskApplication
             f"SELECT id FROM schedule_runs WHERE id IN ({', '.join('?' * len(deps))})", deps)}
         unknown = [d for d in deps if d not in found]
         if unknown:
-            raise ValueError(f"depends_on names unknown run id(s): {', '.join(unknown)}")
+            raise InvalidInput(_unknown_deps_message(unknown))
     status = "waiting_dependency" if deps else "queued"
     run_id = create_entity(conn, policy, _row(app, now, host, status, deps, fingerprint),
                            reason=StateReason(code=f"run.{status}.submitted"), actor=actor,
@@ -54,6 +63,15 @@ def _insert(conn: sqlite3.Connection, policy: EntityPolicy, app: TaskApplication
     if deps:
         resolve_dependents(conn, policy, [run_id], waiting=True, now=now)
     return run_id
+
+
+def _unknown_deps_message(unknown: list[str]) -> str:
+    """Name the first few unknown ids and count the rest: 100,000 unknown ids once made
+    an 888,924-character message."""
+    listed = ", ".join(shown(d) if len(d) > 40 or not d.isprintable() else d
+                       for d in unknown[:MESSAGE_ITEMS])
+    more = f" and {len(unknown) - MESSAGE_ITEMS:,} more" if len(unknown) > MESSAGE_ITEMS else ""
+    return f"depends_on names {len(unknown):,} unknown run id(s): {listed}{more}"
 
 
 def _row(app: TaskApplication, now: float, host: str, status: str, deps: list[str],
@@ -115,19 +133,35 @@ def _insert_all(conn: sqlite3.Connection, policy: EntityPolicy, apps: list[TaskA
 
 
 async def submit_task(db: StateDB, app: TaskApplication, *, now: float | None = None,
-                      host: str | None = None, actor: Actor = SUBMITTER) -> str:
+                      host: str | None = None, actor: Actor = SUBMITTER,
+                      limits: SubmitLimits | None = None) -> str:
     """Validate, then insert one queued row and its creation fact; returns the run id.
 
     A repeated non-empty idempotency key with an equal application returns the first
     run's id and writes nothing; with a different application it raises ValueError.
+    ``limits`` replaces the default size limits (see :class:`SubmitLimits`).
     """
-    return (await submit_many(db, [app], now=now, host=host, actor=actor))[0]
+    return (await submit_many(db, [app], now=now, host=host, actor=actor, limits=limits))[0]
 
 
 async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: float | None = None,
-                      host: str | None = None, actor: Actor = SUBMITTER) -> list[str]:
-    """Submit a batch in one transaction: all rows are written, or (on any error) none."""
-    normalized = [validate(a) for a in apps]
+                      host: str | None = None, actor: Actor = SUBMITTER,
+                      limits: SubmitLimits | None = None) -> list[str]:
+    """Submit a batch in one transaction: all rows are written, or (on any error) none.
+
+    Every application is validated (against ``limits``, default :data:`DEFAULT_LIMITS`)
+    before the transaction starts; a refusal raises InvalidInput, a ValueError, whose
+    message starts with the application's index when the batch holds more than one.
+    """
+    checked = DEFAULT_LIMITS if limits is None else limits
+    normalized: list[TaskApplication] = []
+    for i, a in enumerate(apps):
+        try:
+            normalized.append(validate(a, limits=checked))
+        except InvalidInput as exc:
+            if len(apps) == 1:
+                raise
+            raise InvalidInput(f"apps[{i}]: {exc}") from exc
     policy = db.registry.entity(ENTITY)
     ts = time.time() if now is None else now
     hostname = host or socket.gethostname()
@@ -153,7 +187,7 @@ async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = 
     def unit(conn: sqlite3.Connection) -> bool:
         row = conn.execute("SELECT status FROM schedule_runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
-            raise LookupError(f"run {run_id!r} not found")
+            raise NotFound(f"run {run_id!r} not found")
         status = row[0]
         if not policy.allows(status, "cancelled"):
             return False
