@@ -639,10 +639,14 @@ def worker(
             summary = ", ".join(f"{n} {k}" for k, n in sorted(w.outcomes.items())) or "no runs"
             sys.stderr.write(f"ledgerq worker {w.worker_id} stopped: {summary}\n")
 
+    from ledgerq.errors import DatabaseGone
+
     try:
         run(go())
     except ValueError as exc:
         die(str(exc))
+    except DatabaseGone as exc:  # the file was deleted or replaced under the worker
+        die(str(exc), DOMAIN_FAILURE)
 
 
 # ------------------------------------------------------------------ verify / rebuild / stats

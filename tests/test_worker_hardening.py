@@ -1,0 +1,597 @@
+"""Worker robustness (issue 16, items 4, 11, 12, 14 and part of 16).
+
+* One row a pass cannot move never stops the worker: every pass (reaper, retry
+  promotion, dependency sweep, claim) skips it, reports it once, and moves the others.
+* A short lease gets a short check interval instead of a refusal.
+* Cancels and timeouts log no asyncio errors and are counted under their real outcome.
+* A worker whose database file is deleted or replaced stops with DatabaseGone.
+* A claim pass that stops early at limit=1 reads one page, at any queue depth.
+
+A "refused" row is one a test trigger will not let any UPDATE touch: the most general
+"its move raises" there is, and it works the same in every pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledgerq import StateDB
+from ledgerq.errors import DatabaseGone
+from ledgerq.lifecycle import Actor, load_registry
+from ledgerq.lifecycle.registry import Registry, packaged_specs_dir
+from ledgerq.projections import verify
+from ledgerq.projections.read_models import queue_stats
+from ledgerq.queue import (
+    TaskApplication,
+    Worker,
+    cancel_task,
+    claim_runs,
+    promote_due,
+    reap_expired_leases,
+    register_heartbeat,
+    submit_many,
+    submit_task,
+)
+from ledgerq.queue import runtime as runtime_mod
+from ledgerq.queue import worker as worker_mod
+from ledgerq.queue.runs import move
+from ledgerq.queue.worker import (
+    LEASE_CHECK_SECONDS,
+    PAGE_SIZE,
+    StuckRows,
+    check_interval_for,
+)
+
+OPERATOR = Actor(type="operator", id="tester")
+REFUSAL = "refused by test trigger"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "hard.db"
+
+
+@pytest.fixture
+async def db(path: Path) -> AsyncIterator[StateDB]:
+    async with StateDB(path) as handle:
+        yield handle
+
+
+def task(**kw: Any) -> TaskApplication:
+    return TaskApplication("agent", {}, "host", **kw)
+
+
+def cmd(argv: list[str], **kw: Any) -> TaskApplication:
+    return TaskApplication("command", {"argv": argv}, "host", **kw)
+
+
+async def ok(run: dict[str, Any]) -> tuple[int, str]:
+    return 0, ""
+
+
+def make_worker(db: StateDB, tmp_path: Path, **kw: Any) -> Worker:
+    opts: dict[str, Any] = {"poll_interval": 0.02, "shutdown_grace": 2.0, "execute": ok,
+                            "lock_dir": tmp_path / "locks", "handle_signals": False}
+    opts.update(kw)
+    return Worker(db, **opts)
+
+
+@contextlib.asynccontextmanager
+async def serving(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
+    runner = asyncio.create_task(worker.run())
+    try:
+        yield runner
+    finally:
+        await worker.stop()
+        await asyncio.wait_for(runner, 30)
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], *, timeout: float = 15.0,
+                     what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def status(db: StateDB, rid: str) -> str:
+    row = await db.fetch_one("SELECT status FROM schedule_runs WHERE id = ?", (rid,))
+    assert row is not None, rid
+    return str(row["status"])
+
+
+async def all_in(db: StateDB, ids: list[str], state: str) -> bool:
+    return all([await status(db, i) == state for i in ids])
+
+
+async def refuse(db: StateDB, rid: str) -> str:
+    """Make every UPDATE of run ``rid`` raise; returns the trigger's name (see allow())."""
+    name = f"refuse_{uuid.uuid4().hex[:8]}"
+    await db.write(lambda c: c.execute(
+        f"CREATE TRIGGER {name} BEFORE UPDATE ON schedule_runs WHEN OLD.id = '{rid}' "
+        f"BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END"))
+    return name
+
+
+async def allow(db: StateDB, trigger: str) -> None:
+    await db.write(lambda c: c.execute(f"DROP TRIGGER {trigger}"))
+
+
+async def direct(db: StateDB, rid: str, src: str, dst: str, code: str,
+                 patch: dict[str, Any] | None = None) -> None:
+    """Move a run behind the queue's back (as a raw transition() or another host would)."""
+    policy = db.registry.entity("schedule_run")
+    moved = await db.write(lambda c: move(c, policy, rid, src, dst, code, patch=patch))
+    assert moved.applied
+
+
+async def expired_running(db: StateDB, expired_at: float = 1_000.0) -> str:
+    """A running row whose holder died long ago: the reaper's work."""
+    rid = await submit_task(db, task())
+    await direct(db, rid, "queued", "running", "run.started.ok",
+                 {"leased_by": "dead-worker", "lease_expires_at": expired_at,
+                  "lease_token": uuid.uuid4().hex, "lease_attempts": 1})
+    return rid
+
+
+async def due_retry(db: StateDB, due_at: float = 1_000.0) -> str:
+    """A retry_wait row whose delay has passed: the promotion pass's work."""
+    rid = await submit_task(db, task())
+    await direct(db, rid, "queued", "running", "run.started.ok")
+    await direct(db, rid, "running", "retry_wait", "run.retry_wait.backoff",
+                 {"retry_due_at": due_at, "run_attempts": 1})
+    return rid
+
+
+async def settled_waiting(db: StateDB) -> str:
+    """A waiting row whose only dependency completed behind the queue's back: the sweep's."""
+    dep = await submit_task(db, task())
+    rid = await submit_task(db, task(depends_on=[dep]))
+    assert await status(db, rid) == "waiting_dependency"
+    await direct(db, dep, "queued", "running", "run.started.ok")
+    await direct(db, dep, "running", "completed", "run.completed.ok")
+    return rid
+
+
+def stuck_lines(caplog: pytest.LogCaptureFixture, rid: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "ledgerq.worker" and rid in r.getMessage() and "is stuck" in
+            r.getMessage()]
+
+
+def older_specs(tmp_path: Path) -> Registry:
+    """The packaged specs without retry_wait: what an older (or trimmed) version loads."""
+    spec_dir = tmp_path / "older-specs"
+    shutil.copytree(packaged_specs_dir(), spec_dir)
+    f = spec_dir / "schedule_run.toml"
+    text = f.read_text()
+    for old, new in [
+        ('[states.retry_wait]\ndescription = "Failed with retries left; becomes queued '
+         'again at retry_due_at."\n', ""),
+        ('"retry_wait", "queued", "cancelled"]', '"queued", "cancelled"]'),
+        ('[[edges]]\nfrom = "retry_wait"\nto = ["queued", "cancelled"]\n', ""),
+        ('[[indexes]]\nname = "idx_schedule_runs_retry_due"\ncolumns = ["retry_due_at"]\n'
+         'where_status = ["retry_wait"]\n', ""),
+        ('"run.retry_wait.backoff" = "Failed with retries left; waiting for the backoff '
+         'delay."\n', ""),
+        ('where_status = ["queued", "running", "retry_wait"]', 'where_status = ["queued", '
+         '"running"]'),
+    ]:
+        assert old in text, old
+        text = text.replace(old, new)
+    f.write_text(text)
+    registry = load_registry(spec_dir)
+    assert "retry_wait" not in registry.entity("schedule_run").states
+    return registry
+
+
+# ---------------------------------------------------------------- 4. one row never stops a pass
+
+
+async def test_a_worker_whose_specs_lack_a_rows_state_still_claims_new_work(
+        path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The issue's reproduction: a due retry_wait row, and a worker whose specs lack
+    retry_wait. Before, promotion raised on every tick before the claim step."""
+    async with StateDB(path) as packaged:
+        old = await due_retry(packaged)
+    registry = older_specs(tmp_path)
+    caplog.set_level(logging.WARNING)
+    async with StateDB(path, registry=registry) as db:
+        w = make_worker(db, tmp_path)
+        async with serving(w):
+            fresh = await submit_task(db, task())
+            await eventually(lambda: all_in(db, [fresh], "completed"), what="the new run")
+            await asyncio.sleep(1.1)  # at least two maintenance passes (every 0.5 s)
+        assert await status(db, old) == "retry_wait"  # left alone, as DESIGN asks
+        notes = [r for r in caplog.records if "do not declare retry_wait" in r.getMessage()]
+        assert len(notes) == 1
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        stats = await queue_stats(db)
+        assert stats.counts["retry_wait"] == 1 and stats.stuck == 1
+        assert [(s.id, s.status) for s in stats.stuck_runs] == [(old, "retry_wait")]
+        assert "not declared" in stats.stuck_runs[0].why
+
+
+async def test_the_reaper_skips_a_row_it_cannot_move_and_reaps_the_others(
+        db: StateDB, caplog: pytest.LogCaptureFixture) -> None:
+    bad, good = await expired_running(db), await expired_running(db)
+    trigger = await refuse(db, bad)
+    stuck = StuckRows()
+    caplog.set_level(logging.WARNING)
+    assert await reap_expired_leases(db, stuck=stuck) == {"requeued": 1, "failed": 0}
+    assert (await status(db, bad), await status(db, good)) == ("running", "queued")
+    assert bad in stuck and stuck.rows[bad].step == "reaper"
+    assert REFUSAL in stuck.rows[bad].reason
+    assert len(stuck_lines(caplog, bad)) == 1
+    # While it is skipped, nothing else expired: the pass does not even take the write lock.
+    statements: list[str] = []
+    await db.run(lambda c: c.set_trace_callback(statements.append))
+    assert await reap_expired_leases(db, stuck=stuck) == {"requeued": 0, "failed": 0}
+    await db.run(lambda c: c.set_trace_callback(None))
+    assert not [s for s in statements if s.startswith("BEGIN")], statements
+    # Repaired and due for its retry: it is reaped, and reported as moving again.
+    await allow(db, trigger)
+    stuck.retry_after = 0
+    stuck.rows[bad].retry_at = 0
+    assert await reap_expired_leases(db, stuck=stuck) == {"requeued": 1, "failed": 0}
+    assert await status(db, bad) == "queued" and bad not in stuck
+    assert (await verify(db)).ok
+
+
+async def test_promotion_skips_a_retry_it_cannot_move(db: StateDB) -> None:
+    bad, good = await due_retry(db), await due_retry(db)
+    await refuse(db, bad)
+    stuck = StuckRows()
+    got = await promote_due(db, stuck=stuck)
+    assert got == {"retried": 1, "released": 0, "cancelled": 0}
+    assert (await status(db, bad), await status(db, good)) == ("retry_wait", "queued")
+    assert stuck.rows[bad].step == "promotion"
+
+
+async def test_the_dependency_sweep_settles_the_rows_it_can(db: StateDB) -> None:
+    bad, good = await settled_waiting(db), await settled_waiting(db)
+    await refuse(db, bad)
+    stuck = StuckRows()
+    got = await promote_due(db, stuck=stuck)
+    assert got == {"retried": 0, "released": 1, "cancelled": 0}
+    assert (await status(db, bad), await status(db, good)) == ("waiting_dependency", "queued")
+    assert list(stuck.rows) == [bad]
+    assert (await verify(db)).ok
+
+
+async def test_a_waiting_row_with_unreadable_depends_on_does_not_stop_the_sweep(
+        db: StateDB) -> None:
+    """json_each() on one row's bad JSON used to fail the sweep's query for every row."""
+    broken = await submit_task(db, task(depends_on=[await submit_task(db, task())]))
+    await db.write(lambda c: c.execute(
+        "UPDATE schedule_runs SET depends_on = '[not json' WHERE id = ?", (broken,)))
+    good = await settled_waiting(db)
+    assert (await promote_due(db, stuck=StuckRows()))["released"] == 1
+    assert (await status(db, good), await status(db, broken)) == ("queued",
+                                                                 "waiting_dependency")
+    stats = await queue_stats(db)
+    assert [(s.id, s.why) for s in stats.stuck_runs] == [(broken,
+                                                          "depends_on is not valid JSON")]
+
+
+async def test_a_dependent_that_cannot_move_does_not_undo_its_dependencys_end(
+        db: StateDB, tmp_path: Path) -> None:
+    """Before, the terminal write failed with its dependent: the run stayed running and,
+    once its lease expired, ran a second time."""
+    dep = await submit_task(db, task())
+    waiting = await submit_task(db, task(depends_on=[dep]))
+    await refuse(db, waiting)
+    w = make_worker(db, tmp_path)
+    async with serving(w):
+        await eventually(lambda: all_in(db, [dep], "completed"), what="the dependency")
+        await eventually(lambda: asyncio.sleep(0, waiting in w.stuck), what="sweep report")
+    assert w.outcomes["completed"] == 1 and w.outcomes["error"] == 0
+    assert await status(db, waiting) == "waiting_dependency"
+
+
+async def test_a_claim_that_raises_is_lost_and_the_others_are_claimed(
+        db: StateDB, caplog: pytest.LogCaptureFixture) -> None:
+    ids = await submit_many(db, [task(), task(), task()])
+    bad = ids[0]
+    await refuse(db, bad)
+    stuck = StuckRows()
+    caplog.set_level(logging.WARNING)
+    got = await claim_runs(db, worker_id="w1", limit=2, stuck=stuck)
+    assert [r["id"] for r in got.claimed] == [ids[1]]
+    assert got.lost == 1 and list(got.failures) == [bad] and REFUSAL in got.failures[bad]
+    assert len(stuck_lines(caplog, bad)) == 1
+    # The next pass passes over it: with limit=1 it would otherwise take the only slot.
+    again = await claim_runs(db, worker_id="w1", limit=1, stuck=stuck)
+    assert [r["id"] for r in again.claimed] == [ids[2]] and again.lost == 0
+    assert len(stuck_lines(caplog, bad)) == 1
+    assert await status(db, bad) == "queued"
+
+
+async def test_a_raising_claim_one_is_logged_and_counted_lost(
+        db: StateDB, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    ids = await submit_many(db, [task(), task(), task()])
+    real = worker_mod._claim_one
+
+    def flaky(conn: sqlite3.Connection, **kw: Any) -> Any:
+        if kw["cand"]["id"] == ids[1]:
+            raise RuntimeError("claim blew up")
+        return real(conn, **kw)
+
+    monkeypatch.setattr(worker_mod, "_claim_one", flaky)
+    caplog.set_level(logging.WARNING)
+    got = await claim_runs(db, worker_id="w1", limit=3, stuck=StuckRows())
+    assert sorted(r["id"] for r in got.claimed) == sorted([ids[0], ids[2]])
+    assert got.lost == 1 and got.failures == {ids[1]: "RuntimeError: claim blew up"}
+    assert [m for m in stuck_lines(caplog, ids[1]) if "claim blew up" in m]
+
+
+async def test_a_worker_reports_each_stuck_row_once_and_serves_everything_else(
+        db: StateDB, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A stuck row in every pass; stuck_retry=0, so each pass tries each again and fails."""
+    now = time.time()
+    # Another worker, alive since before the rows fell due: its passes should have moved
+    # them, so the database alone shows the first two as stuck.
+    await register_heartbeat(db, worker_id="other", now=now - 500)
+    await register_heartbeat(db, worker_id="other", now=now - 10)
+    stuck_ids = [await expired_running(db, now - 400), await due_retry(db, now - 400),
+                 await settled_waiting(db), await submit_task(db, task())]
+    triggers = [await refuse(db, rid) for rid in stuck_ids]
+    caplog.set_level(logging.INFO)
+    w = make_worker(db, tmp_path, stuck_retry=0)
+    async with serving(w):
+        fresh = [await submit_task(db, task()) for _ in range(3)]
+        await eventually(lambda: all_in(db, fresh, "completed"), what="the fresh runs")
+        await eventually(lambda: asyncio.sleep(0, len(w.stuck) == 4), what="four reports")
+        passes = w.claim_passes
+        await asyncio.sleep(1.1)  # two more maintenance passes, many claim passes
+        assert w.claim_passes > passes
+        for rid in stuck_ids:
+            assert len(stuck_lines(caplog, rid)) == 1, rid
+        stats = await queue_stats(db, stuck_after=60)
+        assert {s.id for s in stats.stuck_runs} == set(stuck_ids[:2])  # what the db shows
+        for trigger in triggers:
+            await allow(db, trigger)
+        await eventually(lambda: all_in(db, stuck_ids, "completed"), what="the repaired runs")
+    assert len(w.stuck) == 0
+    moving = [r for r in caplog.records if "no longer stuck" in r.getMessage()]
+    assert {rid for rid in stuck_ids if any(rid in r.getMessage() for r in moving)} == \
+        set(stuck_ids)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert (await verify(db)).ok
+
+
+async def test_a_failing_pass_does_not_stop_the_others_and_is_logged_once(
+        db: StateDB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    calls = 0
+    broken = True
+    real = runtime_mod.reap_expired_leases
+
+    async def reaper(*args: Any, **kw: Any) -> dict[str, int]:
+        nonlocal calls
+        calls += 1
+        if broken:
+            raise RuntimeError("reaper broke")
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(runtime_mod, "reap_expired_leases", reaper)
+    caplog.set_level(logging.WARNING)
+    w = make_worker(db, tmp_path)
+    async with serving(w):
+        fresh = [await submit_task(db, task()) for _ in range(3)]
+        await eventually(lambda: all_in(db, fresh, "completed"), what="claims past the reaper")
+        await eventually(lambda: asyncio.sleep(0, calls >= 3), what="three reaper passes")
+        failures = [r for r in caplog.records if "reaper pass failed" in r.getMessage()]
+        assert len(failures) == 1 and failures[0].exc_info is not None
+        broken = False
+        await eventually(lambda: asyncio.sleep(0, any(
+            "reaper pass works again" in r.getMessage() for r in caplog.records)),
+            what="the recovery line")
+
+
+async def test_stats_count_overdue_rows_only_after_a_live_worker_should_have_moved_them(
+        db: StateDB) -> None:
+    now = time.time()
+    lease = await expired_running(db, now - 600)
+    retry = await due_retry(db, now - 600)
+    # No worker has been alive since: nothing is overdue, the queue merely waits.
+    assert (await queue_stats(db, now=now)).stuck == 0
+    await register_heartbeat(db, worker_id="recent", now=now - 5)  # started only now
+    assert (await queue_stats(db, now=now)).stuck == 0
+    await db.write(lambda c: c.execute(
+        "UPDATE workers SET started_at = ? WHERE worker_id = 'recent'", (now - 700,)))
+    stats = await queue_stats(db, now=now)
+    assert stats.stuck == 2
+    assert {(s.id, s.status) for s in stats.stuck_runs} == {(lease, "running"),
+                                                           (retry, "retry_wait")}
+    assert stats.to_dict()["stuck"] == 2
+    await reap_expired_leases(db, stuck=StuckRows())
+    await promote_due(db, stuck=StuckRows())
+    assert (await queue_stats(db, now=now)).stuck == 0
+
+
+def test_a_stuck_tracker_refuses_a_negative_retry() -> None:
+    with pytest.raises(ValueError, match="retry_after"):
+        StuckRows(-1)
+
+
+# ---------------------------------------------------------------- 11. short leases
+
+
+def test_the_check_interval_follows_a_short_lease() -> None:
+    assert check_interval_for(300) == LEASE_CHECK_SECONDS
+    assert check_interval_for(1.0) == pytest.approx(1 / 3)
+    assert 3 * check_interval_for(0.3) <= 0.3
+
+
+async def test_a_worker_with_a_one_second_lease_keeps_it(db: StateDB, tmp_path: Path) -> None:
+    w = make_worker(db, tmp_path, lease_ttl=1.0, execute=None)
+    assert w.check_interval <= 1 / 3
+    stop = asyncio.Event()
+
+    async def rival_reaper() -> None:  # another host's reaper, watching all the time
+        while not stop.is_set():
+            await reap_expired_leases(db, stuck=StuckRows())
+            await asyncio.sleep(0.05)
+
+    rival = asyncio.create_task(rival_reaper())
+    try:
+        async with serving(w):
+            rid = await submit_task(db, cmd(["sleep", "2.5"]))
+            await eventually(lambda: all_in(db, [rid], "completed"), what="the long run")
+    finally:
+        stop.set()
+        await rival
+    assert dict(w.outcomes) == {"completed": 1}
+    renewals = await db.fetch_all(
+        "SELECT 1 FROM status_transitions WHERE entity_id = ? AND reason_code = "
+        "'run.running.lease_renewed'", (rid,))
+    assert len(renewals) >= 2
+
+
+@pytest.mark.parametrize("kw", [{"lease_ttl": 1.0, "check_interval": 0.5},
+                                {"lease_ttl": 30, "check_interval": 11}])
+async def test_an_inconsistent_lease_and_check_interval_are_refused(
+        db: StateDB, kw: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"lease_ttl .* check_interval"):
+        Worker(db, handle_signals=False, **kw)
+    Worker(db, handle_signals=False, lease_ttl=kw["lease_ttl"])  # derived: accepted
+
+
+# ---------------------------------------------------------------- 12. cancels and timeouts
+
+
+async def test_cancel_and_timeout_log_no_asyncio_error_and_count_their_outcome(
+        db: StateDB, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR)
+    w = make_worker(db, tmp_path, execute=None, check_interval=0.1)
+    async with serving(w):
+        late = await submit_task(db, cmd(["sleep", "30"], timeout_seconds=0.3))
+        doomed = await submit_task(db, cmd(["sleep", "30"]))
+        await eventually(lambda: all_in(db, [doomed], "running"), what="the run to start")
+        assert await cancel_task(db, doomed, actor=OPERATOR)
+        await eventually(lambda: all_in(db, [late], "timed_out"), what="the timeout")
+        await eventually(lambda: asyncio.sleep(0, sum(w.outcomes.values()) == 2),
+                         what="both outcomes")
+    gc.collect()  # "exception was never retrieved" is logged when the future is collected
+    await asyncio.sleep(0)
+    assert dict(w.outcomes) == {"timed_out": 1, "cancelled": 1}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+# ---------------------------------------------------------------- 14. the database file goes away
+
+
+async def test_a_worker_stops_with_database_gone_when_its_file_is_deleted(
+        path: Path, tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    async with StateDB(path) as db:
+        w = make_worker(db, tmp_path, execute=None, check_interval=0.1)
+        runner = asyncio.create_task(w.run())
+        rid = await submit_task(db, cmd(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 30"]))
+        await eventually(lambda: asyncio.sleep(0, pidfile.exists() and
+                                               pidfile.read_text().endswith("\n")),
+                         what="the child")
+        child = int(pidfile.read_text())
+        assert await status(db, rid) == "running"
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}{suffix}")
+        with pytest.raises(DatabaseGone, match="was deleted"):
+            await asyncio.wait_for(runner, 20)
+        assert str(path) in str(runner.exception())
+        assert w.active == {}
+        await eventually(lambda: asyncio.sleep(0, not pid_alive(child)), what="child stopped")
+
+
+async def test_a_worker_stops_when_its_file_is_replaced(path: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    async with StateDB(other):
+        pass
+    async with StateDB(path) as db:
+        w = make_worker(db, tmp_path)
+        runner = asyncio.create_task(w.run())
+        fresh = await submit_task(db, task())
+        await eventually(lambda: all_in(db, [fresh], "completed"), what="a first run")
+        os.replace(other, path)
+        with pytest.raises(DatabaseGone, match="replaced"):
+            await asyncio.wait_for(runner, 20)
+
+
+def test_ledgerq_worker_exits_nonzero_with_one_line_when_its_database_is_deleted(
+        path: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ledgerq", "worker", "--db", str(path), "--quiet",
+         "--lock-dir", str(tmp_path / "locks"), "--poll-interval", "0.05"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        banner = proc.stderr.readline()
+        assert banner.startswith("ledgerq worker "), banner
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}{suffix}")
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ledgerq: error: database file") and "deleted" in lines[0]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+# ---------------------------------------------------------------- 16. one page at limit=1
+
+
+async def test_a_limit_one_pass_over_a_deep_queue_reads_one_page(db: StateDB) -> None:
+    await submit_many(db, [task()] * (10 * PAGE_SIZE))
+    pages: list[str] = []
+
+    def trace(conn: sqlite3.Connection) -> None:  # the scan runs on the read connection
+        conn.set_trace_callback(
+            lambda s: pages.append(s) if s.startswith("SELECT id, queued_at") else None)
+
+    await db.read(trace)
+    got = await claim_runs(db, worker_id="w1", limit=1, stuck=StuckRows())
+    assert len(got.claimed) == 1 and got.scanned == PAGE_SIZE
+    assert len(pages) == 1, pages
+    # With an affinity token the pass must rank every row: the same queue reads 10 pages.
+    pages.clear()
+    got = await claim_runs(db, worker_id="w1", limit=1, stuck=StuckRows(),
+                           advertised_capabilities=["warmed-cache"])
+    await db.read(lambda c: c.set_trace_callback(None))
+    assert len(got.claimed) == 1 and len(pages) == 10
