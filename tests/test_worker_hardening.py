@@ -313,7 +313,8 @@ async def test_a_dependent_that_cannot_move_does_not_undo_its_dependencys_end(
 
 async def test_a_claim_that_raises_is_lost_and_the_others_are_claimed(
         db: StateDB, caplog: pytest.LogCaptureFixture) -> None:
-    ids = await submit_many(db, [task(), task(), task()])
+    # Distinct queue times: ids minted in one millisecond are not in submission order.
+    ids = [await submit_task(db, task(), now=time.time() - 10 + i) for i in range(3)]
     bad = ids[0]
     await refuse(db, bad)
     stuck = StuckRows()

@@ -267,11 +267,12 @@ def _record(stuck: StuckRows, step: str, swept: _Swept) -> dict[str, int]:
 # ----------------------------------------------------------------- reaper
 
 
-def _expired_sql(policy: EntityPolicy, columns: str) -> str:
+def _expired_sql(policy: EntityPolicy, columns: str, now: str = "?") -> str:
+    """Expired leases; ``now`` is the placeholder of the time (``?`` or a named one)."""
     return (f"SELECT {columns} FROM schedule_runs "
             f"WHERE {index_clause(policy, 'idx_schedule_runs_lease', 'running')} "
             "AND status = 'running' AND lease_expires_at IS NOT NULL "
-            "AND lease_expires_at < ?")
+            f"AND lease_expires_at < {now}")
 
 
 def _reap(conn: sqlite3.Connection, policy: EntityPolicy, now: float,
@@ -317,14 +318,15 @@ def _reap_one(conn: sqlite3.Connection, policy: EntityPolicy, row: sqlite3.Row,
     return "failed"
 
 
-def _unskipped(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...],
-               skip: frozenset[str]) -> bool:
-    """Whether ``sql`` (selecting ids) finds a row outside ``skip``; reads len(skip)+1 ids.
+async def _unskipped(db: StateDB, sql: str, params: dict[str, Any],
+                     skip: frozenset[str]) -> bool:
+    """Whether ``sql`` (selecting ids; ``:n`` its limit) finds a row outside ``skip``.
 
-    A stuck row must not make every pass take the write lock only to skip it again.
+    Reads at most len(skip)+1 ids: a stuck row must not make every pass take the write
+    lock only to skip the row again, and an empty tracker costs what ``LIMIT 1`` did.
     """
-    ids = conn.execute(f"{sql} LIMIT ?", (*params, len(skip) + 1)).fetchall()
-    return any(r[0] not in skip for r in ids)
+    ids = await db.fetch_all(sql, {**params, "n": len(skip) + 1})
+    return any(r["id"] not in skip for r in ids)
 
 
 async def reap_expired_leases(db: StateDB, *, now: float | None = None,
@@ -338,7 +340,8 @@ async def reap_expired_leases(db: StateDB, *, now: float | None = None,
     ts = time.time() if now is None else now
     tracker = _tracked(stuck)
     skip = tracker.skipping()
-    if not await db.read(lambda conn: _unskipped(conn, _expired_sql(policy, "id"), (ts,), skip)):
+    expired = _expired_sql(policy, "id", ":now") + " LIMIT :n"
+    if not await _unskipped(db, expired, {"now": ts}, skip):
         return {"requeued": 0, "failed": 0}  # nothing expired: skip the write lock
     return _record(tracker, "reaper", await db.write(lambda conn: _reap(conn, policy, ts, skip)))
 
@@ -462,13 +465,8 @@ async def promote_due(db: StateDB, *, now: float | None = None,
     if not (retries or dependencies):
         return {"retried": 0, "released": 0, "cancelled": 0}
     skip = tracker.skipping()
-    sql = _due_check_sql(policy, retries, dependencies)
-
-    def due(conn: sqlite3.Connection) -> bool:
-        ids = conn.execute(sql, {"now": ts, "n": len(skip) + 1}).fetchall()
-        return any(r[0] not in skip for r in ids)
-
-    if not await db.read(due):
+    if not await _unskipped(db, _due_check_sql(policy, retries, dependencies), {"now": ts},
+                            skip):
         return {"retried": 0, "released": 0, "cancelled": 0}
     return _record(tracker, "promotion", await db.write(lambda conn: _promote(
         conn, policy, ts, skip, retries=retries, dependencies=dependencies)))
@@ -523,7 +521,7 @@ def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: 
         result.scanned += len(page)
         cursor = (page[-1]["queued_at"], page[-1]["id"])
         for row in page:
-            if row["id"] in skip:
+            if skip and row["id"] in skip:
                 continue
             try:
                 caps = loads(row["required_capabilities"]) or []
