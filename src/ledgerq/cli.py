@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import importlib
 import json
 import logging
 import os
@@ -26,8 +27,9 @@ import re
 import shlex
 import sqlite3
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -39,7 +41,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ledgerq import __version__
+from ledgerq.errors import DatabaseError
 from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS, runtime
+from ledgerq.queue.application import check_text
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import Registry
@@ -72,8 +76,9 @@ app.add_typer(specs_app, name="specs")
 
 #: Off a terminal rich assumes 80 columns and squeezes tables; give them room instead.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
-out = Console(highlight=False, width=_WIDTH)
-err_console = Console(stderr=True, highlight=False)
+#: emoji=False: a stored ":smile:" is shown as typed (values go in as Text, never markup).
+out = Console(highlight=False, width=_WIDTH, emoji=False)
+err_console = Console(stderr=True, highlight=False, emoji=False)
 
 STATUS_STYLE = {
     "queued": "blue", "waiting_dependency": "magenta", "running": "cyan",
@@ -85,20 +90,107 @@ STATUS_STYLE = {
 # ------------------------------------------------------------------ plumbing
 
 
-def die(message: str, code: int = USAGE_ERROR) -> NoReturn:
-    """One line on stderr, then exit with ``code``."""
-    line = " ".join(str(message).split())
+#: What a terminal may act on instead of showing: C0 controls (ESC starts a sequence that
+#: can clear the screen or retitle the window), DEL, C1 controls (CSI and OSC alone), the
+#: bidirectional overrides and isolates that reorder what is shown, line/paragraph
+#: separators, and lone surrogates (undecodable bytes; stdout cannot even encode them).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                     "\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: object) -> str:
+    """``value`` as text a terminal shows literally: every unsafe character as ``\\xNN``.
+
+    Every human-readable output runs what came from the database or a user (ids, kinds,
+    args, error details, reason summaries, actors, worker ids, spec problems) through
+    this one function; ``--json`` output keeps the exact strings (JSON escapes them).
+    """
+    return _UNSAFE.sub(_escape_char, value if isinstance(value, str) else str(value))
+
+
+def cell(value: object, style: str = "") -> Text:
+    """A value for a rich table or print: escaped, and a Text, so "[red]" is never markup."""
+    return Text(printable(value), style=style)
+
+
+def report(message: str) -> None:
+    """The one error line: whitespace runs collapsed, unsafe characters escaped."""
+    line = printable(" ".join(str(message).split()))
     sys.stderr.write(f"ledgerq: error: {line}\n")
     sys.stderr.flush()
+
+
+def die(message: str, code: int = USAGE_ERROR) -> NoReturn:
+    """One line on stderr, then exit with ``code``."""
+    report(message)
     raise typer.Exit(code)
+
+
+def text_option(value: str, option: str) -> str:
+    """A value that is stored as text (and so must be UTF-8), or a usage error naming it."""
+    try:
+        check_text(value, option)
+    except ValueError as exc:
+        die(str(exc))
+    return value
+
+
+#: SQLite's words for a file whose pages are not what it wrote.
+_DAMAGE_WORDS = ("malformed", "not a database", "corrupt")
+
+
+def database_message(exc: BaseException, path: Path | str | None = None) -> str:
+    """The one line for a database failure: ``database is damaged: <file>: ...`` for damage.
+
+    The library's own errors (DatabaseDamaged, SchemaMissing, ...) already name the file;
+    a bare sqlite3 error gets the path put in front.
+    """
+    if isinstance(exc, DatabaseError):
+        return str(exc) or type(exc).__name__
+    text = str(exc) or type(exc).__name__
+    where = f"{path}: " if path is not None else ""
+    if any(word in text.lower() for word in _DAMAGE_WORDS):
+        return f"database is damaged: {where}{text}"
+    return f"database error: {where}{text}"
 
 
 def emit_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
 
 
+#: aiosqlite names each connection's thread after its target function.
+_DB_THREAD_SUFFIX = "(_connection_worker_thread)"
+#: Bounds the wait for those threads (each needs one loop turn to finish; a live
+#: connection never would, and must not hang the exit).
+_DB_THREAD_GRACE = 5.0
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    """``asyncio.run``, but the loop closes only after aiosqlite's threads have finished.
+
+    A connection that fails to open (``--db`` under a missing directory) leaves its
+    thread to post one last result to the loop; when ``die()`` ended the loop first,
+    that thread died with a 24-line "Event loop is closed" traceback after our one line.
+    """
+
+    async def settled() -> T:
+        before = set(threading.enumerate())
+        try:
+            return await coro
+        finally:
+            deadline = time.monotonic() + _DB_THREAD_GRACE
+            for thread in set(threading.enumerate()) - before:
+                if not thread.name.endswith(_DB_THREAD_SUFFIX):
+                    continue
+                while thread.is_alive() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+
+    return asyncio.run(settled())
 
 
 #: Run ids are time-ordered (UUIDv7): the random part, and so the easy short piece, is the tail.
@@ -129,9 +221,16 @@ def root_specs(ctx: typer.Context) -> Path | None:
 
 
 @asynccontextmanager
-async def open_db(ctx: typer.Context, path: Path, *, must_exist: bool = True
-                  ) -> AsyncIterator[StateDB]:
-    """Open the database with the root options: the spec directory and ``--synchronous``."""
+async def open_db(ctx: typer.Context, path: Path, *, must_exist: bool = True,
+                  readonly: bool = False) -> AsyncIterator[StateDB]:
+    """Open the database with the root options: the spec directory and ``--synchronous``.
+
+    Read commands pass ``readonly=True``: the file is opened read-only and never written
+    (no schema, no WAL switch), so a user who may only read it can still run them.
+    Every database failure of a command ends here as one line: a path SQLite cannot open
+    is a usage error (exit 2); a damaged file, one without ledgerq's schema, or anything
+    failing after the open is a database failure (exit 1). Never a traceback.
+    """
     from ledgerq.store.db import StateDB
 
     if must_exist and str(path) != ":memory:" and not path.exists():
@@ -142,17 +241,30 @@ async def open_db(ctx: typer.Context, path: Path, *, must_exist: bool = True
     synchronous = (root.get("synchronous") if isinstance(root, dict) else None) or "NORMAL"
     try:
         # StateDB checks the value (any case) and names the accepted ones if it is wrong.
-        db = StateDB(path, registry=registry, synchronous=cast("Synchronous", synchronous))
+        db = StateDB(path, registry=registry, synchronous=cast("Synchronous", synchronous),
+                     readonly=readonly)
     except ValueError as exc:
         die(f"--synchronous: {exc}")
     try:
         await db.open()
-    except sqlite3.Error as exc:
+    except DatabaseError as exc:
+        die(database_message(exc, path), DOMAIN_FAILURE)
+    except sqlite3.OperationalError as exc:
         die(f"cannot open database {path}: {exc}")
+    except sqlite3.DatabaseError as exc:
+        die(database_message(exc, path), DOMAIN_FAILURE)
+    failure: BaseException | None = None
     try:
         yield db
+    except (DatabaseError, sqlite3.DatabaseError) as exc:
+        failure = exc
     finally:
-        await db.close()
+        try:
+            await db.close()
+        except (DatabaseError, sqlite3.DatabaseError) as exc:
+            failure = failure or exc
+    if failure is not None:
+        die(database_message(failure, path), DOMAIN_FAILURE)
 
 
 def fmt_ts(ts: float | None) -> str:
@@ -176,7 +288,7 @@ def fmt_age(seconds: float | None) -> str:
 
 
 def styled_status(status: str | None) -> Text:
-    return Text(status or "", style=STATUS_STYLE.get(status or "", ""))
+    return cell(status or "", STATUS_STYLE.get(status or "", ""))
 
 
 def current_user() -> str:
@@ -367,7 +479,7 @@ def submit(
     if json_out:
         emit_json({"id": run_id, "status": status})
     else:
-        typer.echo(run_id)
+        typer.echo(printable(run_id))
 
 
 # ------------------------------------------------------------------ ls / show / cancel
@@ -409,7 +521,7 @@ def ls(
     path = db_path(ctx, db)
 
     async def go() -> Any:
-        async with open_db(ctx, path) as handle:
+        async with open_db(ctx, path, readonly=True) as handle:
             return await list_runs(handle, statuses=statuses, kinds=kinds, targets=targets,
                                    limit=limit, offset=offset)
 
@@ -423,10 +535,10 @@ def ls(
     for name in ("STATUS", "KIND", "TARGET", "CREATED", "EXIT", "WORKER", "REASON"):
         table.add_column(name)
     for r in page.runs:
-        table.add_row(r["id"], styled_status(r["status"]), r["action_kind"],
-                      r["execution_target"] or "", fmt_ts(r["created_at"]),
-                      "" if r["exit_code"] is None else str(r["exit_code"]),
-                      r["leased_by"] or "", r["status_reason_code"] or "")
+        table.add_row(cell(r["id"]), styled_status(r["status"]), cell(r["action_kind"]),
+                      cell(r["execution_target"] or ""), fmt_ts(r["created_at"]),
+                      "" if r["exit_code"] is None else cell(r["exit_code"]),
+                      cell(r["leased_by"] or ""), cell(r["status_reason_code"] or ""))
     out.print(table)
     shown = len(page.runs)
     first = page.offset + 1 if shown else page.offset
@@ -439,6 +551,7 @@ def ls(
 async def _resolve(handle: StateDB, run_id: str) -> str:
     from ledgerq.projections.read_models import resolve_run_id
 
+    text_option(run_id, "ID")
     try:
         return await resolve_run_id(handle, run_id)
     except LookupError as exc:
@@ -461,7 +574,7 @@ def show(
     path = db_path(ctx, db)
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with open_db(ctx, path) as handle:
+        async with open_db(ctx, path, readonly=True) as handle:
             full = await _resolve(handle, run_id)
             return await get_run(handle, full), await run_history(handle, full)
 
@@ -476,14 +589,16 @@ def show(
         if value is None or value == "" or value == [] or value == {}:
             continue
         if col.endswith("_at") and isinstance(value, int | float):
-            shown: Any = f"{fmt_ts(value)}  ({value:.3f})"
+            shown: Text = cell(f"{fmt_ts(value)}  ({value:.3f})")
         elif col == "status":
             shown = styled_status(value)
         elif isinstance(value, dict | list):
-            shown = json.dumps(value, sort_keys=True)
+            # ensure_ascii=False: a non-ASCII argument reads as itself; printable() then
+            # escapes only what a terminal would act on.
+            shown = cell(json.dumps(value, sort_keys=True, ensure_ascii=False))
         else:
-            shown = str(value)
-        head.add_row(col, shown)
+            shown = cell(value)
+        head.add_row(cell(col), shown)
     out.print(head)
     out.print()
     hist = Table(title=f"history ({len(facts)} facts)", title_justify="left",
@@ -491,10 +606,10 @@ def show(
     for name in ("V", "AT", "FROM", "TO", "REASON", "ACTOR", "SUMMARY"):
         hist.add_column(name)
     for f in facts:
-        hist.add_row(str(f["entity_version"]), fmt_ts(f["created_at"]),
-                     f["previous_status"] or "(created)", styled_status(f["status"]),
-                     f["reason_code"], f"{f['source']}:{f['actor']}",
-                     f["reason_summary"] or "")
+        hist.add_row(cell(f["entity_version"]), fmt_ts(f["created_at"]),
+                     cell(f["previous_status"] or "(created)"), styled_status(f["status"]),
+                     cell(f["reason_code"]), cell(f"{f['source']}:{f['actor']}"),
+                     cell(f["reason_summary"] or ""))
     out.print(hist)
 
 
@@ -518,7 +633,10 @@ def cancel(
     from ledgerq.queue.submit import cancel_task
 
     path = db_path(ctx, db)
-    who = Actor(type="operator", id=actor or current_user())
+    # The actor and the summary are stored on the fact: text the database can hold.
+    who = Actor(type="operator", id=text_option(actor, "--actor") if actor
+                else text_option(current_user(), "the user name (LOGNAME/USER)"))
+    text_option(reason, "--reason")
 
     async def go() -> tuple[str, str, bool, str]:
         async with open_db(ctx, path) as handle:
@@ -539,7 +657,7 @@ def cancel(
     if not done:
         die(f"run {full} already ended ({after}); nothing cancelled", DOMAIN_FAILURE)
     if not json_out:
-        typer.echo(f"cancelled {full} (was {before})")
+        typer.echo(printable(f"cancelled {full} (was {before})"))
 
 
 # ------------------------------------------------------------------ worker
@@ -591,6 +709,11 @@ def worker(
 
     targets = list(target or ["host"])
     _check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
+    # Both are stored (the workers table, every fact the worker writes): UTF-8 text only.
+    if worker_id is not None:
+        text_option(worker_id, "--worker-id")
+    for i, token in enumerate(cap or []):
+        text_option(token, f"--cap[{i}]")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     path = db_path(ctx, db)
@@ -605,7 +728,7 @@ def worker(
             def say(text: str) -> None:
                 if not quiet:
                     stamp = datetime.now().strftime("%H:%M:%S.%f")[:-3]
-                    sys.stderr.write(f"{stamp} {holder.get('id', '')} {text}\n")
+                    sys.stderr.write(printable(f"{stamp} {holder.get('id', '')} {text}") + "\n")
                     sys.stderr.flush()
 
             async def execute(row: dict[str, Any]) -> tuple[int, str]:
@@ -629,15 +752,16 @@ def worker(
             # What the connection really runs with, read back: a durability setting that
             # did not take must not be announced as if it had.
             level = await handle.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
-            sys.stderr.write(
+            sys.stderr.write(printable(
                 f"ledgerq worker {w.worker_id} (pid {os.getpid()}): capacity {capacity}, "
                 f"targets {','.join(targets)}, capabilities {','.join(cap or []) or '-'}, "
                 f"lease {lease_ttl:g}s, synchronous {SYNC_LEVELS.get(level, level)}, "
-                f"db {path}\n")
+                f"db {path}") + "\n")
             sys.stderr.flush()
             await w.run()
             summary = ", ".join(f"{n} {k}" for k, n in sorted(w.outcomes.items())) or "no runs"
-            sys.stderr.write(f"ledgerq worker {w.worker_id} stopped: {summary}\n")
+            sys.stderr.write(printable(f"ledgerq worker {w.worker_id} stopped: {summary}")
+                             + "\n")
 
     from ledgerq.errors import DatabaseGone
 
@@ -666,7 +790,7 @@ def verify(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False
     path = db_path(ctx, db)
 
     async def go() -> Any:
-        async with open_db(ctx, path) as handle:
+        async with open_db(ctx, path, readonly=True) as handle:
             return await verify_db(handle)
 
     report = run(go())
@@ -678,7 +802,7 @@ def verify(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False
                   "no drift")
     else:
         for d in report.drift:
-            typer.echo(f"drift: {d}")
+            typer.echo(printable(f"drift: {d}"))
     if not report.ok:
         if not json_out:
             sys.stderr.write(f"ledgerq: error: {len(report.drift)} drift finding(s) in "
@@ -733,7 +857,7 @@ def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False)
     path = db_path(ctx, db)
 
     async def go() -> Any:
-        async with open_db(ctx, path) as handle:
+        async with open_db(ctx, path, readonly=True) as handle:
             return await queue_stats(handle)
 
     s = run(go())
@@ -744,13 +868,14 @@ def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False)
     counts.add_column("STATUS")
     counts.add_column("RUNS", justify="right")
     for status, n in s.counts.items():
-        counts.add_row(styled_status(status), str(n))
+        counts.add_row(styled_status(status), cell(n))
     counts.add_row(Text("total", style="bold"), Text(str(s.total), style="bold"))
     out.print(counts)
     out.print(f"\noldest queued: {fmt_age(s.oldest_queued_age_seconds)}"
               + (f" (since {fmt_ts(s.oldest_queued_at)})" if s.oldest_queued_at else ""))
-    out.print(f"stuck: {s.stuck}" + "".join(f"\n  {r.id} {r.status}: {r.why}"
-                                              for r in s.stuck_runs))
+    out.print(cell(f"stuck: {s.stuck}"))
+    for r in s.stuck_runs:
+        out.print(cell(f"  {r.id} {r.status}: {r.why}"))
     if s.workers or s.running_by_worker:
         wt = Table(box=None, header_style="bold", pad_edge=False, title="workers",
                    title_justify="left")
@@ -759,11 +884,11 @@ def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False)
         seen = set()
         for w in s.workers:
             seen.add(w.worker_id)
-            wt.add_row(w.worker_id, w.hostname or "", str(w.pid or ""),
-                       f"{fmt_age(w.heartbeat_age_seconds)} ago", str(w.running))
+            wt.add_row(cell(w.worker_id), cell(w.hostname or ""), cell(w.pid or ""),
+                       f"{fmt_age(w.heartbeat_age_seconds)} ago", cell(w.running))
         for wid, n in s.running_by_worker.items():
             if wid not in seen:
-                wt.add_row(wid, "", "", "never", str(n))
+                wt.add_row(cell(wid), "", "", "never", cell(n))
         out.print()
         out.print(wt)
 
@@ -834,7 +959,7 @@ def specs_check(
                        "problems": problems})
         else:
             for p in problems:
-                typer.echo(f"{p['file']}: {p['path']}: {p['message']}")
+                typer.echo(printable(f"{p['file']}: {p['path']}: {p['message']}"))
             sys.stderr.write(f"ledgerq: error: {len(problems)} problem(s) in {root}\n")
         raise typer.Exit(DOMAIN_FAILURE) from None
     if json_out:
@@ -927,9 +1052,60 @@ def demo(
     raise typer.Exit(run(run_demo(db, out)))
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="ledgerq")
+def _click_exceptions() -> Any:
+    """click's exception module: typer >= 0.2x vendors click as ``typer._click``; older
+    typers (``typer>=0.12`` is allowed) depend on click itself."""
+    try:
+        return importlib.import_module("typer._click.exceptions")
+    except ImportError:  # pragma: no cover - depends on the installed typer
+        return importlib.import_module("click.exceptions")
 
 
-__all__ = ["app", "main"]
+def usage_message(exc: Any) -> str:
+    """click's usage error as our one line: the message, then where the help is."""
+    message = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        message += f" (see '{ctx.command_path} --help')"
+    return str(message)
+
+
+def run_cli(args: Sequence[str] | None = None) -> int:
+    """Run the command line and return its exit code; errors are one stderr line each.
+
+    click in standalone mode prints usage errors as multi-line rich boxes and lets every
+    other exception through as a traceback. Here click raises instead, and each kind
+    becomes one ``ledgerq: error:`` line: a usage error exits 2, a database failure that
+    got past :func:`open_db` exits 1. ``--help`` and ``--version`` are not errors (0); a
+    bare ``ledgerq`` (or ``ledgerq specs``) still prints its help, to stderr, exit 2.
+    """
+    click_exc = _click_exceptions()
+    no_args_is_help = getattr(click_exc, "NoArgsIsHelpError", ())
+    aborts = (typer.Abort, getattr(click_exc, "Abort", typer.Abort))
+    try:
+        result = app(args=None if args is None else list(args), prog_name="ledgerq",
+                     standalone_mode=False)
+    except click_exc.ClickException as exc:
+        if isinstance(exc, no_args_is_help):
+            exc.show()
+            return USAGE_ERROR
+        if isinstance(exc, click_exc.UsageError):
+            report(usage_message(exc))
+            return USAGE_ERROR
+        report(exc.format_message())
+        return int(exc.exit_code)
+    except aborts:  # end of input at a prompt
+        report("aborted")
+        return DOMAIN_FAILURE
+    except (DatabaseError, sqlite3.DatabaseError) as exc:
+        report(database_message(exc))
+        return DOMAIN_FAILURE
+    return result if isinstance(result, int) else OK
+
+
+def main() -> NoReturn:
+    """Console-script entry point (``python -m ledgerq`` too)."""
+    sys.exit(run_cli())
+
+
+__all__ = ["app", "cell", "main", "printable", "run_cli"]
