@@ -257,7 +257,8 @@ class WorkerAPIMachine(RuleBasedStateMachine):
         assert called == ([] if outcome == "deny" else [b.run_id])
         event(f"finish {'live' if was_live else 'stale'}: {got}")
         if not was_live:
-            assert got == "lost", (got, b, m)
+            # A cancel of this very lease counts as what it is (the model has no tokens).
+            assert got == "lost" or (got == "cancelled" and m.status == "cancelled"), (got, b, m)
             assert self.fact_total() == before_facts
             assert self.db_row(b.run_id) == before_row
             return

@@ -53,8 +53,11 @@ from ledgerq.queue.runs import move
 from ledgerq.queue.worker import (
     LEASE_CHECK_SECONDS,
     PAGE_SIZE,
+    Executors,
+    RunContext,
     StuckRows,
     check_interval_for,
+    execute_claimed,
 )
 
 OPERATOR = Actor(type="operator", id="tester")
@@ -501,6 +504,27 @@ async def test_cancel_and_timeout_log_no_asyncio_error_and_count_their_outcome(
     await asyncio.sleep(0)
     assert dict(w.outcomes) == {"timed_out": 1, "cancelled": 1}
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_a_cancel_counts_as_cancelled_only_for_the_lease_it_ended(db: StateDB) -> None:
+    """The run cancelled under its own lease is cancelled; an earlier holder's is lost."""
+    rid = await submit_task(db, task(), now=1_000.0)
+    (first,) = (await claim_runs(db, worker_id="w1", now=1_000.0, lease_ttl=10)).claimed
+    await reap_expired_leases(db, now=1_011.0, stuck=StuckRows())
+    (second,) = (await claim_runs(db, worker_id="w2", now=1_011.0, lease_ttl=10)).claimed
+
+    async def cancelled_meanwhile(run: dict[str, Any]) -> tuple[int, str]:
+        assert await cancel_task(db, rid, actor=OPERATOR)
+        return 0, ""
+
+    ctx = RunContext(worker_id="w2", lease_ttl=10, clock=lambda: 1_012.0,
+                     executors=Executors(execute=cancelled_meanwhile))
+    assert await execute_claimed(db, second, ctx) == "cancelled"
+    stale = RunContext(worker_id="w1", lease_ttl=10, clock=lambda: 1_012.0,
+                       executors=Executors(execute=ok))
+    assert await execute_claimed(db, first, stale) == "lost"
+    assert await status(db, rid) == "cancelled"
+    assert (await verify(db)).ok
 
 
 # ---------------------------------------------------------------- 14. the database file goes away

@@ -735,20 +735,24 @@ class RunContext:
 class LeaseLost(Exception):
     """The run's lease is no longer ours (reaped, cancelled, reclaimed)."""
 
-    def __init__(self, message: str, status: str | None = None) -> None:
+    def __init__(self, message: str, outcome: str = "lost") -> None:
         super().__init__(message)
-        #: The row's status when the loss was noticed (None: the row is gone).
-        self.status = status
+        #: How the run counts: ``cancelled`` or ``lost`` (see _lost_outcome).
+        self.outcome = outcome
 
 
-def _lost_outcome(status: str | None) -> str:
+def _lost_outcome(row: dict[str, Any] | None, lease: dict[str, Any]) -> str:
     """What a run whose lease went away counts as in a worker's outcomes.
 
-    A cancel ends the run where it stands: that is its real outcome, not a lost lease.
-    Anything else (reaped, reclaimed, deleted) is ``lost``: whatever the row says now
-    was written by someone else's lease, not by this run.
+    A cancel of the run under our lease (a cancel keeps the lease columns, so the token
+    tells) ends it where it stands: that is its real outcome. Anything else (reaped,
+    reclaimed, deleted; or cancelled under a later lease) is ``lost``: whatever the row
+    says now was not done to this run.
     """
-    return "cancelled" if status == "cancelled" else "lost"
+    if row is not None and row["status"] == "cancelled" \
+            and row["lease_token"] == lease["lease_token"]:
+        return "cancelled"
+    return "lost"
 
 
 def _finish(conn: sqlite3.Connection, policy: EntityPolicy, run: dict[str, Any], to_state: str,
@@ -808,7 +812,7 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
         return await _run_supervised(db, policy, run, decoded, lease, executor, ctx)
     except LeaseLost as exc:
         log.info("run %s: lease lost (%s); child stopped, nothing written", run["id"], exc)
-        return _lost_outcome(exc.status)
+        return exc.outcome
     finally:
         if lock is not None:
             lock.release()
@@ -878,7 +882,7 @@ async def _supervise_once(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
             or row["lease_expires_at"] != lease["lease_expires_at"]
             or row["lease_token"] != lease["lease_token"]):
         raise LeaseLost("row changed under us: " + (row["status"] if row else "deleted"),
-                        row["status"] if row else None)
+                        _lost_outcome(row, lease))
     now = ctx.clock()
     if now < lease["lease_expires_at"] - ctx.lease_ttl * (1 - RENEW_FRACTION):
         return
@@ -911,7 +915,7 @@ async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: d
         applied = await _write_outcome(db, lambda conn: _finish(
             conn, policy, run, "retry_wait", "run.retry_wait.backoff", dict(lease), patch, now,
             ctx.worker_id, summary=f"attempt {runs_done} of {policy_.max_attempts} failed"))
-        return "retry_wait" if applied else await _conflicted(db, run, "retry_wait")
+        return "retry_wait" if applied else await _conflicted(db, run, lease, "retry_wait")
     return await _end(db, policy, run, lease, ctx, "failed", code, exit_code, detail)
 
 
@@ -949,18 +953,20 @@ async def _end(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: di
         conn, policy, run, to_state, code, dict(lease), patch, now, ctx.worker_id,
         summary=detail or ""))
     if not applied:
-        return await _conflicted(db, run, to_state)
+        return await _conflicted(db, run, lease, to_state)
     return to_state
 
 
-async def _conflicted(db: StateDB, run: dict[str, Any], to_state: str) -> str:
+async def _conflicted(db: StateDB, run: dict[str, Any], lease: dict[str, Any],
+                      to_state: str) -> str:
     """The outcome of a run whose final write found the lease gone (see _lost_outcome)."""
     log.info("run %s: write of %s conflicted (lease no longer ours)", run["id"], to_state)
     try:
-        row = await db.fetch_one("SELECT status FROM schedule_runs WHERE id = ?", (run["id"],))
+        row = await db.fetch_one(
+            "SELECT status, lease_token FROM schedule_runs WHERE id = ?", (run["id"],))
     except Exception:  # only the count depends on it: lost is the safe answer
         return "lost"
-    return _lost_outcome(row["status"] if row else None)
+    return _lost_outcome(row, lease)
 
 
 # ----------------------------------------------------------------- passes
