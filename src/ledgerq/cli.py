@@ -327,6 +327,23 @@ def root(
 # ------------------------------------------------------------------ submit
 
 
+def parse_json(raw: str, option: str) -> Any:
+    """JSON from an option, or one usage error naming the option.
+
+    The parser recurses: JSON nested thousands of levels deep raised a bare
+    RecursionError traceback before the application's depth limit could refuse it.
+    """
+    from ledgerq.queue.application import MAX_ARGS_DEPTH
+
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        die(f"{option} is not valid JSON: {exc}")
+    except RecursionError:
+        die(f"{option} is nested too deeply to parse (args may be nested at most "
+            f"{MAX_ARGS_DEPTH} levels)")
+
+
 def parse_arg(item: str) -> tuple[str, Any]:
     """``key=value`` (a string) or ``key:=JSON`` (any JSON value)."""
     eq = item.find("=")
@@ -336,20 +353,14 @@ def parse_arg(item: str) -> tuple[str, Any]:
         key, raw = item[:eq - 1], item[eq + 1:]
         if not key:
             die(f"--arg {item!r}: expected key=value or key:=JSON")
-        try:
-            return key, json.loads(raw)
-        except json.JSONDecodeError as exc:
-            die(f"--arg {key}:= is not valid JSON: {exc}")
+        return key, parse_json(raw, f"--arg {key}:=")
     return item[:eq], item[eq + 1:]
 
 
 def build_args(args_json: str | None, pairs: list[str], argv: list[str] | None) -> dict[str, Any]:
     args: dict[str, Any] = {}
     if args_json is not None:
-        try:
-            parsed = json.loads(args_json)
-        except json.JSONDecodeError as exc:
-            die(f"--args is not valid JSON: {exc}")
+        parsed = parse_json(args_json, "--args")
         if not isinstance(parsed, dict):
             die(f"--args must be a JSON object, got {type(parsed).__name__}")
         args.update(parsed)
@@ -1063,11 +1074,9 @@ def _click_exceptions() -> Any:
 
 def usage_message(exc: Any) -> str:
     """click's usage error as our one line: the message, then where the help is."""
-    message = exc.format_message()
     ctx = getattr(exc, "ctx", None)
-    if ctx is not None:
-        message += f" (see '{ctx.command_path} --help')"
-    return str(message)
+    command = ctx.command_path if ctx is not None else "ledgerq"
+    return f"{exc.format_message()} (see '{command} --help')"
 
 
 def run_cli(args: Sequence[str] | None = None) -> int:
