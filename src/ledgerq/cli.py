@@ -4,13 +4,19 @@ Exit codes (every command):
 
 * 0 — success.
 * 1 — a domain failure: a cancel that conflicts (the run had already ended), an
-  unknown run id (``no run <id>``), drift found by ``verify``, an invalid spec.
+  unknown run id (``no run <id>``), drift found by ``verify``, an invalid spec; or a
+  database failure: a damaged file (``database is damaged: <file>: ...``), a file
+  without ledgerq's schema, any database error after the open.
 * 2 — a usage or validation error: bad options, an application the queue refuses
-  (unknown kind or target, args that are not a JSON object, unknown dependency),
-  a missing database file for a read command. Nothing is written.
+  (unknown kind or target, args that are not a JSON object, unknown dependency, a
+  limit exceeded, text that is not UTF-8), a missing database file for a read command,
+  a database path SQLite cannot open. Nothing is written.
 
-Errors are one line on stderr, prefixed ``ledgerq: error:``. Every read command has
-``--json`` whose keys are a stable contract (see docs and tests/test_cli.py).
+Errors are one line on stderr, prefixed ``ledgerq: error:`` (usage errors too: see
+:func:`run_cli`), never a traceback. Human-readable output escapes control characters
+(:func:`printable`); every read command has ``--json`` whose keys are a stable contract
+(see docs and tests/test_cli.py) and whose strings are exact. Read commands (``ls``,
+``show``, ``stats``, ``verify``) open the database read-only.
 The database comes from ``--db`` (on the command or before it), else ``LEDGERQ_DB``,
 else ``./ledgerq.db``.
 """
