@@ -14,6 +14,7 @@ import pytest
 
 from ledgerq import StateDB
 from ledgerq.errors import InvalidInput
+from ledgerq.queue import SubmitLimits as PublicSubmitLimits
 from ledgerq.queue import TaskApplication, submit_many, submit_task
 from ledgerq.queue.application import (
     ARGS_DEPTH_CEILING,
@@ -290,3 +291,7 @@ def test_bad_limits_are_refused(fields: dict[str, Any]) -> None:
 def test_validate_takes_only_a_limits_object() -> None:
     with pytest.raises(TypeError, match="SubmitLimits"):
         validate(app(), limits={"max_args_depth": 3})  # type: ignore[arg-type]
+
+
+def test_limits_are_exported_with_the_queue_api() -> None:
+    assert PublicSubmitLimits is SubmitLimits

@@ -5,6 +5,7 @@ from ledgerq.queue.application import (
     ACTION_KINDS,
     EXECUTION_TARGETS,
     RetryPolicy,
+    SubmitLimits,
     TaskApplication,
 )
 from ledgerq.queue.capabilities import (
@@ -42,6 +43,7 @@ __all__ = [
     "TASK_WORKER_ENABLED",
     "ExecuteFn",
     "RetryPolicy",
+    "SubmitLimits",
     "TaskApplication",
     "Worker",
     "affinity_score",
