@@ -295,3 +295,18 @@ def test_validate_takes_only_a_limits_object() -> None:
 
 def test_limits_are_exported_with_the_queue_api() -> None:
     assert PublicSubmitLimits is SubmitLimits
+
+
+def test_docs_state_the_limits_the_code_has() -> None:
+    """docs/queue.md's Limits table names each constant with its current default."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "queue.md").read_text("utf-8")
+    defaults = SubmitLimits()
+    for field_name, constant, value in (
+            ("max_args_depth", "MAX_ARGS_DEPTH", MAX_ARGS_DEPTH),
+            ("max_args_bytes", "MAX_ARGS_BYTES", MAX_ARGS_BYTES),
+            ("max_idempotency_key_length", "MAX_IDEMPOTENCY_KEY_LENGTH",
+             MAX_IDEMPOTENCY_KEY_LENGTH),
+            ("max_depends_on", "MAX_DEPENDS_ON", MAX_DEPENDS_ON)):
+        assert getattr(defaults, field_name) == value
+        assert f"| `{field_name}` (`{constant}`) | {value:,}" in text, field_name
+    assert f"`ARGS_DEPTH_CEILING` = {ARGS_DEPTH_CEILING}" in text
