@@ -182,36 +182,73 @@ def check_text(value: str, field_name: str) -> None:
 _SCALARS = (str, int, float, bool, type(None))
 
 
+def _where(args: dict[str, Any], node: object) -> tuple[str | int, ...]:
+    """The path from ``args`` to the container ``node`` (found by identity).
+
+    Only a refusal needs a path, so the walk in :func:`_check_args` does not build one
+    per value (that tripled the cost of validating ordinary args); this second walk runs
+    once, on the way to an error, and stops at the depth the first one reached.
+    """
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(args, ())]
+    while stack:
+        value, where = stack.pop()
+        if value is node:
+            return where
+        if isinstance(value, dict):
+            stack.extend((v, (*where, k)) for k, v in value.items() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            stack.extend((v, (*where, i)) for i, v in enumerate(value)
+                         if isinstance(v, dict | list))
+    return ()  # pragma: no cover - node always comes from args
+
+
 def _check_args(args: dict[str, Any], limits: SubmitLimits) -> None:
     """One iterative walk over ``args``: depth, key types, value types, text encoding.
 
     Iterative, so a 5,000-level input is refused at level ``max_args_depth + 1`` instead
     of overflowing the stack; every refusal names the path of the offending value.
     """
-    stack: list[tuple[Any, tuple[str | int, ...]]] = [(args, ())]
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(args, 1)]
     while stack:
-        value, where = stack.pop()
-        if isinstance(value, dict | list):
-            if len(where) >= limits.max_args_depth:
-                raise InvalidInput(
-                    f"args is nested too deeply: {_path(where)} is level {len(where) + 1}, "
-                    f"the limit is {limits.max_args_depth} (SubmitLimits.max_args_depth)")
-            if isinstance(value, dict):
-                for key, item in value.items():
-                    if not isinstance(key, str):
-                        raise InvalidInput(f"{_path(where)} has a key that is not a string: "
-                                           f"{shown(key)} ({type(key).__name__})")
-                    check_text(key, f"a key of {_path(where)} ({shown(key)})")
-                    stack.append((item, (*where, key)))
-            else:
-                stack.extend((item, (*where, i)) for i, item in enumerate(value))
-        elif isinstance(value, str):
-            check_text(value, _path(where))
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise InvalidInput(f"{_path(where)} is {value!r}: JSON has no such number")
-        elif not isinstance(value, _SCALARS):
-            raise InvalidInput(f"{_path(where)} is a {type(value).__name__}, not plain JSON "
-                               "(dict, list, str, finite number, bool or None)")
+        node, level = stack.pop()
+        if level > limits.max_args_depth:
+            raise InvalidInput(
+                f"args is nested too deeply: {_path(_where(args, node))} is level {level}, "
+                f"the limit is {limits.max_args_depth} (SubmitLimits.max_args_depth)")
+        is_dict = isinstance(node, dict)
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, item in items:
+            if is_dict:
+                if not isinstance(key, str):
+                    raise InvalidInput(f"{_path(_where(args, node))} has a key that is not a "
+                                       f"string: {shown(key)} ({type(key).__name__})")
+                if not key.isascii():
+                    check_text(key, f"a key of {_path(_where(args, node))} ({shown(key)})")
+            kind = type(item)
+            if kind is str:
+                if not item.isascii():  # ASCII is valid UTF-8: skip the search
+                    check_text(item, _path((*_where(args, node), key)))
+            elif kind is dict or kind is list:
+                stack.append((item, level + 1))
+            elif not (kind is int or kind is bool or item is None
+                      or (kind is float and math.isfinite(item))):
+                # subclasses and everything JSON cannot hold: the slow, exact checks
+                _check_other(args, node, key, item, stack, level)
+
+
+def _check_other(args: dict[str, Any], node: object, key: str | int, item: object,
+                 stack: list[tuple[dict[str, Any] | list[Any], int]], level: int) -> None:
+    """The value of :func:`_check_args` whose exact type is none of JSON's own."""
+    if isinstance(item, dict | list):
+        stack.append((item, level + 1))
+    elif isinstance(item, str):
+        check_text(item, _path((*_where(args, node), key)))
+    elif isinstance(item, float) and not math.isfinite(item):
+        raise InvalidInput(f"{_path((*_where(args, node), key))} is {item!r}: JSON has no "
+                           "such number")
+    elif not isinstance(item, _SCALARS):
+        raise InvalidInput(f"{_path((*_where(args, node), key))} is a {type(item).__name__}, "
+                           "not plain JSON (dict, list, str, finite number, bool or None)")
 
 
 def _check_command(args: dict[str, Any]) -> None:
