@@ -11,6 +11,12 @@ transaction, each inside its own savepoint: a unit that raises is rolled back al
 the others commit, and every caller learns its outcome only after the commit that made
 it durable. ``BEGIN IMMEDIATE`` takes the write lock before the first read, so a
 read-then-write never fails with SQLITE_BUSY halfway (it waits up to busy_timeout).
+
+A damaged file is never written: opening for write runs ``PRAGMA quick_check`` when the
+last writer did not close cleanly (see :mod:`ledgerq.store.integrity`), and any
+"malformed"/"not a database" error later marks the handle damaged and refuses every
+further write (:class:`~ledgerq.errors.DatabaseDamaged`). ``readonly=True`` opens the
+file read-only: it never writes, never creates the schema, never sets WAL.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from typing import Any, Literal, TypeVar
 
 import aiosqlite
 
+from ledgerq.errors import DatabaseDamaged, DatabaseError, SchemaMissing
 from ledgerq.lifecycle.registry import Registry, default_registry
-from ledgerq.store.schema import create_schema
+from ledgerq.store import integrity
+from ledgerq.store.schema import create_schema, missing_tables
 
 T = TypeVar("T")
 Unit = Callable[[sqlite3.Connection], Any]
@@ -44,7 +52,7 @@ class StateDB:
     """The database handle every ledgerq function takes."""
 
     def __init__(self, path: str | Path, *, registry: Registry | None = None,
-                 synchronous: Synchronous = "NORMAL",
+                 synchronous: Synchronous = "NORMAL", readonly: bool = False,
                  busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         sync = str(synchronous).upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -53,6 +61,10 @@ class StateDB:
         self.registry = registry if registry is not None else default_registry()
         self.synchronous = sync
         self.busy_timeout_ms = busy_timeout_ms
+        self.readonly = bool(readonly)
+        #: Why this handle refuses writes, once SQLite has reported the file damaged.
+        self.damaged: str | None = None
+        self._writer_lock: integrity.WriterLock | None = None
         self._conn: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._pending: list[tuple[Unit, asyncio.Future[Any]]] = []
@@ -64,7 +76,19 @@ class StateDB:
     async def open(self) -> StateDB:
         if self._conn is not None:
             return self
-        conn = await self._connect(self._configure)
+        if self.readonly:
+            self._conn = await self._open_readonly()
+            return self
+        if self.path not in (":memory:", ""):
+            # Before SQLite touches the file: only the first writer after a crash checks.
+            self._writer_lock = integrity.WriterLock(self.path)
+        try:
+            if self._writer_lock is not None and self._writer_lock.unclean:
+                await self._check_before_writing()
+            conn = await self._connect(self._configure)
+        except BaseException:
+            self._release_writer_lock()
+            raise
         # ":memory:" and "" (a private temporary file) are per connection: a second
         # connection would open another, empty database.
         if self.path not in (":memory:", ""):
@@ -72,21 +96,82 @@ class StateDB:
                 self._reader = await self._connect(self._configure_reader)
             except BaseException:
                 await conn.close()
+                self._release_writer_lock()
                 raise
         self._conn = conn
         return self
 
-    async def _connect(self, configure: Callable[[sqlite3.Connection], None]
-                       ) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self.path, isolation_level=None,
-                                       timeout=self.busy_timeout_ms / 1000,
-                                       cached_statements=STATEMENT_CACHE)
+    async def _check_before_writing(self) -> None:
+        """quick_check on a read-only connection: closing it checkpoints nothing, so a
+        damaged file (and the WAL a crashed writer left) stays exactly as it was found."""
+        found: list[str] = []
+        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+        conn = await self._connect(lambda c: found.extend(integrity.quick_check(c)), uri)
+        await conn.close()
+        if found:
+            self.damaged = found[0]
+            raise DatabaseDamaged(f"database is damaged: {self.path}: quick_check: "
+                                  + "; ".join(found[:5]))
+
+    async def _open_readonly(self) -> aiosqlite.Connection:
+        """A read-only connection, or a clear error; never creates or changes a file.
+
+        ``mode=ro`` still needs the WAL index (``-shm``): where the directory is not
+        writable and no ``-wal`` file exists (so no writer has the file open), SQLite
+        cannot build one, and the file is opened ``immutable`` instead.
+        """
+        if self.path in (":memory:", ""):
+            raise DatabaseError("readonly=True needs a database file, not a private database")
+        if not Path(self.path).is_file():
+            raise DatabaseError(f"no database at {self.path}")
+        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
         try:
-            await _in_thread(conn, configure)
+            conn = await self._connect(self._configure_readonly, uri)
+        except sqlite3.OperationalError as exc:
+            if Path(self.path + "-wal").exists():
+                raise DatabaseError(f"cannot open {self.path} read-only: {exc}") from exc
+            conn = await self._connect(self._configure_readonly, uri + "&immutable=1")
+        return conn
+
+    async def _connect(self, configure: Callable[[sqlite3.Connection], None],
+                       uri: str | None = None) -> aiosqlite.Connection:
+        try:
+            conn = await aiosqlite.connect(uri or self.path, isolation_level=None,
+                                           timeout=self.busy_timeout_ms / 1000,
+                                           cached_statements=STATEMENT_CACHE,
+                                           uri=uri is not None)
+        except sqlite3.DatabaseError as exc:
+            raise self._translate(exc) from exc
+        try:
+            await self._call(conn, configure)
         except BaseException:
             await conn.close()
             raise
         return conn
+
+    def _translate(self, exc: BaseException) -> BaseException:
+        """A corruption error becomes DatabaseDamaged (and the handle refuses writes)."""
+        if isinstance(exc, sqlite3.DatabaseError) and integrity.is_damage(exc):
+            self.damaged = str(exc)
+            damaged = DatabaseDamaged(f"database is damaged: {self.path}: {exc}")
+            damaged.__cause__ = exc
+            return damaged
+        return exc
+
+    async def _call(self, conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]
+                    ) -> T:
+        try:
+            return await _in_thread(conn, fn)
+        except sqlite3.DatabaseError as exc:
+            translated = self._translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
+
+    def _release_writer_lock(self) -> None:
+        lock, self._writer_lock = self._writer_lock, None
+        if lock is not None:
+            lock.release()
 
     def _configure(self, conn: sqlite3.Connection) -> None:
         conn.row_factory = sqlite3.Row
@@ -100,6 +185,14 @@ class StateDB:
         # (a direct sqlite3 micro-measurement; see docs/performance.md).
         conn.execute("PRAGMA temp_store = MEMORY")
         create_schema(conn, self.registry)
+
+    def _configure_readonly(self, conn: sqlite3.Connection) -> None:
+        self._configure_reader(conn)
+        missing = missing_tables(conn, self.registry)
+        if missing:
+            raise SchemaMissing(
+                f"{self.path} has no ledgerq schema (missing table(s) {', '.join(missing)}); "
+                "a read-only open never creates one: open it for writing first")
 
     def _configure_reader(self, conn: sqlite3.Connection) -> None:
         # The writer's settings (so a PRAGMA read through either reports the same), plus
@@ -125,8 +218,11 @@ class StateDB:
                 if reader is not None:
                     await reader.close()
             finally:
-                if conn is not None:
-                    await conn.close()
+                try:
+                    if conn is not None:
+                        await conn.close()
+                finally:
+                    self._release_writer_lock()
         finally:
             self._closing = False
 
@@ -155,11 +251,18 @@ class StateDB:
         plain reads belong in :meth:`read`, :meth:`fetch_one` and :meth:`fetch_all`.
         """
         conn = self._require()
-        return await _in_thread(conn, fn)
+        return await self._call(conn, fn)
 
     async def _query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         self._require()
-        return await _in_thread(self._reader or self._require(), fn)
+        return await self._call(self._reader or self._require(), fn)
+
+    async def check_integrity(self) -> list[str]:
+        """``PRAGMA quick_check`` of the whole file: [] when it is sound, else its findings."""
+        problems = await self._query(integrity.quick_check)
+        if problems:
+            self.damaged = problems[0]
+        return problems
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` inside one read transaction, so every statement sees one snapshot.
@@ -208,6 +311,11 @@ class StateDB:
         self._require()
         if self._closing:
             raise RuntimeError("StateDB is closing; no new writes are accepted")
+        if self.readonly:
+            raise DatabaseError(f"{self.path} is open read-only (readonly=True): writes refused")
+        if self.damaged is not None:
+            raise DatabaseDamaged(f"database is damaged: {self.path}: {self.damaged}; "
+                                  "writes refused")
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._pending.append((fn, fut))
         if self._drainer is None:
@@ -230,6 +338,7 @@ class StateDB:
                     units = [u for u, _ in batch]
                     outcomes = await _in_thread(conn, functools.partial(_run_group, units=units))
                 except BaseException as exc:  # the commit itself failed: nobody's write held
+                    exc = self._translate(exc)
                     for _, fut in batch:
                         if not fut.done():
                             fut.set_exception(exc)
@@ -242,7 +351,7 @@ class StateDB:
                     if ok:
                         fut.set_result(value)
                     else:
-                        fut.set_exception(value)
+                        fut.set_exception(self._translate(value))
         finally:
             self._drainer = None
 

@@ -96,6 +96,13 @@ def schema_ddl(registry: Registry) -> str:
     return "\n".join(parts)
 
 
+def missing_tables(conn: sqlite3.Connection, registry: Registry) -> list[str]:
+    """The tables a ledgerq database must have that this file lacks (read-only check)."""
+    wanted = ["status_transitions", *(p.table for p in registry.policies())]
+    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return [t for t in wanted if t not in have]
+
+
 def create_schema(conn: sqlite3.Connection, registry: Registry) -> None:
     conn.executescript("BEGIN IMMEDIATE;\n" + schema_ddl(registry) +
                        f"\nPRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;")
