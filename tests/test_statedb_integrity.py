@@ -34,7 +34,7 @@ async def test_readonly_reads_and_never_writes(db_path: Path) -> None:
         with pytest.raises(DatabaseError, match="read-only"):
             await submit_task(ro, APP)
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
-            await ro.fetch_one("INSERT INTO schedules (id, created_at) VALUES ('x', 1) RETURNING id")
+            await ro.fetch_one("INSERT INTO schedules (id, created_at) VALUES ('x', 1)")
     after = _files(db_path.parent)
     assert {k: v for k, v in after.items() if k == db_path.name} == \
         {k: v for k, v in before.items() if k == db_path.name}
@@ -46,7 +46,7 @@ async def test_readonly_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     assert not (tmp_path / "absent.db").exists()
     plain = tmp_path / "plain.db"
     sqlite3.connect(plain).execute("CREATE TABLE other (x)").connection.close()
-    with pytest.raises(SchemaMissing, match="missing table.*status_transitions"):
+    with pytest.raises(SchemaMissing, match=r"missing table.*status_transitions"):
         await StateDB(plain, readonly=True).open()
     assert SchemaMissing.__mro__.index(DatabaseError) > 0
 
