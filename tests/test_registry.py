@@ -46,8 +46,8 @@ requires_patch = ["note"]
 "widget.done.ok" = "Finished."
 
 [columns]
-owner = "TEXT"
-note = "TEXT"
+owner = "text"
+note = "text"
 """
 
 SCHEDULE_RUN_EDGES = {

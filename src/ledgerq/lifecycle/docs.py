@@ -94,7 +94,7 @@ def render_markdown(policy: EntityPolicy) -> str:
     ]
     for col, decl in policy.columns.items():
         who = "engine" if col in STANDARD_COLUMNS else "spec"
-        lines.append(f"| `{col}` | `{_cell(decl)}` | {who} |")
+        lines.append(f"| `{col}` | `{_cell(str(decl))}` | {who} |")
     if policy.indexes:
         lines += ["", "## Indexes", "", "| Name | Columns | Unique | Where |", "|---|---|---|---|"]
         for ix in policy.indexes:

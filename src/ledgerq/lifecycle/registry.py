@@ -7,7 +7,7 @@ so a running process cannot drift from the files it loaded.
 
 from __future__ import annotations
 
-import re
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,26 +17,61 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import get_args
 
+from ledgerq.lifecycle.identifiers import (
+    IDENTIFIER,
+    identifier_problem,
+    reason_code_problem,
+)
 from ledgerq.lifecycle.models import ActorType
-from ledgerq.lifecycle.spec import EdgeSpec, EntitySpec, SpecError, decode_spec
+from ledgerq.lifecycle.spec import ColumnSpec, EdgeSpec, EntitySpec, SpecError, decode_spec
 
-REASON_CODE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
-IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 #: Tables ledgerq's own schema owns; no entity may project into them.
 RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invocations"})
 ACTOR_TYPES: frozenset[str] = frozenset(get_args(ActorType))
 
+#: The logical column types a spec may declare; each dialect maps them to its own DDL.
+COLUMN_TYPES = ("text", "integer", "float", "timestamp", "json", "boolean")
+#: What ``on_delete`` of a reference may say.
+ON_DELETE = ("cascade", "set_null", "restrict")
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnPolicy:
+    """One validated column: a logical type and its constraints, no SQL text."""
+
+    type: str
+    not_null: bool = False
+    default: bool | int | float | str | None = None
+    references: str | None = None
+    on_delete: str | None = None
+    primary_key: bool = False
+
+    def __str__(self) -> str:
+        parts = [self.type]
+        if self.primary_key:
+            parts.append("primary key")
+        if self.not_null:
+            parts.append("not null")
+        if self.default is not None:
+            parts.append(f"default {self.default!r}")
+        if self.references is not None:
+            parts.append(f"references {self.references}")
+        if self.on_delete is not None:
+            parts.append(f"on delete {self.on_delete.replace('_', ' ')}")
+        return " ".join(parts)
+
+
 #: Columns every projection table has; the engine maintains them, specs never declare them.
-STANDARD_COLUMNS: Mapping[str, str] = MappingProxyType(
+STANDARD_COLUMNS: Mapping[str, ColumnPolicy] = MappingProxyType(
     {
-        "id": "TEXT PRIMARY KEY",
-        "status": "TEXT NOT NULL",
-        "version": "INTEGER NOT NULL DEFAULT 0",
-        "created_at": "REAL NOT NULL",
-        "updated_at": "REAL",
-        "status_reason_code": "TEXT",
-        "status_reason_summary": "TEXT",
-        "status_evidence_refs": "JSON",
+        "id": ColumnPolicy("text", primary_key=True),
+        "status": ColumnPolicy("text", not_null=True),
+        "version": ColumnPolicy("integer", not_null=True, default=0),
+        "created_at": ColumnPolicy("timestamp", not_null=True),
+        "updated_at": ColumnPolicy("timestamp"),
+        "status_reason_code": ColumnPolicy("text"),
+        "status_reason_summary": ColumnPolicy("text"),
+        "status_evidence_refs": ColumnPolicy("json"),
     }
 )
 
@@ -56,9 +91,18 @@ class IndexPolicy:
     name: str
     columns: tuple[str, ...]
     unique: bool
-    where: str | None
     #: The spec's ``where_status``: the states the index covers (None: not status-partial).
     status_in: tuple[str, ...] | None = None
+    #: The spec's ``where_not_null``: columns the indexed rows have set.
+    not_null: tuple[str, ...] = ()
+
+    @property
+    def where(self) -> str | None:
+        """The partial index's condition, built from validated names and quoted states."""
+        terms = [f"{c} IS NOT NULL" for c in self.not_null]
+        if self.status_in is not None:
+            terms.append(f"status IN ({', '.join(sql_literal(s) for s in self.status_in)})")
+        return " AND ".join(terms) or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +121,7 @@ class EntityPolicy:
     guard_columns: frozenset[str]
     patch_columns: frozenset[str]
     reason_codes: Mapping[str, str]
-    columns: Mapping[str, str]
+    columns: Mapping[str, ColumnPolicy]
     indexes: tuple[IndexPolicy, ...]
 
     #: Columns declared ``JSON``: stored as text, decoded on the way out. Derived once
@@ -88,7 +132,7 @@ class EntityPolicy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "json_columns", tuple(
-            c for c, decl in self.columns.items() if decl.split(maxsplit=1)[0].upper() == "JSON"))
+            c for c, col in self.columns.items() if col.type == "json"))
         object.__setattr__(self, "index_states", MappingProxyType(
             {ix.name: ix.status_in for ix in self.indexes if ix.status_in is not None}))
 
@@ -188,7 +232,7 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
     declared = set(states)
     for name in states:
         if not IDENTIFIER.match(name):
-            bad(f"$.states.{name}", "state names must be lower_snake_case identifiers")
+            bad(f"$.states.{name!r}", "state names must be lower_snake_case identifiers")
     for key, values in (("initial", spec.initial), ("terminal", spec.terminal)):
         for i, s in enumerate(values):
             if s not in declared:
@@ -200,12 +244,15 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
 
     columns = dict(STANDARD_COLUMNS)
     for name, decl in spec.columns.items():
+        problem = identifier_problem(name)
         if name in STANDARD_COLUMNS:
             bad(f"$.columns.{name}", "is a standard column the engine maintains; remove it")
-        elif not IDENTIFIER.match(name):
-            bad(f"$.columns.{name}", "column names must be lower_snake_case identifiers")
+        elif problem is not None:
+            bad(f"$.columns.{name!r}", f"column name {problem}")
         else:
-            columns[name] = decl
+            column = _column(f"$.columns.{name}", decl, bad)
+            if column is not None:
+                columns[name] = column
     for key, values in (("guard_columns", spec.guard_columns),
                         ("patch_columns", spec.patch_columns)):
         for i, col in enumerate(values):
@@ -252,33 +299,40 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
                 bad(f"$.states.{s}", "non-terminal state with no path to a terminal state")
 
     for code in spec.reason_codes:
-        if not REASON_CODE.match(code):
-            bad(f"$.reason_codes.{code!r}",
-                "malformed reason code; expected domain.status.cause in lower_snake_case")
+        problem = reason_code_problem(code)
+        if problem is not None:
+            bad(f"$.reason_codes.{code!r}", problem)
     if not spec.reason_codes:
         bad("$.reason_codes", "at least one reason code is required")
 
     indexes: list[IndexPolicy] = []
+    index_names: set[str] = set()
     for i, ix in enumerate(spec.indexes):
-        for j, col in enumerate(ix.columns):
-            if col not in columns:
-                bad(f"$.indexes[{i}].columns[{j}]", f"column {col!r} is not in the table")
-        where = ix.where
-        if ix.where_status is not None:
-            for j, s in enumerate(ix.where_status):
-                if s not in declared:
-                    bad(f"$.indexes[{i}].where_status[{j}]", f"undeclared state {s!r}")
-            status_in = f"status IN ({', '.join(sql_literal(s) for s in ix.where_status)})"
-            where = status_in if where is None else f"({where}) AND {status_in}"
-        indexes.append(IndexPolicy(ix.name, tuple(ix.columns), ix.unique, where,
-                                   tuple(ix.where_status) if ix.where_status else None))
+        problem = identifier_problem(ix.name)
+        if problem is not None:
+            bad(f"$.indexes[{i}].name", f"index name {problem}")
+        elif ix.name in index_names:
+            bad(f"$.indexes[{i}].name", f"index {ix.name!r} is declared twice")
+        index_names.add(ix.name)
+        if not ix.columns:
+            bad(f"$.indexes[{i}].columns", "an index needs at least one column")
+        for key, cols in (("columns", ix.columns), ("where_not_null", ix.where_not_null)):
+            for j, col in enumerate(cols):
+                if col not in columns:
+                    bad(f"$.indexes[{i}].{key}[{j}]", f"column {col!r} is not in the table")
+        for j, state in enumerate(ix.where_status or []):
+            if state not in declared:
+                bad(f"$.indexes[{i}].where_status[{j}]", f"undeclared state {state!r}")
+        indexes.append(IndexPolicy(ix.name, tuple(ix.columns), ix.unique,
+                                   tuple(ix.where_status) if ix.where_status else None,
+                                   tuple(ix.where_not_null)))
 
     if spec.table in RESERVED_TABLES:
         bad("$.table", f"table {spec.table!r} is reserved by ledgerq's own schema")
-    for name in (spec.entity, spec.table):
-        if not IDENTIFIER.match(name):
-            bad("$.entity" if name == spec.entity else "$.table",
-                f"{name!r} must be a lower_snake_case identifier")
+    for where, name in (("$.entity", spec.entity), ("$.table", spec.table)):
+        problem = identifier_problem(name)
+        if problem is not None:
+            bad(where, problem)
 
     if problems:
         raise SpecError(problems)
@@ -298,6 +352,54 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
         columns=MappingProxyType(columns),
         indexes=tuple(indexes),
     )
+
+
+_DEFAULT_TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType({
+    "text": (str,), "integer": (int,), "float": (int, float), "timestamp": (int, float),
+    "boolean": (bool,), "json": (),
+})
+
+
+def _column(where: str, decl: ColumnSpec | str, bad: Callable[[str, str], None]
+            ) -> ColumnPolicy | None:
+    """A column declaration checked against the closed type vocabulary; never SQL text."""
+    spec = ColumnSpec(type=decl) if isinstance(decl, str) else decl
+    where_type = where if isinstance(decl, str) else f"{where}.type"
+    if spec.type not in COLUMN_TYPES:
+        bad(where_type, f"unknown column type {spec.type!r}; known: {', '.join(COLUMN_TYPES)}")
+        return None
+    ok = True
+    default = spec.default
+    if default is not None:
+        allowed = _DEFAULT_TYPES[spec.type]
+        wrong = not isinstance(default, allowed) or (
+            isinstance(default, bool) and bool not in allowed)
+        if wrong:
+            bad(f"{where}.default", f"default {default!r} is not a {spec.type} value"
+                if allowed else f"a {spec.type} column takes no default")
+            ok = False
+        elif isinstance(default, float) and not math.isfinite(default):
+            bad(f"{where}.default", "default must be a finite number")
+            ok = False
+        elif isinstance(default, int) and not -(2**63) <= default < 2**63:
+            bad(f"{where}.default", "default does not fit in 64 bits")
+            ok = False
+    if spec.references is not None:
+        problem = identifier_problem(spec.references)
+        if problem is not None:
+            bad(f"{where}.references", f"referenced table {problem}")
+            ok = False
+    if spec.on_delete is not None:
+        if spec.references is None:
+            bad(f"{where}.on_delete", "on_delete needs references")
+            ok = False
+        elif spec.on_delete not in ON_DELETE:
+            bad(f"{where}.on_delete",
+                f"unknown on_delete {spec.on_delete!r}; known: {', '.join(ON_DELETE)}")
+            ok = False
+    if not ok:
+        return None
+    return ColumnPolicy(spec.type, spec.not_null, default, spec.references, spec.on_delete)
 
 
 def _check_edge(i: int, edge: EdgeSpec, declared: set[str], terminal: set[str],
@@ -373,6 +475,12 @@ def load_registry(path: str | Path | None = None) -> Registry:
                             f"(also in {seen_table[p.table]})")
         seen_entity.setdefault(p.name, p.source)
         seen_table.setdefault(p.table, p.source)
+    tables = {p.table for p in policies} | (RESERVED_TABLES - {"status_transitions", "workers"})
+    for p in policies:
+        for name, column in p.columns.items():
+            if column.references is not None and column.references not in tables:
+                problems.append(f"{p.source}: $.columns.{name}.references: unknown table "
+                                f"{column.references!r}; known: {', '.join(sorted(tables))}")
     if problems:
         raise SpecError(problems)
     return Registry(policies)

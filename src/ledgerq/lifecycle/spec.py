@@ -34,12 +34,27 @@ class EdgeSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     description: str = ""
 
 
+class ColumnSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A column in portable, logical terms; each database dialect renders its own DDL.
+
+    ``type`` is one of text, integer, float, timestamp (epoch seconds as a float), json,
+    boolean. A spec may write just the type (``ended_at = "timestamp"``) or a table.
+    """
+
+    type: str
+    not_null: bool = False
+    default: bool | int | float | str | None = None
+    references: str | None = None
+    on_delete: str | None = None
+
+
 class IndexSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
     columns: list[str]
     unique: bool = False
     where_status: list[str] | None = None
-    where: str | None = None
+    #: Partial index over rows where each of these columns IS NOT NULL.
+    where_not_null: list[str] = []
 
 
 class EntitySpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -53,7 +68,7 @@ class EntitySpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     description: str = ""
     guard_columns: list[str] = []
     patch_columns: list[str] = []
-    columns: dict[str, str] = {}
+    columns: dict[str, ColumnSpec | str] = {}
     indexes: list[IndexSpec] = []
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from ledgerq.lifecycle.registry import EntityPolicy, Registry
+from ledgerq.lifecycle.identifiers import quote
+from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry, sql_literal
 
 SCHEMA_VERSION = 1
 
@@ -70,19 +71,55 @@ CREATE INDEX IF NOT EXISTS idx_workers_leased_run
 """
 
 
+#: SQLite's declared type per logical type. JSON keeps the declared name ``JSON`` (as
+#: databases created before logical types have it); timestamps are epoch-second REALs.
+SQLITE_TYPES = {"text": "TEXT", "integer": "INTEGER", "float": "REAL", "timestamp": "REAL",
+                "json": "JSON", "boolean": "INTEGER"}
+_ON_DELETE = {"cascade": "CASCADE", "set_null": "SET NULL", "restrict": "RESTRICT"}
+
+
+def column_ddl(column: ColumnPolicy) -> str:
+    """One column's type and constraints, rendered from the closed vocabulary only."""
+    parts = [SQLITE_TYPES[column.type]]
+    if column.primary_key:
+        parts.append("PRIMARY KEY")
+    if column.not_null:
+        parts.append("NOT NULL")
+    if column.default is not None:
+        parts.append(f"DEFAULT {_literal(column.default)}")
+    if column.references is not None:
+        parts.append(f"REFERENCES {quote(column.references)}(id)")
+        if column.on_delete is not None:
+            parts.append(f"ON DELETE {_ON_DELETE[column.on_delete]}")
+    return " ".join(parts)
+
+
+def _literal(value: bool | int | float | str) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    return sql_literal(value)
+
+
 def projection_ddl(policy: EntityPolicy) -> str:
     cols = []
-    for name, decl in policy.columns.items():
+    for name, column in policy.columns.items():
+        decl = column_ddl(column)
         if name == "status":
             decl = f"{decl} {policy.status_check()}"
-        cols.append(f"  {name} {decl}")
-    stmts = [f"CREATE TABLE IF NOT EXISTS {policy.table} (\n" + ",\n".join(cols) + "\n);"]
+        cols.append(f"  {quote(name)} {decl}")
+    table = quote(policy.table)
+    stmts = [f"CREATE TABLE IF NOT EXISTS {table} (\n" + ",\n".join(cols) + "\n);"]
     for ix in policy.indexes:
         unique = "UNIQUE " if ix.unique else ""
-        where = f" WHERE {ix.where}" if ix.where else ""
+        terms = [f"{quote(c)} IS NOT NULL" for c in ix.not_null]
+        if ix.status_in is not None:
+            terms.append(f"status IN ({', '.join(sql_literal(s) for s in ix.status_in)})")
+        where = f" WHERE {' AND '.join(terms)}" if terms else ""
         stmts.append(
-            f"CREATE {unique}INDEX IF NOT EXISTS {ix.name} "
-            f"ON {policy.table}({', '.join(ix.columns)}){where};"
+            f"CREATE {unique}INDEX IF NOT EXISTS {quote(ix.name)} "
+            f"ON {table}({', '.join(quote(c) for c in ix.columns)}){where};"
         )
     return "\n".join(stmts)
 
