@@ -27,6 +27,12 @@ from ledgerq.lifecycle.spec import ColumnSpec, EdgeSpec, EntitySpec, SpecError, 
 
 #: Tables ledgerq's own schema owns; no entity may project into them.
 RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invocations"})
+#: Every name ledgerq's own schema takes in the database's one namespace of tables,
+#: indexes and triggers (tests/test_spec_identifiers.py checks it against the DDL).
+RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
+    "uq_status_transitions_version", "uq_status_transitions_idempotency",
+    "status_transitions_no_update", "status_transitions_no_delete", "idx_workers_leased_run",
+})
 ACTOR_TYPES: frozenset[str] = frozenset(get_args(ActorType))
 
 #: The logical column types a spec may declare; each dialect maps them to its own DDL.
@@ -187,6 +193,10 @@ class Registry:
     __slots__ = ("_by_name",)
 
     def __init__(self, policies: Iterable[EntityPolicy]) -> None:
+        policies = list(policies)
+        problems = cross_problems(policies)
+        if problems:
+            raise SpecError(problems)
         by_name: dict[str, EntityPolicy] = {}
         for p in policies:
             by_name[p.name] = p
@@ -360,6 +370,14 @@ _DEFAULT_TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType({
 })
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _column(where: str, decl: ColumnSpec | str, bad: Callable[[str, str], None]
             ) -> ColumnPolicy | None:
     """A column declaration checked against the closed type vocabulary; never SQL text."""
@@ -380,6 +398,9 @@ def _column(where: str, decl: ColumnSpec | str, bad: Callable[[str, str], None]
             ok = False
         elif isinstance(default, float) and not math.isfinite(default):
             bad(f"{where}.default", "default must be a finite number")
+            ok = False
+        elif isinstance(default, str) and ("\x00" in default or not _utf8(default)):
+            bad(f"{where}.default", "a text default must be UTF-8 text without NUL")
             ok = False
         elif isinstance(default, int) and not -(2**63) <= default < 2**63:
             bad(f"{where}.default", "default does not fit in 64 bits")
@@ -464,26 +485,45 @@ def load_registry(path: str | Path | None = None) -> Registry:
             policies.append(build_policy(decode_spec(f), str(f)))
         except SpecError as exc:
             problems.extend(exc.problems)
+    problems.extend(cross_problems(policies))
+    if problems:
+        raise SpecError(problems)
+    return Registry(policies)
+
+
+def cross_problems(policies: Iterable[EntityPolicy]) -> list[str]:
+    """What no single spec file shows: names two specs (or ledgerq's schema) both claim.
+
+    Every table and index lives in one namespace per database; ``CREATE ... IF NOT
+    EXISTS`` would silently skip a second object of the same name, so a collision must
+    be refused here rather than discovered as a missing index.
+    """
+    problems: list[str] = []
+    policies = list(policies)
     seen_entity: dict[str, str] = {}
-    seen_table: dict[str, str] = {}
+    owner: dict[str, str] = {n: "ledgerq's own schema" for n in RESERVED_OBJECTS}
     for p in policies:
         if p.name in seen_entity:
             problems.append(f"{p.source}: $.entity: duplicate entity {p.name!r} "
                             f"(also in {seen_entity[p.name]})")
-        if p.table in seen_table:
-            problems.append(f"{p.source}: $.table: duplicate table {p.table!r} "
-                            f"(also in {seen_table[p.table]})")
         seen_entity.setdefault(p.name, p.source)
-        seen_table.setdefault(p.table, p.source)
+        if p.table in owner and p.table not in RESERVED_TABLES:
+            problems.append(f"{p.source}: $.table: duplicate table {p.table!r} "
+                            f"(also in {owner[p.table]})")
+        owner.setdefault(p.table, p.source)
+    for p in policies:
+        for i, ix in enumerate(p.indexes):
+            if ix.name in owner:
+                problems.append(f"{p.source}: $.indexes[{i}].name: {ix.name!r} is already "
+                                f"a table or index name (in {owner[ix.name]})")
+            owner.setdefault(ix.name, p.source)
     tables = {p.table for p in policies} | (RESERVED_TABLES - {"status_transitions", "workers"})
     for p in policies:
         for name, column in p.columns.items():
             if column.references is not None and column.references not in tables:
                 problems.append(f"{p.source}: $.columns.{name}.references: unknown table "
                                 f"{column.references!r}; known: {', '.join(sorted(tables))}")
-    if problems:
-        raise SpecError(problems)
-    return Registry(policies)
+    return problems
 
 
 @lru_cache(maxsize=1)
