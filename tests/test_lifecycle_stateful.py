@@ -50,6 +50,7 @@ from ledgerq.lifecycle import (
 )
 from ledgerq.lifecycle.registry import ACTOR_TYPES
 from ledgerq.projections import verify
+from ledgerq.store.schema import column_ddl
 
 REGISTRY = default_registry()
 ENTITIES = ("schedule_run", "dispatch")
@@ -132,7 +133,7 @@ def stored_as(decl: str, value: Any) -> Any:
 
 
 def stored_patch(policy: EntityPolicy, patch: dict[str, Any] | None) -> dict[str, Any]:
-    return {c: stored_as(policy.columns[c], v) for c, v in (patch or {}).items()}
+    return {c: stored_as(column_ddl(policy.columns[c]), v) for c, v in (patch or {}).items()}
 
 
 def tracked_columns(policy: EntityPolicy) -> list[str]:
@@ -311,7 +312,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _create(self, entity: str, initial: str, values: dict[str, Any], second: bool) -> None:
         policy = POLICIES[entity]
-        cols = {c: pool(policy.columns[c])[0] for c in tracked_columns(policy)}
+        cols = {c: pool(column_ddl(policy.columns[c]))[0] for c in tracked_columns(policy)}
         cols.update({c: v for c, v in values.items() if c in cols})
         row_values = {**REQUIRED_VALUES[entity], **cols, "status": initial}
         db = self.db2 if second else self.db
@@ -333,7 +334,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         policy = POLICIES[entity]
         initial = data.draw(st.sampled_from(sorted(policy.initial)), label="initial")
-        values = {c: data.draw(st.sampled_from(pool(policy.columns[c])), label=c)
+        values = {c: data.draw(st.sampled_from(pool(column_ddl(policy.columns[c]))), label=c)
                   for c in sorted(policy.guard_columns)}
         self._create(entity, initial, values, second)
 
@@ -359,11 +360,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         columns = sorted(policy.guard_columns | policy.patch_columns)
 
         def value(col: str) -> Any:
-            options = pool(policy.columns[col])
+            options = pool(column_ddl(policy.columns[col]))
             return options[(c["values"] + columns.index(col)) % len(options)]
 
         def patch_value(col: str) -> Any:
-            options = patch_pool(policy.columns[col])
+            options = patch_pool(column_ddl(policy.columns[col]))
             return options[(c["values"] + columns.index(col)) % len(options)]
 
         def current(col: str) -> Any:
