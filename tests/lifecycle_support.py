@@ -82,8 +82,16 @@ async def move(db: StateDB, entity_type: str, entity_id: str, from_state: str | 
                to_state: str, code: str, *, guard: dict[str, Any] | None = None,
                patch: dict[str, Any] | None = None, now: float | None = None,
                **kw: Any) -> TransitionResult:
+    """A transition; a claim (into running from elsewhere) carries a lease, as the spec
+    requires, unless the test names lease columns itself."""
+    if entity_type == "schedule_run" and to_state == "running" and from_state != "running":
+        patch = {**CLAIM_LEASE, **(patch or {})}
     return await transition(db, request(entity_type, entity_id, from_state, to_state, code, **kw),
                             guard=guard, patch=patch, now=now)
+
+
+#: The lease a test claim takes (the engine mints its fencing token).
+CLAIM_LEASE: dict[str, Any] = {"leased_by": "test-worker", "lease_expires_at": 4.0e9}
 
 
 async def row(db: StateDB, table: str, entity_id: str) -> dict[str, Any] | None:

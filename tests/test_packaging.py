@@ -43,7 +43,7 @@ SNIPPET = textwrap.dedent("""
             res = await transition(db, TransitionRequest(
                 entity_type="schedule_run", entity_id=rid, from_state="queued",
                 to_state="running", reason=StateReason(code="run.started.ok"), actor=actor,
-                idempotency_key="k"))
+                idempotency_key="k"), patch={"leased_by": "pkg", "lease_expires_at": 4e9})
             return res.applied
 
     print(json.dumps({

@@ -103,9 +103,14 @@ def test_schedule_run_graph_matches_the_record() -> None:
     assert p.initial == frozenset({"queued", "waiting_dependency", "running", "failed", "skipped"})
     for t in p.terminal:
         assert p.edges[t] == frozenset(), f"terminal {t} has outgoing edges"
-    # No actor restrictions or required columns on schedule_run edges: the worker supplies them.
+    # No actor restrictions on schedule_run edges. Only the claim requires columns: the
+    # lease the reaper watches (issue 16 item 5), with an engine-minted fencing token.
     for (src, dst), rule in p.edge_rules.items():
         assert rule.actors is None, (src, dst)
+        if (src, dst) == ("queued", "running"):
+            assert rule.requires_patch == {"leased_by", "lease_expires_at"}
+            assert rule.fresh_tokens == {"lease_token"}
+            continue
         assert not rule.requires_guard and not rule.requires_patch, (src, dst)
     assert set(p.edge_rules) == {(s, d) for s, ds in SCHEDULE_RUN_EDGES.items() for d in ds}
 

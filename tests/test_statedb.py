@@ -213,7 +213,8 @@ async def test_concurrent_writes_from_two_connections(db_path: Path) -> None:
         racers = await asyncio.gather(*(new_run(one) for _ in range(40)))
         outcomes = await asyncio.gather(*(
             move(db, RUN, rid, "queued", "running", "run.started.ok",
-                 guard={"leased_by": None}, patch={"leased_by": name})
+                 guard={"leased_by": None},
+                                       patch={"leased_by": name, "lease_expires_at": 4e9})
             for rid in racers for db, name in ((one, "one"), (two, "two"))))
         for i, rid in enumerate(racers):
             pair = outcomes[2 * i: 2 * i + 2]
@@ -253,7 +254,9 @@ WRITER = textwrap.dedent("""
                     reason=StateReason(code="run.queued.submitted"), actor=actor)
                 for to, code in (("running", "run.started.ok"),
                                  ("completed", "run.completed.ok")):
-                    res = await transition(db, req(rid, None, to, code, f"{name}-{i}-{to}"))
+                    lease = {"leased_by": name, "lease_expires_at": 4e9} if to == "running" else {}
+                    res = await transition(db, req(rid, None, to, code, f"{name}-{i}-{to}"),
+                                           patch=lease)
                     assert res.applied, res
                 return rid
             created = []
@@ -265,7 +268,8 @@ WRITER = textwrap.dedent("""
             for rid in order:
                 res = await transition(db, req(rid, "queued", "running", "run.started.ok",
                                                f"claim-{name}"),
-                                       guard={"leased_by": None}, patch={"leased_by": name})
+                                       guard={"leased_by": None},
+                                       patch={"leased_by": name, "lease_expires_at": 4e9})
                 if res.applied:
                     claimed.append(rid)
                 else:

@@ -390,8 +390,12 @@ async def test_applied_move_updates_row_and_appends_one_fact(db: StateDB) -> Non
 
     after = await row(db, "schedule_runs", rid)
     assert after is not None
+    # A caller written against the record sets no fencing token: the engine mints one.
+    token = after["lease_token"]
+    assert isinstance(token, str) and len(token) == 32 and int(token, 16) >= 0
     expected = dict(before)
     expected.update(status="running", version=2, updated_at=2000.0, leased_by="w1",
+                    lease_token=token,
                     lease_expires_at=1234.5, lease_attempts=1,
                     status_reason_code="run.started.ok", status_reason_summary="claimed",
                     status_evidence_refs=json.dumps([{"kind": "lease", "ref": "L1"}],
@@ -412,8 +416,9 @@ async def test_applied_move_updates_row_and_appends_one_fact(db: StateDB) -> Non
     assert fact["entity_version"] == 2
     assert fact["idempotency_key"] == "k-start"
     patch = json.loads(fact["patch"])
-    assert {k: patch[k] for k in ("leased_by", "lease_expires_at", "lease_attempts")} == {
-        "leased_by": "w1", "lease_expires_at": 1234.5, "lease_attempts": 1}
+    assert {k: patch[k] for k in ("leased_by", "lease_expires_at", "lease_attempts",
+                                  "lease_token")} == {
+        "leased_by": "w1", "lease_expires_at": 1234.5, "lease_attempts": 1, "lease_token": token}
     assert patch["updated_at"] == 2000.0
     assert "status" not in patch and "version" not in patch
 

@@ -9,11 +9,14 @@ snapshot under the write lock and commit (or vanish) together.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sqlite3
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
 from ledgerq.store.codec import dumps, loads, to_sql
@@ -60,7 +63,10 @@ def _update_sql(table: str, guard_cols: tuple[str, ...], change_cols: tuple[str,
     sets = ", ".join(f"{c} = ?" for c in ("version", *change_cols))
     if not same_state:
         sets = f"status = ?, {sets}"
-    where = " AND ".join(["id = ?", "status = ?"] + [f"{c} IS ?" for c in guard_cols])
+    # version = ? makes the swap exact even where two writers can read the same row
+    # (PostgreSQL's READ COMMITTED): of two moves computed from one version, one applies.
+    where = " AND ".join(["id = ?", "status = ?", "version = ?"]
+                         + [f"{c} IS ?" for c in guard_cols])
     # RETURNING reads the patched columns back as stored (after the column's type
     # affinity), so the fact records exactly what the row holds: 123 patched into a
     # TEXT column is '123' in both, and folding the log reproduces the row.
@@ -73,16 +79,76 @@ def _update_sql(table: str, guard_cols: tuple[str, ...], change_cols: tuple[str,
 
 def check_columns(policy: EntityPolicy, guard: dict[str, Any] | None,
                   patch: dict[str, Any] | None) -> None:
+    """Allowlisted columns, and values the log can store exactly (ValueError otherwise)."""
     for kind, given, allowed in (("guard", guard, policy.guard_columns),
                                  ("patch", patch, policy.patch_columns)):
-        if not given or allowed.issuperset(given):
+        if not given:
             continue
-        extra = sorted(set(given) - allowed)
-        if extra:
-            raise ValueError(
+        if not allowed.issuperset(given):
+            names = [k for k in given if not isinstance(k, str)]
+            if names:
+                raise InvalidInput(f"{kind} column names must be strings, not {names[0]!r}")
+            extra = sorted(set(given) - allowed)
+            raise InvalidInput(
                 f"{kind} column(s) {', '.join(extra)} not allowed for {policy.name}; "
                 f"allowed: {', '.join(sorted(allowed)) or 'none'}"
             )
+        for col, value in given.items():
+            vtype = type(value)
+            if (value is None or vtype is bool or (vtype is str and value.isascii())
+                    or (vtype is int and _INT64_MIN <= value <= _INT64_MAX)):
+                continue  # the common case: a scalar that needs no further look
+            problem = value_problem(value, json=col in policy.json_columns)
+            if problem is not None:
+                raise InvalidInput(f"{kind} column {col} of {policy.name}: {problem}")
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: Nesting a JSON column value may have; deeper values are refused, never a RecursionError.
+MAX_JSON_DEPTH = 64
+
+
+def value_problem(value: Any, *, json: bool) -> str | None:
+    """Why ``value`` cannot be stored in a row and its fact so that both read back equal.
+
+    The row holds it as SQLite stores it and the fact holds it as JSON: only values both
+    represent exactly qualify (None, bool, 64-bit int, finite float, UTF-8 str, and for
+    JSON columns lists and string-keyed dicts of those). A bytes value, for instance,
+    would be a BLOB in the row and base64 in the fact, and verify() would see drift.
+    """
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not _INT64_MIN <= item <= _INT64_MAX:
+                return f"integer {item} does not fit in 64 bits"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{item!r} is not a finite number"
+        elif isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "text is not valid UTF-8 (a lone surrogate)"
+        elif isinstance(item, list | tuple | dict) and json:
+            if depth >= MAX_JSON_DEPTH:
+                return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+            if isinstance(item, dict):
+                for key in item:
+                    if not isinstance(key, str):
+                        return f"JSON object keys must be strings, not {key!r:.60}"
+                    todo.append((key, depth + 1))
+                todo.extend((v, depth + 1) for v in item.values())
+            else:
+                todo.extend((v, depth + 1) for v in item)
+        else:
+            kind = type(item).__name__
+            where = "" if json else " (lists and objects go only into JSON columns)"
+            return f"a {kind} value cannot be stored exactly in the log{where}"
+    return None
 
 
 def check_reason(policy: EntityPolicy, reason: StateReason) -> None:
@@ -186,6 +252,8 @@ def apply_move(conn: sqlite3.Connection, policy: EntityPolicy, entity_id: str,
     for i, col in enumerate(guard_cols):
         if row[2 + i] != guard[col]:
             return _conflict(observed)
+    if rule.fresh_tokens and not rule.fresh_tokens.issubset(patch):
+        patch = {**{c: uuid.uuid4().hex for c in rule.fresh_tokens}, **patch}
 
     ts = time.time() if now is None else now
     changes: dict[str, Any] = {
@@ -199,7 +267,7 @@ def apply_move(conn: sqlite3.Connection, policy: EntityPolicy, entity_id: str,
     version = row[1] + 1
     patched = tuple(patch)
     same_state = observed == to_state
-    params = [version, *changes.values(), entity_id, observed,
+    params = [version, *changes.values(), entity_id, observed, row[1],
               *(to_sql(guard[c]) for c in guard_cols)]
     if not same_state:
         params.insert(0, to_state)

@@ -90,6 +90,7 @@ class EdgeRule:
     requires_guard: frozenset[str]
     requires_patch: frozenset[str]
     description: str
+    fresh_tokens: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,8 @@ def _edge_label(rule: EdgeRule) -> str:
         parts.append("guard " + ",".join(sorted(rule.requires_guard)))
     if rule.requires_patch:
         parts.append("patch " + ",".join(sorted(rule.requires_patch)))
+    if rule.fresh_tokens:
+        parts.append("token " + ",".join(sorted(rule.fresh_tokens)))
     # Mermaid's state-diagram lexer ends a transition label at ':' or ';', so neither
     # may appear inside one.
     return " / ".join(parts)
@@ -285,6 +288,7 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
             requires_guard=frozenset(edge.requires_guard),
             requires_patch=frozenset(edge.requires_patch),
             description=edge.description,
+            fresh_tokens=frozenset(edge.fresh_tokens),
         )
         for j, dst in enumerate(edge.to):
             if dst not in declared:
@@ -446,6 +450,9 @@ def _check_edge(i: int, edge: EdgeSpec, declared: set[str], terminal: set[str],
     for j, col in enumerate(edge.requires_patch):
         if col not in patch_cols:
             bad(f"{where}.requires_patch[{j}]", f"column {col!r} is not in patch_columns")
+    for j, col in enumerate(edge.fresh_tokens):
+        if col not in patch_cols:
+            bad(f"{where}.fresh_tokens[{j}]", f"column {col!r} is not in patch_columns")
 
 
 def _reach(starts: Iterable[str], graph: Mapping[str, Iterable[str]]) -> set[str]:

@@ -31,6 +31,9 @@ class EdgeSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     actors: list[str] | None = None
     requires_guard: list[str] = []
     requires_patch: list[str] = []
+    #: Patch columns the engine fills with a fresh random token when a request omits
+    #: them (a lease's fencing token: callers written against the record never set it).
+    fresh_tokens: list[str] = []
     description: str = ""
 
 
