@@ -81,7 +81,7 @@ async def test_a_claim_without_a_lease_is_refused(db: StateDB) -> None:
     req = TransitionRequest(entity_type=RUN, entity_id=rid, from_state="queued",
                             to_state="running", reason=StateReason(code="run.started.ok"),
                             actor=Actor(type="system", id="t"), idempotency_key="")
-    with pytest.raises(ValueError, match="requires patch column.*lease_expires_at, leased_by"):
+    with pytest.raises(ValueError, match=r"requires patch column.*lease_expires_at, leased_by"):
         await transition(db, req)
     assert (await row(db, "schedule_runs", rid))["status"] == "queued"  # type: ignore[index]
 
