@@ -1,0 +1,409 @@
+"""The engine's in-transaction entry points, called directly (issue 16 item 15).
+
+``transition()`` validates reason codes and column allowlists before it queues a unit,
+so the tests that go through it would still pass if ``apply_move``, ``runs.move``,
+``create_entity`` or ``create_entities`` stopped checking. Those functions are what the
+queue calls (inside its own transactions, with reasons built by ``model_construct``),
+so each must refuse on its own: a ValueError naming what is wrong, raised before any
+statement runs, leaving the rows and the log as they were.
+
+The second half pins that ``submit_many`` (whose plain applications go through
+``create_entities``) writes exactly the facts ``submit_task`` (``create_entity``) writes.
+
+Every spec fact used here comes from the packaged specs (``default_registry()``), never
+from a hand-written spec file, so a change of the spec format does not break these tests.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledgerq import StateDB
+from ledgerq.lifecycle import Actor, StateReason
+from ledgerq.lifecycle.engine import apply_move, create_entities, create_entity
+from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy, default_registry
+from ledgerq.projections import verify
+from ledgerq.queue import RetryPolicy, TaskApplication, runs, submit_many, submit_task
+from ledgerq.store.codec import loads
+from lifecycle_support import new_dispatch, new_run, run_values, snapshot
+
+RUN = default_registry().entity("schedule_run")
+DISPATCH = default_registry().entity("dispatch")
+ACTOR = Actor(type="operator", id="direct-test")
+NOW = 1_700_000_000.25
+HOST = "node-direct"
+
+#: A declared edge from a creation state (queued -> cancelled) whose reason code, patch
+#: and guard columns come from the packaged spec; every refusal below would otherwise
+#: be a legal, applied move (each test's control proves it).
+FROM, TO, CODE = "queued", "cancelled", "run.cancelled.operator"
+
+
+def _declared_edge() -> None:
+    assert RUN.allows(FROM, TO), "the packaged spec no longer declares queued -> cancelled"
+    assert CODE in RUN.reason_codes
+    assert "ended_at" in RUN.patch_columns and "leased_by" in RUN.guard_columns
+
+
+_declared_edge()
+
+
+def traced(fn: Callable[[sqlite3.Connection], Any]
+           ) -> tuple[Callable[[sqlite3.Connection], Any], list[str]]:
+    """Wrap an in-transaction call so every statement *it* executes is recorded.
+
+    Only the wrapped call is traced, not the savepoint StateDB.write puts around it, so
+    an empty list means the refusal came before the first read, not merely that a
+    rollback hid a write.
+    """
+    statements: list[str] = []
+
+    def unit(conn: sqlite3.Connection) -> Any:
+        conn.set_trace_callback(statements.append)
+        try:
+            return fn(conn)
+        finally:
+            conn.set_trace_callback(None)
+
+    return unit, statements
+
+
+def reason(code: str = CODE, **kw: Any) -> StateReason:
+    return StateReason(code=code, **kw)
+
+
+def direct_move(via: str, policy: EntityPolicy, entity_id: str, code: str, *,
+                guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
+                from_state: str = FROM, to_state: str = TO
+                ) -> Callable[[sqlite3.Connection], Any]:
+    """One move through ``apply_move`` or ``runs.move``, as an in-transaction unit."""
+    if via == "apply_move":
+        # model_construct, as the queue builds its reasons: no pydantic check in the way.
+        why = StateReason.model_construct(code=code, summary="", evidence_refs=[], metadata={})
+        return lambda conn: apply_move(conn, policy, entity_id, from_state, to_state, why,
+                                       ACTOR, guard=guard, patch=patch, now=NOW)
+    assert policy is RUN
+    return lambda conn: runs.move(conn, policy, entity_id, from_state, to_state, code,
+                                  actor=ACTOR, guard=guard, patch=patch, now=NOW)
+
+
+async def stored_run(db: StateDB, run_id: str) -> dict[str, Any]:
+    got = await db.fetch_one("SELECT * FROM schedule_runs WHERE id = ?", (run_id,))
+    assert got is not None
+    return got
+
+
+async def facts_of(db: StateDB, entity_id: str) -> list[dict[str, Any]]:
+    return await db.fetch_all(
+        "SELECT * FROM status_transitions WHERE entity_id = ? ORDER BY entity_version",
+        (entity_id,))
+
+
+# ------------------------------------------------------------ apply_move / runs.move
+
+
+UNDECLARED_CODES = [
+    "run.cancelled.because",   # well-formed, never declared
+    "dispatch.acked.ok",       # declared, but by the other entity
+    "RUN.CANCELLED.OPERATOR",  # a declared code in another case: codes are exact
+    "",
+]
+
+
+@pytest.mark.parametrize("via", ["apply_move", "runs.move"])
+@pytest.mark.parametrize("code", UNDECLARED_CODES)
+async def test_move_refuses_an_undeclared_reason_code(db: StateDB, via: str, code: str) -> None:
+    assert code not in RUN.reason_codes
+    rid = await new_run(db)
+    before = await snapshot(db)
+    unit, statements = traced(direct_move(via, RUN, rid, code, patch={"ended_at": NOW}))
+    with pytest.raises(ValueError, match=re.escape(repr(code))):
+        await db.write(unit)
+    assert statements == []
+    assert await snapshot(db) == before
+    # Control: the same move with a declared code is applied, so the refusal above is
+    # the reason code's alone.
+    moved = await db.write(direct_move(via, RUN, rid, CODE, patch={"ended_at": NOW}))
+    assert moved.applied
+    assert (await stored_run(db, rid))["status_reason_code"] == CODE
+
+
+def _outside_allowlist_cases() -> list[tuple[str, str]]:
+    """(kind, column) pairs the packaged spec does not allowlist for schedule_run."""
+    cases: list[tuple[str, str]] = [
+        ("guard", "action_kind"),   # a table column, not a guard column
+        ("guard", "ended_at"),      # a patch column, not a guard column
+        ("guard", "no_such_column"),
+        ("patch", "action_kind"),   # a table column, not a patch column
+        ("patch", "no_such_column"),
+    ]
+    # Every engine-maintained column: a patch of one would forge the row's bookkeeping.
+    cases += [("patch", c) for c in STANDARD_COLUMNS]
+    for kind, col in cases:
+        allowed = RUN.guard_columns if kind == "guard" else RUN.patch_columns
+        assert col not in allowed, f"the packaged spec now allowlists {kind} column {col}"
+    return cases
+
+
+@pytest.mark.parametrize("via", ["apply_move", "runs.move"])
+@pytest.mark.parametrize(("kind", "column"), _outside_allowlist_cases())
+async def test_move_refuses_a_column_outside_the_allowlist(db: StateDB, via: str, kind: str,
+                                                           column: str) -> None:
+    rid = await new_run(db)
+    current = await stored_run(db, rid)
+    before = await snapshot(db)
+    # A guard on the row's own value: without the allowlist check it would match and the
+    # move would apply; a patch with a value the row does not hold would be written.
+    value: Any = current.get(column) if kind == "guard" else "forged"
+    guard = {column: value} if kind == "guard" else None
+    patch = {"ended_at": NOW, column: value} if kind == "patch" else {"ended_at": NOW}
+    unit, statements = traced(direct_move(via, RUN, rid, CODE, guard=guard, patch=patch))
+    with pytest.raises(ValueError, match=rf"\b{column}\b") as info:
+        await db.write(unit)
+    assert kind in str(info.value)
+    assert statements == []
+    assert await snapshot(db) == before
+    moved = await db.write(direct_move(via, RUN, rid, CODE, guard={"leased_by": None},
+                                       patch={"ended_at": NOW}))
+    assert moved.applied
+
+
+async def test_apply_move_checks_the_allowlist_of_its_own_entity(db: StateDB) -> None:
+    # 'attempt' is dispatch's guard and patch column, but not schedule_run's: the check
+    # uses the policy it was handed, not the union of every spec's allowlist.
+    assert "attempt" in DISPATCH.guard_columns and "attempt" not in RUN.guard_columns
+    rid = await new_run(db)
+    before = await snapshot(db)
+    for guard, patch in (({"attempt": 0}, None), (None, {"attempt": 1})):
+        unit, statements = traced(direct_move("apply_move", RUN, rid, CODE, guard=guard,
+                                              patch=patch))
+        with pytest.raises(ValueError, match="attempt"):
+            await db.write(unit)
+        assert statements == []
+    assert await snapshot(db) == before
+    # And the other way round: schedule_run's column on a dispatch row.
+    did = await new_dispatch(db)
+    before = await snapshot(db)
+    unit, statements = traced(direct_move(
+        "apply_move", DISPATCH, did, "dispatch.delivering.attempt", from_state="pending",
+        to_state="delivering", patch={"ended_at": NOW}))
+    with pytest.raises(ValueError, match="ended_at"):
+        await db.write(unit)
+    assert statements == []
+    assert await snapshot(db) == before
+
+
+# ------------------------------------------------------------ create_entity / create_entities
+
+
+def create_unit(via: str, policy: EntityPolicy, values: list[dict[str, Any]],
+                why: StateReason, actor: Actor = ACTOR) -> Callable[[sqlite3.Connection], Any]:
+    if via == "create_entity":
+        def one_by_one(conn: sqlite3.Connection) -> list[str]:
+            return [create_entity(conn, policy, v, reason=why, actor=actor, now=NOW)
+                    for v in values]
+        return one_by_one
+    return lambda conn: create_entities(conn, policy, values, reason=why, actor=actor, now=NOW)
+
+
+CREATE_VIAS = ["create_entity", "create_entities"]
+
+
+@pytest.mark.parametrize("via", CREATE_VIAS)
+@pytest.mark.parametrize("code", ["run.queued.because", "dispatch.pending.created", ""])
+async def test_create_refuses_an_undeclared_reason_code(db: StateDB, via: str, code: str) -> None:
+    assert code not in RUN.reason_codes
+    await new_run(db)  # something already there, so "nothing written" is not "empty"
+    before = await snapshot(db)
+    why = StateReason.model_construct(code=code, summary="", evidence_refs=[], metadata={})
+    unit, statements = traced(create_unit(via, RUN, [run_values()], why))
+    with pytest.raises(ValueError, match=re.escape(repr(code))):
+        await db.write(unit)
+    assert statements == []
+    assert await snapshot(db) == before
+    ids = await db.write(create_unit(via, RUN, [run_values()], reason("run.queued.submitted")))
+    assert len(ids) == 1
+
+
+BAD_VALUES: list[tuple[dict[str, Any], str]] = [
+    (run_values(no_such_column=1), "no_such_column"),
+    ({**run_values(), "status; DROP TABLE schedule_runs": 1}, "DROP TABLE"),
+    (run_values("completed"), "completed"),           # declared, but not an initial state
+    (run_values("retry_wait"), "retry_wait"),         # the same, non-terminal
+    (run_values("paused"), "paused"),                 # not a state at all
+    ({k: v for k, v in run_values().items() if k != "status"}, "None"),
+]
+
+
+@pytest.mark.parametrize("via", CREATE_VIAS)
+@pytest.mark.parametrize(("values", "named"), BAD_VALUES)
+async def test_create_refuses_values_the_spec_does_not_allow(db: StateDB, via: str,
+                                                            values: dict[str, Any],
+                                                            named: str) -> None:
+    await new_run(db)
+    before = await snapshot(db)
+    unit, statements = traced(create_unit(via, RUN, [values], reason("run.queued.submitted")))
+    with pytest.raises(ValueError, match=re.escape(named)):
+        await db.write(unit)
+    assert statements == []
+    assert await snapshot(db) == before
+
+
+async def test_create_entities_checks_every_row_before_writing_any(db: StateDB) -> None:
+    # The bad row is last: a check made row by row, as each is inserted, would already
+    # have run INSERTs for the first two (which a caller catching the ValueError inside
+    # its own transaction would then commit).
+    await new_run(db)
+    before = await snapshot(db)
+    values = [run_values(), run_values(fired_at=2.0), run_values(no_such_column=1)]
+    unit, statements = traced(create_unit("create_entities", RUN, values,
+                                          reason("run.queued.submitted")))
+    with pytest.raises(ValueError, match="no_such_column"):
+        await db.write(unit)
+    assert statements == []
+    assert await snapshot(db) == before
+
+
+RICH_REASON = StateReason(
+    code="run.queued.submitted",
+    summary="submitted by the nightly import",
+    evidence_refs=[{"kind": "ticket", "ref": "OPS-42"}, {"kind": "url", "ref": "https://x/y"}],
+    metadata={"batch": 7, "tags": ["a", "b"]},
+)
+
+
+@pytest.mark.parametrize("via", CREATE_VIAS)
+async def test_a_created_row_carries_its_reason(db: StateDB, via: str) -> None:
+    values = [run_values(), run_values("waiting_dependency", fired_at=3.0)]
+    # Two initial states, one reason: the engine does not tie a code to a state.
+    ids = await db.write(create_unit(via, RUN, values, RICH_REASON))
+    assert len(ids) == 2
+    for rid, given in zip(ids, values, strict=True):
+        row = await stored_run(db, rid)
+        assert row["status"] == given["status"]
+        assert row["version"] == 1
+        assert row["created_at"] == NOW
+        assert row["status_reason_code"] == RICH_REASON.code
+        assert row["status_reason_summary"] == RICH_REASON.summary
+        assert loads(row["status_evidence_refs"]) == RICH_REASON.evidence_refs
+        [fact] = await facts_of(db, rid)
+        assert fact["entity_type"] == "schedule_run"
+        assert fact["previous_status"] is None
+        assert fact["status"] == given["status"]
+        assert fact["reason_code"] == RICH_REASON.code
+        assert fact["reason_summary"] == RICH_REASON.summary
+        assert loads(fact["evidence_refs"]) == RICH_REASON.evidence_refs
+        assert loads(fact["metadata"]) == RICH_REASON.metadata
+        assert (fact["source"], fact["actor"]) == (ACTOR.type, ACTOR.id)
+        assert fact["created_at"] == NOW
+        assert fact["entity_version"] == 1
+        assert fact["idempotency_key"] is None
+        # The creation fact's patch is the row as stored (its non-NULL columns), so a
+        # rebuild from the log alone recreates the reason columns too.
+        patch = loads(fact["patch"])
+        stored = {k: v for k, v in row.items() if v is not None and k not in ("status",
+                                                                             "version")}
+        assert patch == stored
+    assert (await verify(db)).ok
+
+
+# ------------------------------------------------------------ submit_many == submit_task
+
+
+def applications() -> list[TaskApplication]:
+    """Plain applications (no key, no dependencies) that differ in every optional field,
+    so a batch of them goes through create_entities."""
+    return [
+        TaskApplication("agent", {"prompt": "hi"}, "host"),
+        TaskApplication("flow", {"steps": [1, 2, {"x": None}]}, "process",
+                        required_capabilities=["gpu-exclusive", "warmed-cache", "linux"]),
+        TaskApplication("agent", {}, "local_worktree", library_ref="lib/a",
+                        library_content_hash="sha256:" + "0" * 64),
+        TaskApplication("play", {"n": 1.5, "s": "é\u2028"}, "host",
+                        retry=RetryPolicy(3, base_delay=0.5, jitter=0), timeout_seconds=12.5),
+        TaskApplication("agent", {"prompt": "hi"}, "host"),  # equal to the first
+    ]
+
+
+@pytest.fixture
+async def two_dbs(tmp_path: Path) -> AsyncIterator[tuple[StateDB, StateDB]]:
+    async with StateDB(tmp_path / "one_by_one.db") as a, StateDB(tmp_path / "batch.db") as b:
+        yield a, b
+
+
+async def all_facts(db: StateDB) -> list[dict[str, Any]]:
+    return await db.fetch_all("SELECT * FROM status_transitions ORDER BY rowid")
+
+
+def without_ids(fact: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in fact.items() if k not in ("id", "entity_id", "patch")}
+    patch = loads(fact["patch"])
+    assert "id" in patch
+    out["patch"] = {k: v for k, v in patch.items() if k != "id"}
+    for col in ("evidence_refs", "metadata"):
+        out[col] = loads(out[col])
+    return out
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "with_a_keyed_app"])
+async def test_submit_many_writes_the_facts_submit_task_writes(
+        two_dbs: tuple[StateDB, StateDB], keyed: bool) -> None:
+    one_db, batch_db = two_dbs
+    apps = applications()
+    if keyed:
+        # A keyed application is inserted alone, splitting the batch in two runs.
+        apps.insert(2, TaskApplication("agent", {"k": 1}, "host", idempotency_key="key-1"))
+    one_ids = [await submit_task(one_db, app, now=NOW, host=HOST) for app in apps]
+    batch_ids = await submit_many(batch_db, apps, now=NOW, host=HOST)
+    assert len(set(batch_ids)) == len(apps)
+
+    one_facts, batch_facts = await all_facts(one_db), await all_facts(batch_db)
+    assert [f["entity_id"] for f in one_facts] == one_ids
+    assert [f["entity_id"] for f in batch_facts] == batch_ids
+    for app, one, batch in zip(apps, one_facts, batch_facts, strict=True):
+        assert without_ids(batch) == without_ids(one)
+        # And what both must be, so the same mistake in both paths fails too.
+        assert one["id"] != one["entity_id"]
+        assert loads(one["patch"])["id"] == one["entity_id"]
+        assert loads(batch["patch"])["id"] == batch["entity_id"]
+        assert one["entity_type"] == "schedule_run"
+        assert (one["previous_status"], one["status"]) == (None, "queued")
+        assert one["reason_code"] == "run.queued.submitted"
+        assert one["reason_summary"] == ""
+        assert loads(one["evidence_refs"]) == []
+        assert loads(one["metadata"]) == {}
+        assert (one["source"], one["actor"]) == ("system", "ledgerq.submit")
+        assert one["created_at"] == NOW
+        assert one["entity_version"] == 1
+        assert one["idempotency_key"] is None
+        patch = loads(one["patch"])
+        assert patch["created_at"] == patch["queued_at"] == patch["fired_at"] == NOW
+        assert patch["action_kind"] == app.action_kind
+        assert patch.get("idempotency_key") == app.idempotency_key
+
+    # The rows agree as well (only their ids differ), and each log rebuilds its rows.
+    for one_id, batch_id in zip(one_ids, batch_ids, strict=True):
+        one_row = await stored_run(one_db, one_id)
+        batch_row = await stored_run(batch_db, batch_id)
+        assert {**batch_row, "id": None} == {**one_row, "id": None}
+    assert (await verify(one_db)).ok and (await verify(batch_db)).ok
+
+
+async def test_submit_many_passes_its_actor_to_every_fact(
+        two_dbs: tuple[StateDB, StateDB]) -> None:
+    one_db, batch_db = two_dbs
+    who = Actor(type="webhook", id="hook-9")
+    apps = applications()
+    for app in apps:
+        await submit_task(one_db, app, now=NOW, host=HOST, actor=who)
+    await submit_many(batch_db, apps, now=NOW, host=HOST, actor=who)
+    for db in two_dbs:
+        facts = await all_facts(db)
+        assert len(facts) == len(apps)
+        assert {(f["source"], f["actor"]) for f in facts} == {("webhook", "hook-9")}
