@@ -34,8 +34,9 @@ async def direct(db: StateDB, rid: str, *path: tuple[str, str, str]) -> None:
     """Move a run behind the queue's back, as an operator's raw transition() would."""
     policy = db.registry.entity("schedule_run")
     for src, dst, code in path:
-        assert (await db.write(lambda c, s=src, d=dst, k=code: move(c, policy, rid, s, d, k))
-                ).applied
+        lease = {"leased_by": "op", "lease_expires_at": 4e9} if dst == "running" else None
+        assert (await db.write(lambda c, s=src, d=dst, k=code, p=lease: move(
+            c, policy, rid, s, d, k, patch=p))).applied
 
 
 async def test_waiting_runs_cost_no_write_until_settled(db: StateDB,
