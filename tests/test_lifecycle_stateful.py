@@ -383,6 +383,11 @@ class LifecycleMachine(RuleBasedStateMachine):
                 guard.setdefault(col, current(col))
             for col in edge_rule.requires_patch:
                 patch.setdefault(col, patch_value(col))
+        if edge_rule is not None:
+            # The engine mints a token the request omits (random: the model could not
+            # predict it); tests/test_engine_boundary.py covers the minting itself.
+            for col in edge_rule.fresh_tokens:
+                patch.setdefault(col, patch_value(col))
         if edge_rule is not None and edge_rule.actors is not None and c["satisfy_actor"]:
             allowed = sorted(edge_rule.actors)
             actor_type = allowed[c["actor"] % len(allowed)]
