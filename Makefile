@@ -25,3 +25,4 @@ bench: install
 	$(BIN)/python bench/transition.py
 	$(BIN)/python bench/queue.py
 	$(BIN)/python bench/runtime.py
+	$(BIN)/python bench/rebuild.py

@@ -42,7 +42,7 @@ QUERIES = [
      "sqlite_autoindex_schedule_runs_1"),
     ("a move's update",
      _update_sql("schedule_runs", ("leased_by",), ("updated_at",), (), False),
-     ("running", 2, 1.0, "x", "queued", None), "sqlite_autoindex_schedule_runs_1"),
+     ("running", 2, 1.0, "x", "queued", 1, None), "sqlite_autoindex_schedule_runs_1"),
     ("an entity's history",
      "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? "
      "ORDER BY entity_version", ("schedule_run", "x"), "uq_status_transitions_version"),
