@@ -60,3 +60,23 @@ async def test_rebuild_of_50k_rows_costs_ten_times_5k(tmp_path: Path) -> None:
     # Linear: ten times the rows, about ten times the VM steps. The quadratic rebuild
     # (a child-table scan per deleted row) took about a hundred times.
     assert large < 14 * small, (small, large)
+
+
+async def test_verify_reports_a_gap_in_an_entitys_fact_versions(db_path: Path) -> None:
+    async with StateDB(db_path) as db:
+        (rid,) = await submit_many(db, [APP])
+    conn = sqlite3.connect(db_path)
+    with conn:  # fact 3 with no fact 2: the log is append-only, so insert it directly
+        conn.execute(
+            "INSERT INTO status_transitions (id, entity_type, entity_id, previous_status, "
+            "status, reason_code, source, created_at, entity_version, patch) VALUES "
+            "('gap', 'schedule_run', ?, 'queued', 'queued', 'run.queued.retry_due', "
+            "'system', 2.0, 3, '{}')", (rid,))
+        conn.execute("UPDATE schedule_runs SET version = 3 WHERE id = ?", (rid,))
+    conn.close()
+    async with StateDB(db_path) as db:
+        report = await verify(db)
+    gaps = [d for d in report.drift if d.problem == "fact versions have a gap"]
+    assert [(g.entity_id, g.column, g.expected, g.actual) for g in gaps] == [
+        (rid, "entity_version", 2, 3)]
+    assert not report.ok

@@ -846,11 +846,13 @@ def rebuild(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = Fals
                           TimeElapsedColumn(), console=err_console,
                           disable=json_out) as progress:
                 task = progress.add_task("folding the log into projections", total=facts)
-                report = await rebuild_db(handle)
+                report = await rebuild_db(handle, progress=lambda n: progress.update(
+                    task, completed=n))
                 progress.update(task, completed=report.facts,
                                 description="rebuilt (one transaction)")
                 check = progress.add_task("verifying", total=report.facts)
-                checked = await verify_db(handle)
+                checked = await verify_db(handle, progress=lambda n: progress.update(
+                    check, completed=n))
                 progress.update(check, completed=report.facts, description="verified")
             return report, checked
 
