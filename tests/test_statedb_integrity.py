@@ -167,3 +167,20 @@ async def test_not_a_database_is_damage(tmp_path: Path) -> None:
     with pytest.raises(DatabaseDamaged, match="not a database"):
         await StateDB(path).open()
     assert path.read_bytes() == before
+
+
+async def test_a_worker_stops_with_database_damaged_instead_of_retrying(db_path: Path) -> None:
+    from ledgerq.queue import Worker
+
+    await _filled(db_path, 10)
+    async with StateDB(db_path) as db:
+        worker = Worker(db, handle_signals=False, poll_interval=0.05)
+
+        async def damaged(*args: object, **kwargs: object) -> None:
+            raise DatabaseDamaged("database is damaged: test: database disk image is malformed")
+
+        worker._claim = damaged  # type: ignore[method-assign]
+        import asyncio
+
+        with pytest.raises(DatabaseDamaged, match="malformed"):
+            await asyncio.wait_for(worker.run(), timeout=30)

@@ -780,13 +780,13 @@ def worker(
             sys.stderr.write(printable(f"ledgerq worker {w.worker_id} stopped: {summary}")
                              + "\n")
 
-    from ledgerq.errors import DatabaseGone
+    from ledgerq.errors import DatabaseError
 
     try:
         run(go())
     except ValueError as exc:
         die(str(exc))
-    except DatabaseGone as exc:  # the file was deleted or replaced under the worker
+    except DatabaseError as exc:  # the file was deleted, replaced or damaged under it
         die(str(exc), DOMAIN_FAILURE)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ledgerq.errors import DatabaseGone
+from ledgerq.errors import DatabaseDamaged, DatabaseError, DatabaseGone
 from ledgerq.queue import wakeup
 from ledgerq.queue.launcher import ExecuteFn
 from ledgerq.queue.worker import (
@@ -154,7 +154,8 @@ class Worker:
         #: Per pass, the failure last logged with its traceback (repeats are not).
         self._failing: dict[str, str] = {}
         self._db_identity: tuple[int, int] | None = None
-        self._gone: DatabaseGone | None = None
+        #: Why the worker stopped by itself: its file is gone or damaged.
+        self._gone: DatabaseError | None = None
 
     # ------------------------------------------------------------ control
 
@@ -174,7 +175,8 @@ class Worker:
     # ------------------------------------------------------------ loop
 
     async def run(self) -> None:
-        """Serve until stopped; DatabaseGone if the database file is deleted or replaced.
+        """Serve until stopped; DatabaseGone if the database file is deleted or replaced,
+        DatabaseDamaged if SQLite reports it damaged.
 
         A worker left holding an unlinked file would go on claiming from a queue nobody
         can submit to, while the next submit creates a fresh database at the path: it
@@ -270,6 +272,12 @@ class Worker:
         """
         try:
             await pass_
+        except DatabaseDamaged as exc:
+            # Retrying cannot help and every write is refused: stop, and say why once.
+            self._gone = exc
+            self._stopping_runs.set()
+            self.request_stop()
+            return False
         except Exception as exc:
             key = f"{type(exc).__name__}: {exc}"
             if self._failing.get(name) != key:
