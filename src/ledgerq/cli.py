@@ -808,7 +808,18 @@ def verify(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False
 
     async def go() -> Any:
         async with open_db(ctx, path, readonly=True) as handle:
-            return await verify_db(handle)
+            if json_out or not err_console.is_terminal:
+                return await verify_db(handle)
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            facts = (await handle.fetch_one("SELECT COUNT(*) AS n FROM status_transitions")
+                     or {"n": 0})["n"]
+            with Progress(TextColumn("verifying"), BarColumn(),
+                          TextColumn("{task.completed}/{task.total} facts"),
+                          TimeElapsedColumn(), console=err_console, transient=True) as bar:
+                task = bar.add_task("verify", total=facts)
+                return await verify_db(handle, progress=lambda n: bar.update(
+                    task, completed=n))
 
     report = run(go())
     if json_out:
@@ -844,7 +855,9 @@ def rebuild(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = Fals
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                           TextColumn("{task.completed}/{task.total} facts"),
                           TimeElapsedColumn(), console=err_console,
-                          disable=json_out) as progress:
+                          # A bar only for a person watching: piped or captured stderr
+                          # would otherwise get its last frame as a stray line.
+                          disable=json_out or not err_console.is_terminal) as progress:
                 task = progress.add_task("folding the log into projections", total=facts)
                 report = await rebuild_db(handle, progress=lambda n: progress.update(
                     task, completed=n))

@@ -41,8 +41,17 @@ class Drift:
         where = f"{self.entity_type} {self.entity_id}"
         if self.column is None:
             return f"{where}: {self.problem}"
+        if self.problem == GAP:
+            return (f"{where}: {self.problem}: version {self.expected!r} is missing, the "
+                    f"next fact is version {self.actual!r}")
         return (f"{where}: {self.problem} {self.column}: log says {self.expected!r}, "
                 f"row has {self.actual!r}")
+
+
+#: A Drift's problem when an entity's facts skip a version (1 then 3): a fact was lost, or
+#: written around the engine. ``expected`` is the first missing version, ``actual`` the
+#: version found in its place; only the first gap of an entity is reported.
+GAP = "fact versions have a gap"
 
 
 @dataclass
@@ -111,7 +120,7 @@ def _verify(conn: sqlite3.Connection, policies: list[EntityPolicy],
             report.rows += 1
             for i, f in enumerate(own, start=1):
                 if f[2] != i:
-                    report.drift.append(Drift(policy.name, entity_id, "fact versions have a gap",
+                    report.drift.append(Drift(policy.name, entity_id, GAP,
                                               "entity_version", i, f[2]))
                     break
             expected = fold_rows(own, policy)
@@ -123,6 +132,8 @@ def _verify(conn: sqlite3.Connection, policies: list[EntityPolicy],
             group = next(groups, None)
     report.facts = counter[0]
     report.ok = not report.drift
+    if progress is not None:
+        progress(counter[0])
     return report
 
 
@@ -131,7 +142,8 @@ async def verify(db: StateDB, *, progress: Progress | None = None) -> VerifyRepo
 
     The file's integrity is checked first (``PRAGMA quick_check``): on a damaged file the
     fold would compare garbage, so the report is the damage, and ``ok`` is False.
-    ``progress`` is called with the facts folded so far, from the database's thread.
+    ``progress`` is called with the facts folded so far, from the database's thread, each
+    :data:`PROGRESS_EVERY` facts and once at the end with the total (a bar can finish).
     """
     problems = await db.check_integrity()
     if problems:
@@ -172,6 +184,8 @@ def _rebuild(conn: sqlite3.Connection, policies: list[EntityPolicy],
 
         conn.executemany(sql, folded())
         tables[policy.table] = rows
+    if progress is not None:
+        progress(counter[0])
     return RebuildReport(rows=sum(tables.values()), facts=counter[0], tables=tables)
 
 
@@ -179,7 +193,7 @@ async def rebuild(db: StateDB, *, progress: Progress | None = None) -> RebuildRe
     """Recreate every projection row from the log alone, in one transaction.
 
     Linear in the log: facts stream in index order and fold entity by entity into one
-    ``executemany``. ``progress`` is called with the facts folded so far.
+    ``executemany``. ``progress`` is called as :func:`verify` calls it.
     """
     policies = db.registry.policies()
     return await db.write(lambda conn: _rebuild(conn, policies, progress))
