@@ -146,6 +146,11 @@ async def direct(db: StateDB, rid: str, src: str, dst: str, code: str,
                  patch: dict[str, Any] | None = None) -> None:
     """Move a run behind the queue's back (as a raw transition() or another host would)."""
     policy = db.registry.entity("schedule_run")
+    if dst == "running" and src != "running":  # a claim carries the lease the spec requires
+        patch = {"leased_by": "other-host", "lease_expires_at": 4e9, **(patch or {})}
+    elif src == "running" and dst != "running":  # and leaving running gives it up
+        patch = {"leased_by": None, "lease_expires_at": None, "lease_token": None,
+                 **(patch or {})}
     moved = await db.write(lambda c: move(c, policy, rid, src, dst, code, patch=patch))
     assert moved.applied
 
