@@ -76,9 +76,10 @@ def mint_across_milliseconds(mint: Callable[[], str], per_ms: int = 50,
     distinct milliseconds (it waits for the clock to move on between bursts)."""
     ids: list[str] = []
     for _ in range(spans):
-        start = now_ms()
         ids += [mint() for _ in range(per_ms)]
-        while now_ms() <= start:
+        # Past the millisecond of the burst's last id, not of its start: a burst may
+        # cross into the next millisecond, and the next burst would then share it.
+        while now_ms() <= id_ms(ids[-1]):
             time.sleep(0.0005)
     return ids
 
@@ -160,10 +161,9 @@ async def test_run_ids_submitted_in_sequence_sort_in_submission_order(db: StateD
     app = TaskApplication("agent", {"prompt": "hi"}, "host")
     ids: list[str] = []
     for _ in range(6):
-        start = now_ms()
         ids += await submit_many(db, [app] * 5)
         ids.append(await submit_task(db, app))
-        while now_ms() <= start:
+        while now_ms() <= id_ms(ids[-1]):
             await asyncio.sleep(0.001)
     assert len({id_ms(i) for i in ids}) >= 6
     assert_sorted_by_millisecond(ids)
