@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.unprivileged import without_write_permission
 from ledgerq import StateDB
 from ledgerq.lifecycle import Actor
 from ledgerq.queue import (
@@ -480,24 +481,8 @@ def test_read_commands_change_no_database_byte(tmp_path: Path) -> None:
         db.name + "-wal", db.name + "-shm"}
 
 
-#: Root reads and writes every file whatever its mode (CAP_DAC_OVERRIDE). Dropping that
-#: capability from the bounding and inheritable sets keeps uid 0 (so the interpreter and
-#: the venv stay reachable) but makes a 0444 file in a 0555 directory refuse writes as it
-#: would for any other user.
-_NO_OVERRIDE = "-dac_override,-dac_read_search"
-
-
-def _without_write_permission() -> list[str] | None:
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        return None
-    if os.geteuid() != 0:
-        return []  # permissions already apply to this user
-    return [setpriv, "--bounding-set", _NO_OVERRIDE, "--inh-caps", _NO_OVERRIDE]
-
-
 def test_read_commands_work_without_write_permission(tmp_path: Path) -> None:
-    prefix = _without_write_permission()
+    prefix = without_write_permission()
     if prefix is None:
         pytest.skip("setpriv is not available to drop the permission override")
     directory = tmp_path / "ro"

@@ -16,7 +16,9 @@ CAPS = "-dac_override,-dac_read_search"
 
 def without_write_permission() -> list[str] | None:
     """The argv prefix that drops the override, or None where it cannot be done."""
+    if os.geteuid() != 0:
+        return []  # permissions already apply to this user
     setpriv = shutil.which("setpriv")
-    if setpriv is None or os.geteuid() != 0:
+    if setpriv is None:
         return None
     return [setpriv, "--bounding-set", CAPS, "--inh-caps", CAPS]
