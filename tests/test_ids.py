@@ -70,6 +70,17 @@ def assert_sorted_by_millisecond(ids: list[str]) -> None:
     assert sorted(ids) == [i for group in ordered for i in sorted(group)]
 
 
+def past_millisecond_of(last_id: str) -> bool:
+    """Whether the clock has moved past the millisecond ``last_id`` embeds.
+
+    Refuses a timestamp beyond the slack first: waiting for a clock to pass the random
+    bits of a uuid4 would never end.
+    """
+    stamp = id_ms(last_id)
+    assert stamp <= now_ms() + SLACK_MS, f"{last_id} embeds {stamp} ms, in the future"
+    return now_ms() > stamp
+
+
 def mint_across_milliseconds(mint: Callable[[], str], per_ms: int = 50,
                              spans: int = 5) -> list[str]:
     """Ids from ``mint`` in order, several per millisecond, across at least ``spans``
@@ -79,7 +90,7 @@ def mint_across_milliseconds(mint: Callable[[], str], per_ms: int = 50,
         ids += [mint() for _ in range(per_ms)]
         # Past the millisecond of the burst's last id, not of its start: a burst may
         # cross into the next millisecond, and the next burst would then share it.
-        while now_ms() <= id_ms(ids[-1]):
+        while not past_millisecond_of(ids[-1]):
             time.sleep(0.0005)
     return ids
 
@@ -163,7 +174,7 @@ async def test_run_ids_submitted_in_sequence_sort_in_submission_order(db: StateD
     for _ in range(6):
         ids += await submit_many(db, [app] * 5)
         ids.append(await submit_task(db, app))
-        while now_ms() <= id_ms(ids[-1]):
+        while not past_millisecond_of(ids[-1]):
             await asyncio.sleep(0.001)
     assert len({id_ms(i) for i in ids}) >= 6
     assert_sorted_by_millisecond(ids)
