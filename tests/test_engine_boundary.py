@@ -152,3 +152,17 @@ async def test_two_moves_from_one_version_never_both_apply(tmp_path: Path) -> No
         assert got is not None and got["lease_expires_at"] == 1.0
         assert (await verify(db)).ok
     await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("column", ["version", "status_reason_code", "status_reason_summary",
+                                    "status_evidence_refs"])
+async def test_creation_refuses_engine_maintained_columns(db: StateDB, column: str) -> None:
+    from ledgerq.lifecycle.engine import create
+    from lifecycle_support import run_values
+
+    facts = await fact_count(db)
+    with pytest.raises(InvalidInput, match=f"{column} are maintained by the engine"):
+        await create(db, RUN, run_values(**{column: 7}),
+                     reason=StateReason(code="run.queued.submitted"),
+                     actor=Actor(type="system", id="t"))
+    assert await fact_count(db) == facts

@@ -374,7 +374,11 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
     check_reason(policy, reason)
     if not policy.columns.keys() >= values.keys():
         unknown = sorted(set(values) - set(policy.columns))
-        raise ValueError(f"{policy.table} has no column(s) {', '.join(unknown)}")
+        raise InvalidInput(f"{policy.table} has no column(s) {', '.join(unknown)}")
+    maintained = sorted(_CREATION_MAINTAINED & values.keys())
+    if maintained:  # the engine writes these from the reason; a value would be dropped
+        raise InvalidInput(f"{policy.name} column(s) {', '.join(maintained)} are maintained "
+                           "by the engine and cannot be given at creation")
     row = {k: to_sql(v) for k, v in values.items()}
     row.setdefault("id", new_id())
     row.setdefault("created_at", ts)
@@ -384,6 +388,9 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
     row["status_evidence_refs"] = dumps(reason.evidence_refs)
     return row
 
+
+_CREATION_MAINTAINED = frozenset({"version", "status_reason_code", "status_reason_summary",
+                                  "status_evidence_refs"})
 
 #: Rows read back per SELECT ... WHERE id IN (...) (under SQLite's bound-parameter limit).
 _READBACK_CHUNK = 500
