@@ -28,6 +28,9 @@ OUTPUT_TAIL_BYTES = 4096
 PR_SET_PDEATHSIG = 1
 #: Seconds a child gets between SIGTERM and SIGKILL when it is stopped.
 KILL_GRACE_SECONDS = 2.0
+#: How long the output tails may still drain once the run's group is killed. Only a
+#: descendant that escaped the group (``setsid``) can hold a pipe open past the kill.
+DRAIN_SECONDS = 1.0
 
 
 class LaunchError(ValueError):
@@ -62,17 +65,45 @@ def _resolve(program: str) -> str:
     return os.path.abspath(found)
 
 
-async def _tail(stream: asyncio.StreamReader | None, limit: int) -> bytes:
-    if stream is None:
-        return b""
-    chunks: deque[bytes] = deque()
-    size = 0
-    while chunk := await stream.read(65536):
-        chunks.append(chunk)
-        size += len(chunk)
-        while size - len(chunks[0]) >= limit:
-            size -= len(chunks.popleft())
-    return b"".join(chunks)[-limit:]
+class _Tail:
+    """The last ``limit`` bytes read from one of the child's output pipes.
+
+    The pipes are the run's own ``os.pipe()`` pairs, not asyncio's subprocess pipes: an
+    asyncio subprocess counts as exited only once every pipe it made is closed, so a
+    helper that inherited stdout (``sleep 60 &``, a plain ``os.fork``) kept its run
+    "running" until the helper exited. With our own pipes the exit is the leader's.
+    """
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fd = fd
+        self.limit = limit
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
+        self.adopted = False
+
+    async def drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        self.adopted = True  # the file object (and its transport) closes the fd from here
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(self.fd, "rb", 0))
+        try:
+            while chunk := await reader.read(65536):
+                self.chunks.append(chunk)
+                self.size += len(chunk)
+                while self.size - len(self.chunks[0]) >= self.limit:
+                    self.size -= len(self.chunks.popleft())
+        finally:
+            transport.close()
+
+    def close_unadopted(self) -> None:
+        """A drain cancelled before it started never took the fd: close it here."""
+        if not self.adopted:
+            self.adopted = True
+            os.close(self.fd)
+
+    def text(self) -> str:
+        return b"".join(self.chunks)[-self.limit:].decode(errors="replace")
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -110,24 +141,35 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
     Cancelling the awaiting task stops the whole group (SIGTERM, then SIGKILL after a
     grace period), so a timed-out or cancelled run leaves no orphans behind.
     """
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, start_new_session=True, cwd=cwd,
-        env=None if env is None else {**os.environ, **env},
-        preexec_fn=_die_with_parent(os.getpid()),
-    )
-    readers = asyncio.gather(_tail(proc.stdout, tail_bytes), _tail(proc.stderr, tail_bytes))
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+            start_new_session=True, cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
+    except BaseException:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    tails = (_Tail(out_r, tail_bytes), _Tail(err_r, tail_bytes))
+    readers = asyncio.gather(*(t.drain() for t in tails))
+    # A cancelled gather keeps a CancelledError as its exception; retrieve it, or asyncio
+    # logs "_GatheringFuture exception was never retrieved" on every stop.
+    readers.add_done_callback(lambda f: f.cancelled() or f.exception())
     try:
         code = await proc.wait()
-        # The run ends when its leader does: a background child still holding the pipes
-        # would otherwise keep it "running" until that child exits.
+        # The run ends when its leader does; it owns its whole group, so what the leader
+        # left behind (a forked helper, a background job) is killed now, not waited for.
         kill_group(proc.pid, signal.SIGKILL)
-        out, err = await readers
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(readers), DRAIN_SECONDS)
     except BaseException:
-        readers.cancel()
-        # A cancelled gather keeps a CancelledError as its exception; retrieve it, or
-        # asyncio logs "_GatheringFuture exception was never retrieved" on every stop.
-        readers.add_done_callback(lambda f: f.cancelled() or f.exception())
         kill_group(proc.pid, signal.SIGTERM)
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE_SECONDS)
@@ -136,9 +178,11 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
             await asyncio.shield(proc.wait())
         raise
     finally:
-        # The leader may exit while its group lives on; a run owns its whole group.
         kill_group(proc.pid, signal.SIGKILL)
-    return code, out.decode(errors="replace"), err.decode(errors="replace")
+        readers.cancel()
+        for tail in tails:
+            tail.close_unadopted()
+    return code, tails[0].text(), tails[1].text()
 
 
 def make_default_execute(prefix: str = DEFAULT_COMMAND_PREFIX,
