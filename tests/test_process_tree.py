@@ -64,3 +64,46 @@ async def test_no_descriptor_leaks_across_runs() -> None:
     for _ in range(20):
         await run_argv(["true"])
     assert len(os.listdir("/proc/self/fd")) <= before + 2
+
+
+def _ledgerq() -> list[str]:
+    return [sys.executable, "-m", "ledgerq"]
+
+
+def test_the_next_worker_kills_what_a_sigkilled_worker_left(tmp_path: Path) -> None:
+    """sh dies with its worker (PDEATHSIG); its background sleep is killed by the next
+    worker on the host, found through the recorded process group."""
+    import signal
+    import subprocess
+
+    db = tmp_path / "q.db"
+    locks = tmp_path / "locks"
+    pidfile = tmp_path / "job.pid"
+    script = f"sleep 60 & echo $! > {pidfile}; sleep 60"
+    subprocess.run([*_ledgerq(), "--db", str(db), "submit", "command", "--", "sh", "-c",
+                    script], check=True, capture_output=True, timeout=60)
+    worker_cmd = [*_ledgerq(), "--db", str(db), "worker", "--lock-dir", str(locks),
+                  "--poll-interval", "0.05"]
+    first = subprocess.Popen(worker_cmd, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (pidfile.exists() and pidfile.read_text().strip()):
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.02)
+        job = int(pidfile.read_text())
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        time.sleep(0.3)
+        assert _alive(job), "the background job should outlive the SIGKILLed worker"
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = subprocess.Popen(worker_cmd, stderr=subprocess.DEVNULL)
+    try:
+        _wait_dead(job)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            second.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            second.kill()

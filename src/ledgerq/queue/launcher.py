@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ledgerq.queue import orphans
 from ledgerq.store.codec import dumps
 
 ExecuteFn = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
@@ -157,6 +158,9 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
     finally:
         os.close(out_w)
         os.close(err_w)
+    ledger = orphans.current()
+    if ledger is not None:
+        ledger.record(proc.pid)  # the child leads its own group: pgid == pid
     tails = (_Tail(out_r, tail_bytes), _Tail(err_r, tail_bytes))
     readers = asyncio.gather(*(t.drain() for t in tails))
     # A cancelled gather keeps a CancelledError as its exception; retrieve it, or asyncio
@@ -179,6 +183,8 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
         raise
     finally:
         kill_group(proc.pid, signal.SIGKILL)
+        if ledger is not None:
+            ledger.forget(proc.pid)
         readers.cancel()
         for tail in tails:
             tail.close_unadopted()

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.errors import DatabaseDamaged, DatabaseError, DatabaseGone
-from ledgerq.queue import wakeup
+from ledgerq.queue import orphans, wakeup
 from ledgerq.queue.launcher import ExecuteFn
 from ledgerq.queue.worker import (
     DEFAULT_CLAIM_LIMIT,
@@ -189,6 +190,12 @@ class Worker:
         loop = asyncio.get_running_loop()
         installed = self._install_signals(loop)
         wakeup.subscribe(self.db.path, self._wake)
+        lock_dir = self.context.lock_dir
+        if lock_dir is not None and sys.platform.startswith("linux"):
+            killed = orphans.use_ledger(lock_dir / "groups")
+            if killed:
+                log.warning("worker %s: killed %d process group(s) a dead worker left "
+                            "running: %s", self.worker_id, len(killed), killed)
         try:
             if self.db.path not in _NO_FILE:
                 self._db_identity = _file_identity(self.db.path)
