@@ -17,14 +17,14 @@ import time
 import uuid
 from typing import Any
 
+from ledgerq.codec import dumps
 from ledgerq.lifecycle import Registry
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.queue import TaskApplication
 from ledgerq.queue.application import digest
 from ledgerq.queue.runs import index_clause
-from ledgerq.store.codec import dumps
 from ledgerq.store.db import BUSY_TIMEOUT_MS
-from ledgerq.store.schema import schema_ddl
+from ledgerq.store.sqlite.schema import schema_ddl
 
 WORKER = "bench-worker"
 APP = TaskApplication("command", {"argv": ["true"]}, "host")

@@ -72,13 +72,13 @@ from pathlib import Path
 from typing import Any
 
 from ledgerq import StateDB
+from ledgerq.codec import dumps
 from ledgerq.lifecycle import Registry, default_registry
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.queue import TaskApplication, Worker, claim_and_execute, submit_many, submit_task
 from ledgerq.queue.application import digest
 from ledgerq.queue.worker import claim_runs
-from ledgerq.store.codec import dumps
-from ledgerq.store.schema import schema_ddl
+from ledgerq.store.sqlite.schema import schema_ddl
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for floor.py
 from floor import (  # noqa: I001  (a sibling script, importable only after the line above)

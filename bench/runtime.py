@@ -148,8 +148,8 @@ def database_thread_ceiling(path: Path, n: int, group: int = 64) -> float:
     from ledgerq.queue import worker as w
     from ledgerq.queue.application import validate
     from ledgerq.queue.submit import SUBMITTER, _insert_all
-    from ledgerq.store.db import STATEMENT_CACHE, _run_group
-    from ledgerq.store.schema import create_schema
+    from ledgerq.store.sqlite.backend import STATEMENT_CACHE, _run_group
+    from ledgerq.store.sqlite.schema import create_schema
 
     registry = default_registry()
     policy = registry.entity("schedule_run")

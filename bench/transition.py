@@ -45,6 +45,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 from ledgerq import StateDB  # noqa: E402
+from ledgerq.codec import dumps  # noqa: E402
 from ledgerq.lifecycle import (  # noqa: E402
     Actor,
     Registry,
@@ -56,9 +57,8 @@ from ledgerq.lifecycle import (  # noqa: E402
 )
 from ledgerq.lifecycle.engine import create_entity  # noqa: E402
 from ledgerq.store import db as store_db  # noqa: E402
-from ledgerq.store.codec import dumps  # noqa: E402
 from ledgerq.store.db import BUSY_TIMEOUT_MS  # noqa: E402
-from ledgerq.store.schema import schema_ddl  # noqa: E402
+from ledgerq.store.sqlite.schema import schema_ddl  # noqa: E402
 
 ENTITY = "schedule_run"
 WORKER = "bench-worker"

@@ -1,4 +1,11 @@
-"""Shared test fixtures: an open StateDB on a temporary file, and hypothesis profiles.
+"""Shared test fixtures: an open StateDB on each backend, and hypothesis profiles.
+
+Backends: every test that takes ``db`` (or ``db_target``) runs once on a fresh SQLite
+file and once on a fresh PostgreSQL schema (its own ``search_path``, dropped after the
+test) in a scratch database this session creates and drops. PostgreSQL comes from
+``LEDGERQ_TEST_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``,
+used only to create the scratch database). When it cannot be reached the PostgreSQL
+cases are skipped, unless ``LEDGERQ_REQUIRE_POSTGRES=1`` (as CI sets): then they fail.
 
 Hypothesis profiles (select with LEDGERQ_HYPOTHESIS_PROFILE, default "ci"):
 
@@ -8,13 +15,15 @@ Hypothesis profiles (select with LEDGERQ_HYPOTHESIS_PROFILE, default "ci"):
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from helpers import pg
 from ledgerq import StateDB
 
 settings.register_profile(
@@ -39,8 +48,48 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "state.db"
 
 
+BACKENDS = ["sqlite", "postgresql"]
+_schemas = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A scratch PostgreSQL database for this session (created here, dropped at the end)."""
+    problem = pg.unreachable()
+    if problem is not None:
+        if os.environ.get("LEDGERQ_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL is required (LEDGERQ_REQUIRE_POSTGRES=1): {problem}")
+        pytest.skip(f"PostgreSQL not reachable: {problem}")
+    url = pg.create_database()
+    try:
+        yield url
+    finally:
+        pg.drop_database(url)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-async def db(db_path: Path) -> AsyncIterator[StateDB]:
-    """An open StateDB (packaged specs, WAL) on a fresh file."""
-    async with StateDB(db_path) as handle:
+def db_target(backend: str, request: pytest.FixtureRequest,
+              tmp_path: Path) -> Iterator[str]:
+    """Where a test's database lives: a fresh SQLite file, or a fresh PostgreSQL schema."""
+    if backend == "sqlite":
+        yield str(tmp_path / "state.db")
+        return
+    base = request.getfixturevalue("pg_database")
+    schema = f"t{os.getpid()}_{next(_schemas)}"
+    url = pg.create_schema(base, schema)
+    try:
+        yield url
+    finally:
+        pg.drop_schema(base, schema)
+
+
+@pytest.fixture
+async def db(db_target: str) -> AsyncIterator[StateDB]:
+    """An open StateDB (packaged specs) on a fresh database of each backend."""
+    async with StateDB(db_target) as handle:
         yield handle

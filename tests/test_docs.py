@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ledgerq import StateDB
+from ledgerq.errors import IntegrityViolation
 from ledgerq.lifecycle import (
     Actor,
     StateReason,
@@ -189,7 +190,7 @@ def test_existing_database_procedure_from_the_docs(tmp_path: Path) -> None:
         async with StateDB(db_file, registry=registry) as db:
             await transition(db, hold)
 
-    with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint"):
+    with pytest.raises(IntegrityViolation, match="CHECK constraint"):
         asyncio.run(try_hold())
     with sqlite3.connect(db_file) as conn:
         conn.execute("DROP TABLE schedule_runs")

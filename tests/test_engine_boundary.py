@@ -13,6 +13,7 @@ from ledgerq import StateDB
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
 from ledgerq.lifecycle.engine import apply_move
+from ledgerq.operations import Tx
 from ledgerq.projections import verify
 from lifecycle_support import fact_count, new_dispatch, new_run, request, row
 
@@ -131,22 +132,22 @@ async def test_two_moves_from_one_version_never_both_apply(tmp_path: Path) -> No
             return first
 
         assert (await db.write(stale)).applied
-        from ledgerq.lifecycle import engine
-
-        real = engine._select_sql
-
-        def lagging(table: str, guard_cols: tuple[str, ...]) -> str:
+        def lagging(tx: Tx) -> Any:
             # A reader that saw the row one version ago (what READ COMMITTED allows).
-            sql = real(table, guard_cols)
-            return sql.replace("SELECT status, version", "SELECT status, version - 1")
+            real = tx.entity_for_move
 
-        engine._select_sql = lagging  # type: ignore[assignment]
-        try:
-            second = await db.write(lambda conn: apply_move(
-                conn, policy, rid, "running", "running", reason, actor,
-                patch={"lease_expires_at": 2.0}))
-        finally:
-            engine._select_sql = real
+            def stale_read(policy: Any, entity_id: str, cols: tuple[str, ...]) -> Any:
+                got = real(policy, entity_id, cols)
+                return None if got is None else (got[0], got[1] - 1, *got[2:])
+
+            tx.entity_for_move = stale_read  # type: ignore[method-assign]
+            try:
+                return apply_move(tx, policy, rid, "running", "running", reason, actor,
+                                  patch={"lease_expires_at": 2.0})
+            finally:
+                del tx.entity_for_move
+
+        second = await db.write(lagging)
         assert not second.applied
         got = await row(db, "schedule_runs", rid)
         assert got is not None and got["lease_expires_at"] == 1.0

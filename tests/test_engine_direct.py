@@ -25,12 +25,13 @@ from typing import Any
 import pytest
 
 from ledgerq import StateDB
+from ledgerq.codec import loads
 from ledgerq.lifecycle import Actor, StateReason
 from ledgerq.lifecycle.engine import apply_move, create_entities, create_entity
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy, default_registry
+from ledgerq.operations import Tx
 from ledgerq.projections import verify
 from ledgerq.queue import RetryPolicy, TaskApplication, runs, submit_many, submit_task
-from ledgerq.store.codec import loads
 from lifecycle_support import new_dispatch, new_run, run_values, snapshot
 
 RUN = default_registry().entity("schedule_run")
@@ -64,12 +65,23 @@ def traced(fn: Callable[[sqlite3.Connection], Any]
     """
     statements: list[str] = []
 
-    def unit(conn: sqlite3.Connection) -> Any:
-        conn.set_trace_callback(statements.append)
+    def unit(tx: Tx) -> Any:
+        # Every statement of a Tx goes through its execute/executemany (either dialect).
+        execute, executemany = tx.execute, tx.executemany  # type: ignore[attr-defined]
+
+        def traced(sql: str, params: Any = ()) -> Any:
+            statements.append(sql)
+            return execute(sql, params)
+
+        def traced_many(sql: str, rows: Any) -> Any:
+            statements.append(sql)
+            return executemany(sql, rows)
+
+        tx.execute, tx.executemany = traced, traced_many  # type: ignore[attr-defined]
         try:
-            return fn(conn)
+            return fn(tx)
         finally:
-            conn.set_trace_callback(None)
+            del tx.execute, tx.executemany  # type: ignore[attr-defined]
 
     return unit, statements
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ledgerq import StateDB
+from ledgerq.codec import dumps
 from ledgerq.errors import InvalidInput
 from ledgerq.queue import SubmitLimits as PublicSubmitLimits
 from ledgerq.queue import TaskApplication, submit_many, submit_task
@@ -25,7 +26,6 @@ from ledgerq.queue.application import (
     SubmitLimits,
     validate,
 )
-from ledgerq.store.codec import dumps
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ from ledgerq.lifecycle import (
 )
 from ledgerq.lifecycle.registry import ACTOR_TYPES
 from ledgerq.projections import verify
-from ledgerq.store.schema import column_ddl
+from ledgerq.store.sqlite.schema import column_ddl
 
 REGISTRY = default_registry()
 ENTITIES = ("schedule_run", "dispatch")
@@ -531,7 +531,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert fact["previous_status"] == result.previous_state
         assert fact["status"] == result.current_state
         assert fact["reason_code"] == a.request.reason.code
-        from ledgerq.store.codec import loads
+        from ledgerq.codec import loads
 
         assert loads(fact["metadata"]) == a.request.reason.metadata
         assert fact["idempotency_key"] == (a.request.idempotency_key or None)

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from helpers.raw import RAW_ERRORS, raw
 from ledgerq import StateDB
+from ledgerq.errors import IntegrityViolation
 from ledgerq.lifecycle import StateReason, create
 from ledgerq.projections import history, rebuild, verify
 from lifecycle_support import (
@@ -60,37 +62,32 @@ async def tables(db: StateDB) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def raw(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 5000")
-    return conn
-
-
 # ---------------------------------------------------------------- append-only log
 
 
-async def test_log_refuses_update_and_delete_at_the_database(db: StateDB, db_path: Path) -> None:
+async def test_log_refuses_update_and_delete_at_the_database(db: StateDB) -> None:
     rid = await new_run(db)
     await move(db, RUN, rid, "queued", "running", "run.started.ok")
     before = await tables(db)
-    conn = raw(db_path)
+    conn = raw(db.path)
     try:
         for sql in ("UPDATE status_transitions SET status = 'completed'",
                     "UPDATE status_transitions SET patch = '{}' WHERE entity_id = ?",
                     "DELETE FROM status_transitions",
                     "DELETE FROM status_transitions WHERE entity_id = ?"):
             params = () if "?" not in sql else (rid,)
-            with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            with pytest.raises(RAW_ERRORS, match="append-only"):
                 conn.execute(sql, params)
         # Also refused inside an explicit transaction, and through StateDB itself.
         conn.execute("BEGIN IMMEDIATE")
-        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        with pytest.raises(RAW_ERRORS, match="append-only"):
             conn.execute("DELETE FROM status_transitions")
         conn.execute("ROLLBACK")
     finally:
         conn.close()
-    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-        await db.write(lambda c: c.execute("UPDATE status_transitions SET actor = 'mallory'"))
+    with pytest.raises(IntegrityViolation, match="append-only"):
+        await db.write(lambda tx: tx.execute(  # type: ignore[attr-defined]
+            "UPDATE status_transitions SET actor = 'mallory'"))
     assert await tables(db) == before
     # Appending is of course allowed (that is how facts get in).
     assert len(before["status_transitions"]) == 2
@@ -142,7 +139,7 @@ async def test_failed_creation_writes_neither_row_nor_fact(db: StateDB) -> None:
     with pytest.raises(ValueError, match="no column"):
         await create(db, RUN, run_values(colour="red"),
                      reason=StateReason(code="run.queued.submitted"), actor=SYSTEM)
-    with pytest.raises(sqlite3.IntegrityError):  # action_kind is NOT NULL
+    with pytest.raises(IntegrityViolation):  # action_kind is NOT NULL
         await create(db, RUN, {k: v for k, v in run_values().items() if k != "action_kind"},
                      reason=StateReason(code="run.queued.submitted"), actor=SYSTEM)
     assert await tables(db) == before
@@ -197,12 +194,12 @@ async def test_verify_is_ok_on_a_clean_database(db: StateDB) -> None:
     ("dispatch_outbox", "last_error", "edited"),
     ("dispatch_outbox", "attempt", 0),
 ])
-async def test_verify_detects_a_hand_edited_row(db: StateDB, db_path: Path, table: str,
+async def test_verify_detects_a_hand_edited_row(db: StateDB, table: str,
                                                 column: str, value: Any) -> None:
     ids = await populate(db)
     target = ids[table][0]
     before = await tables(db)
-    conn = raw(db_path)
+    conn = raw(db.path)
     try:
         conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", (value, target))
     finally:
@@ -220,11 +217,11 @@ async def test_verify_detects_a_hand_edited_row(db: StateDB, db_path: Path, tabl
     assert await tables(db) == before
 
 
-async def test_verify_detects_a_deleted_row(db: StateDB, db_path: Path) -> None:
+async def test_verify_detects_a_deleted_row(db: StateDB) -> None:
     ids = await populate(db)
     before = await tables(db)
     gone_run, gone_dispatch = ids["schedule_runs"][2], ids["dispatch_outbox"][1]
-    conn = raw(db_path)
+    conn = raw(db.path)
     try:
         conn.execute("DELETE FROM schedule_runs WHERE id = ?", (gone_run,))
         conn.execute("DELETE FROM dispatch_outbox WHERE id = ?", (gone_dispatch,))
@@ -240,10 +237,10 @@ async def test_verify_detects_a_deleted_row(db: StateDB, db_path: Path) -> None:
     assert await tables(db) == before
 
 
-async def test_verify_detects_a_row_without_facts(db: StateDB, db_path: Path) -> None:
+async def test_verify_detects_a_row_without_facts(db: StateDB) -> None:
     await populate(db)
     before = await tables(db)
-    conn = raw(db_path)
+    conn = raw(db.path)
     try:
         conn.execute("INSERT INTO schedule_runs (id, status, created_at, trigger_context, "
                      "action_kind, action_args, fired_at) "
@@ -262,10 +259,9 @@ async def test_verify_detects_a_row_without_facts(db: StateDB, db_path: Path) ->
     assert await tables(db) == before, "rebuild drops rows the log does not know"
 
 
-async def test_verify_detects_a_fact_appended_without_its_projection(db: StateDB,
-                                                                    db_path: Path) -> None:
+async def test_verify_detects_a_fact_appended_without_its_projection(db: StateDB) -> None:
     rid = await new_run(db)
-    conn = raw(db_path)
+    conn = raw(db.path)
     try:
         conn.execute(
             "INSERT INTO status_transitions (id, entity_type, entity_id, previous_status, status,"
@@ -284,11 +280,10 @@ async def test_verify_detects_a_fact_appended_without_its_projection(db: StateDB
         "running", 2, "ghost")
 
 
-async def test_rebuild_recreates_everything_from_the_log_alone(db: StateDB,
-                                                               db_path: Path) -> None:
+async def test_rebuild_recreates_everything_from_the_log_alone(db: StateDB) -> None:
     ids = await populate(db)
     before = await tables(db)
-    conn = raw(db_path)
+    conn = raw(db.path)
     try:
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("DELETE FROM schedule_runs")

@@ -9,43 +9,58 @@ by the query's own.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from ledgerq.lifecycle.engine import _select_sql, _update_sql
 from ledgerq.lifecycle.registry import Registry, default_registry
-from ledgerq.queue import worker
-from ledgerq.queue.runs import _dependents_sql
-from ledgerq.store.schema import create_schema
+from ledgerq.operations import Tx
+from ledgerq.store.sqlite.schema import create_schema
+from ledgerq.store.sqlite.tx import SqliteTx
 
 REGISTRY: Registry = default_registry()
 POLICY = REGISTRY.entity("schedule_run")
 
-# (what, sql, parameters, the index the plan must use)
-QUERIES = [
-    ("claim scan page", worker._candidates_sql(POLICY, 1), ("workflow", 0.0, "", 50),
+
+class PlanTx(SqliteTx):
+    """Runs each operation's real statement, recording its query plan first."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__(conn)
+        self.plans: list[list[str]] = []
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        self.plans.append([r[3] for r in self.conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)])
+        return self.conn.execute(sql, params)
+
+
+Op = Callable[[Tx], object]
+# (what, the operation, the index its plan must use)
+QUERIES: list[tuple[str, Op, str]] = [
+    ("claim scan page", lambda tx: tx.claim_page(POLICY, ["workflow"], (0.0, ""), 50),
      "idx_schedule_runs_claim"),
-    ("claim scan page, no kind excluded", worker._candidates_sql(POLICY, 0), (0.0, "", 50),
+    ("claim scan page, no kind excluded", lambda tx: tx.claim_page(POLICY, [], (0.0, ""), 50),
      "idx_schedule_runs_claim"),
-    ("running concurrency keys", worker._running_keys_sql(POLICY), (),
-     "idx_schedule_runs_lease"),
-    ("is this key running", worker._key_running_sql(POLICY), ("host:gpu",),
+    ("running concurrency keys", lambda tx: tx.running_keys(POLICY), "idx_schedule_runs_lease"),
+    ("is this key running", lambda tx: tx.key_running(POLICY, "host:gpu"),
      "idx_schedule_runs_concurrency"),
-    ("expired leases", worker._expired_sql(POLICY, "id"), (1.0,), "idx_schedule_runs_lease"),
-    ("due retries", worker._due_sql(POLICY, "id"), (1.0,), "idx_schedule_runs_retry_due"),
-    ("waiting runs", worker._waiting_sql(POLICY, "id"), (), "idx_schedule_runs_waiting"),
-    ("dependents of a run", _dependents_sql(POLICY), ("x",), "idx_schedule_runs_waiting"),
-    ("idempotency key lookup",
-     "SELECT id, application_digest FROM schedule_runs WHERE idempotency_key = ?", ("k",),
+    ("expired leases", lambda tx: tx.expired_leases(POLICY, 1.0), "idx_schedule_runs_lease"),
+    ("due retries", lambda tx: tx.due_retries(POLICY, 1.0), "idx_schedule_runs_retry_due"),
+    ("settled waiting runs", lambda tx: tx.settled_waiting(POLICY), "idx_schedule_runs_waiting"),
+    ("dependents of a run", lambda tx: tx.dependents_of(POLICY, "x"),
+     "idx_schedule_runs_waiting"),
+    ("idempotency key lookup", lambda tx: tx.run_by_idempotency_key(POLICY, "k"),
      "uq_schedule_runs_idempotency_key"),
-    ("a move's read", _select_sql("schedule_runs", ("lease_token", "leased_by")), ("x",),
+    ("a move's read", lambda tx: tx.entity_for_move(POLICY, "x", ("lease_token", "leased_by")),
      "sqlite_autoindex_schedule_runs_1"),
-    ("a move's update",
-     _update_sql("schedule_runs", ("leased_by",), ("updated_at",), (), False),
-     ("running", 2, 1.0, "x", "queued", 1, None), "sqlite_autoindex_schedule_runs_1"),
-    ("an entity's history",
-     "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? "
-     "ORDER BY entity_version", ("schedule_run", "x"), "uq_status_transitions_version"),
+    ("a move's update", lambda tx: tx.update_entity(
+        POLICY, "x", observed="queued", version=1, to_state="running",
+        changes={"updated_at": 1.0}, guards={"leased_by": None}, returning=()),
+     "sqlite_autoindex_schedule_runs_1"),
+    ("an entity's history", lambda tx: tx.facts_of("schedule_run", "x"),
+     "uq_status_transitions_version"),
+    ("oldest queued", lambda tx: tx.oldest_queued_at(POLICY), "idx_schedule_runs_claim"),
 ]
 
 
@@ -58,14 +73,15 @@ def conn() -> sqlite3.Connection:
     return c
 
 
-@pytest.mark.parametrize(("what", "sql", "params", "index"), QUERIES,
-                         ids=[q[0] for q in QUERIES])
-def test_query_uses_its_index(conn: sqlite3.Connection, what: str, sql: str,
-                              params: tuple[object, ...], index: str) -> None:
-    plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
-    text = "\n".join(plan)
-    assert index in text, f"{what}: expected {index} in the plan:\n{text}"
-    for step in plan:
-        if step.startswith("SCAN") and ("schedule_runs" in step
-                                        or "status_transitions" in step):
-            assert "USING" in step, f"{what}: full table scan in the plan:\n{text}"
+@pytest.mark.parametrize(("what", "op", "index"), QUERIES, ids=[q[0] for q in QUERIES])
+def test_query_uses_its_index(conn: sqlite3.Connection, what: str, op: Op, index: str) -> None:
+    tx = PlanTx(conn)
+    op(tx)
+    assert tx.plans, f"{what}: ran no statement"
+    for plan in tx.plans:
+        text = "\n".join(plan)
+        assert index in text, f"{what}: expected {index} in the plan:\n{text}"
+        for step in plan:
+            if step.startswith("SCAN") and ("schedule_runs" in step
+                                            or "status_transitions" in step):
+                assert "USING" in step, f"{what}: full table scan in the plan:\n{text}"

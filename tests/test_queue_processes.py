@@ -11,9 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 from ledgerq import StateDB
+from ledgerq.codec import loads
 from ledgerq.projections import history, verify
 from ledgerq.queue import TaskApplication, submit_many
-from ledgerq.store.codec import loads
 
 HELPERS = Path(__file__).parent / "helpers"
 TIMEOUT = 60

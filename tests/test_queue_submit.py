@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledgerq import StateDB
+from ledgerq.codec import loads
 from ledgerq.lifecycle import Actor
 from ledgerq.projections import history, verify
 from ledgerq.queue import (
@@ -30,7 +31,6 @@ from ledgerq.queue import (
     submit_task,
     worker_tick,
 )
-from ledgerq.store.codec import loads
 
 NOW = 1_000.0
 HOST = "node-a"

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ledgerq import StateDB
+from ledgerq.codec import loads
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
 from ledgerq.lifecycle.engine import VOCABULARY_ERROR, create_entity
 from ledgerq.projections import history, verify
@@ -37,7 +38,6 @@ from ledgerq.queue import (
 from ledgerq.queue import runs as runs_mod
 from ledgerq.queue import worker as worker_mod
 from ledgerq.queue.worker import Executors, RunContext, claim_runs, execute_claimed
-from ledgerq.store.codec import loads
 
 NOW = 10_000.0
 HOST = "node-a"

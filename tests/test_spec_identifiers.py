@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ledgerq.lifecycle import SpecError, load_registry
 from ledgerq.lifecycle.registry import Registry, build_policy
 from ledgerq.lifecycle.spec import EntitySpec
-from ledgerq.store.schema import create_schema
+from ledgerq.store.sqlite.schema import create_schema
 from test_registry import BASELINE
 
 INJECTION = "ix ON notes(id); DROP TABLE status_transitions; CREATE INDEX IF NOT EXISTS ix_b"

@@ -81,7 +81,7 @@ async def test_validation_errors_come_before_any_read(db: StateDB, case: str) ->
     # Control: the trace does see a transition that reaches the database.
     await move(db, RUN, rid, "queued", "running", "run.started.ok")
     await untrace(db)
-    assert any("UPDATE schedule_runs" in s for s in statements)
+    assert any("UPDATE \"schedule_runs\"" in s for s in statements)
     assert (await row(db, "schedule_runs", rid))["version"] == 2  # type: ignore[index]
 
 

@@ -31,7 +31,6 @@ import logging
 import os
 import re
 import shlex
-import sqlite3
 import sys
 import threading
 import time
@@ -47,7 +46,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ledgerq import __version__
-from ledgerq.errors import DatabaseError
+from ledgerq.errors import DatabaseError, DatabaseUnavailable
+from ledgerq.projections.read_models import fact_count, run_status
 from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS, runtime
 from ledgerq.queue.application import check_text
 
@@ -61,8 +61,6 @@ DEFAULT_DB = "ledgerq.db"
 DB_ENV = "LEDGERQ_DB"
 SPECS_ENV = "LEDGERQ_SPECS"
 SYNC_ENV = "LEDGERQ_SYNCHRONOUS"
-#: ``PRAGMA synchronous`` reads back a number.
-SYNC_LEVELS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 RUN_ENTITY = "schedule_run"
 #: Exit codes.
 OK, DOMAIN_FAILURE, USAGE_ERROR = 0, 1, 2
@@ -202,21 +200,21 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 #: Run ids are time-ordered (UUIDv7): the random part, and so the easy short piece, is the tail.
 ID_HELP = "Run id, or a unique prefix or suffix of 4+ characters."
 DbOption = Annotated[
-    Path | None,
-    typer.Option("--db", help=f"Database file (env {DB_ENV}; default ./{DEFAULT_DB}).",
-                 show_default=False, dir_okay=False),
+    str | None,
+    typer.Option("--db", help=f"Database: a SQLite file, or a postgresql:// URL (env {DB_ENV}; "
+                 f"default ./{DEFAULT_DB}).", show_default=False),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
-def db_path(ctx: typer.Context, db: Path | None) -> Path:
+def db_path(ctx: typer.Context, db: str | None) -> str:
     """--db on the command, else --db before it, else $LEDGERQ_DB, else ./ledgerq.db."""
     if db is not None:
         return db
     root = ctx.find_root().obj
     if isinstance(root, dict) and root.get("db") is not None:
-        return Path(root["db"])
-    return Path(os.environ.get(DB_ENV) or DEFAULT_DB)
+        return str(root["db"])
+    return os.environ.get(DB_ENV) or DEFAULT_DB
 
 
 def root_specs(ctx: typer.Context) -> Path | None:
@@ -227,7 +225,7 @@ def root_specs(ctx: typer.Context) -> Path | None:
 
 
 @asynccontextmanager
-async def open_db(ctx: typer.Context, path: Path, *, must_exist: bool = True,
+async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
                   readonly: bool = False) -> AsyncIterator[StateDB]:
     """Open the database with the root options: the spec directory and ``--synchronous``.
 
@@ -237,9 +235,9 @@ async def open_db(ctx: typer.Context, path: Path, *, must_exist: bool = True,
     is a usage error (exit 2); a damaged file, one without ledgerq's schema, or anything
     failing after the open is a database failure (exit 1). Never a traceback.
     """
-    from ledgerq.store.db import StateDB
+    from ledgerq.store.db import StateDB, is_postgres
 
-    if must_exist and str(path) != ":memory:" and not path.exists():
+    if must_exist and not is_postgres(path) and path != ":memory:" and not Path(path).exists():
         die(f"no database at {path} (pass --db or set {DB_ENV}; submit and worker create one)")
     specs = root_specs(ctx)
     registry = load_specs(specs) if specs is not None else None
@@ -253,21 +251,19 @@ async def open_db(ctx: typer.Context, path: Path, *, must_exist: bool = True,
         die(f"--synchronous: {exc}")
     try:
         await db.open()
+    except DatabaseUnavailable as exc:
+        die(f"cannot open database {exc}")
     except DatabaseError as exc:
-        die(database_message(exc, path), DOMAIN_FAILURE)
-    except sqlite3.OperationalError as exc:
-        die(f"cannot open database {path}: {exc}")
-    except sqlite3.DatabaseError as exc:
         die(database_message(exc, path), DOMAIN_FAILURE)
     failure: BaseException | None = None
     try:
         yield db
-    except (DatabaseError, sqlite3.DatabaseError) as exc:
+    except DatabaseError as exc:
         failure = exc
     finally:
         try:
             await db.close()
-        except (DatabaseError, sqlite3.DatabaseError) as exc:
+        except DatabaseError as exc:
             failure = failure or exc
     if failure is not None:
         die(database_message(failure, path), DOMAIN_FAILURE)
@@ -488,9 +484,7 @@ def submit(
                 run_id = await submit_task(handle, application)
             except ValueError as exc:
                 die(str(exc))
-            row = await handle.fetch_one("SELECT status FROM schedule_runs WHERE id = ?",
-                                         (run_id,))
-            return run_id, row["status"] if row else ""
+            return run_id, await run_status(handle, run_id) or ""
 
     run_id, status = run(go())
     if json_out:
@@ -658,15 +652,13 @@ def cancel(
     async def go() -> tuple[str, str, bool, str]:
         async with open_db(ctx, path) as handle:
             full = await _resolve(handle, run_id)
-            before = await handle.fetch_one("SELECT status FROM schedule_runs WHERE id = ?",
-                                            (full,))
+            before = await run_status(handle, full) or ""
             try:
                 done = await cancel_task(handle, full, actor=who, summary=reason)
             except LookupError as exc:
                 die(str(exc), DOMAIN_FAILURE)
-            after = await handle.fetch_one("SELECT status FROM schedule_runs WHERE id = ?",
-                                           (full,))
-            return full, before["status"] if before else "", done, after["status"] if after else ""
+            after = await run_status(handle, full) or ""
+            return full, before, done, after
 
     full, before, done, after = run(go())
     if json_out:
@@ -768,11 +760,11 @@ def worker(
             holder["id"] = w.worker_id
             # What the connection really runs with, read back: a durability setting that
             # did not take must not be announced as if it had.
-            level = await handle.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
+            durability = await handle.durability()
             sys.stderr.write(printable(
                 f"ledgerq worker {w.worker_id} (pid {os.getpid()}): capacity {capacity}, "
                 f"targets {','.join(targets)}, capabilities {','.join(cap or []) or '-'}, "
-                f"lease {lease_ttl:g}s, synchronous {SYNC_LEVELS.get(level, level)}, "
+                f"lease {lease_ttl:g}s, {durability}, "
                 f"db {path}") + "\n")
             sys.stderr.flush()
             await w.run()
@@ -812,8 +804,7 @@ def verify(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False
                 return await verify_db(handle)
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            facts = (await handle.fetch_one("SELECT COUNT(*) AS n FROM status_transitions")
-                     or {"n": 0})["n"]
+            facts = await fact_count(handle)
             with Progress(TextColumn("verifying"), BarColumn(),
                           TextColumn("{task.completed}/{task.total} facts"),
                           TimeElapsedColumn(), console=err_console, transient=True) as bar:
@@ -850,8 +841,7 @@ def rebuild(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = Fals
 
     async def go() -> tuple[Any, Any]:
         async with open_db(ctx, path) as handle:
-            facts = (await handle.fetch_one("SELECT COUNT(*) AS n FROM status_transitions")
-                     or {"n": 0})["n"]
+            facts = await fact_count(handle)
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                           TextColumn("{task.completed}/{task.total} facts"),
                           TimeElapsedColumn(), console=err_console,
@@ -1127,7 +1117,7 @@ def run_cli(args: Sequence[str] | None = None) -> int:
     except aborts:  # end of input at a prompt
         report("aborted")
         return DOMAIN_FAILURE
-    except (DatabaseError, sqlite3.DatabaseError) as exc:
+    except DatabaseError as exc:
         report(database_message(exc))
         return DOMAIN_FAILURE
     return result if isinstance(result, int) else OK

@@ -41,5 +41,21 @@ class DatabaseGone(DatabaseError):
     """The database file was deleted or replaced under an open handle."""
 
 
-__all__ = ["DatabaseDamaged", "DatabaseError", "DatabaseGone", "InvalidInput", "LedgerqError",
+class DatabaseUnavailable(DatabaseError):
+    """The database or the connection to it failed (lost connection, server restart, a
+    lock not granted in time, an I/O error): not the request's fault. The unit was rolled
+    back; trying again later is safe. Workers back off and reconnect."""
+
+
+class IntegrityViolation(DatabaseError, ValueError):
+    """A constraint of the schema refused the write (a CHECK, a unique key, a foreign key,
+    the log's append-only trigger); the unit was rolled back."""
+
+
+class MigrationRefused(LedgerqError, ValueError):
+    """Specs conflict with the database in a way no version order explains."""
+
+
+__all__ = ["DatabaseDamaged", "DatabaseError", "DatabaseGone", "DatabaseUnavailable",
+           "IntegrityViolation", "InvalidInput", "LedgerqError", "MigrationRefused",
            "NotFound", "SchemaMissing"]

@@ -2,36 +2,25 @@
 
 Validation that needs no database (entity, reason code, column allowlists) happens in
 the caller's task before anything is queued; the rest runs as one unit inside
-:meth:`StateDB.write`, so the read, the checks, the UPDATE and the fact see one
+:meth:`Database.write`, so the read, the checks, the UPDATE and the fact see one
 snapshot under the write lock and commit (or vanish) together.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-import sqlite3
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
+from ledgerq.codec import dumps, loads, to_sql
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
-from ledgerq.store.codec import dumps, loads, to_sql
-
-if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+from ledgerq.operations import Database, Tx
 
 VOCABULARY_ERROR = "not in the declared transition vocabulary"
-
-_FACT_INSERT = """
-INSERT INTO status_transitions (
-  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
-  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
-) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
 
 
 def new_id() -> str:
@@ -45,36 +34,6 @@ def new_id() -> str:
     n = n & ~(0xF000 << 64 | 0xC000 << 48) | (0x7000 << 64 | 0x8000 << 48)
     h = f"{n:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-# Statement text per shape of move, built once: a hot move (a lease renewal) must not
-# rebuild its SQL on every call. sqlite3 then finds the compiled statement by this text.
-@functools.lru_cache(maxsize=256)
-def _select_sql(table: str, guard_cols: tuple[str, ...]) -> str:
-    return f"SELECT {', '.join(['status', 'version', *guard_cols])} FROM {table} WHERE id = ?"
-
-
-@functools.lru_cache(maxsize=256)
-def _update_sql(table: str, guard_cols: tuple[str, ...], change_cols: tuple[str, ...],
-                patch_cols: tuple[str, ...], same_state: bool, whole_row: bool = False) -> str:
-    # A same-state move (a lease renewal) leaves status as it is (the WHERE pins it), so
-    # it does not assign it: assigning status makes SQLite re-check the CHECK constraint
-    # and maintain every index whose WHERE names status, which doubles the UPDATE's cost.
-    sets = ", ".join(f"{c} = ?" for c in ("version", *change_cols))
-    if not same_state:
-        sets = f"status = ?, {sets}"
-    # version = ? makes the swap exact even where two writers can read the same row
-    # (PostgreSQL's READ COMMITTED): of two moves computed from one version, one applies.
-    where = " AND ".join(["id = ?", "status = ?", "version = ?"]
-                         + [f"{c} IS ?" for c in guard_cols])
-    # RETURNING reads the patched columns back as stored (after the column's type
-    # affinity), so the fact records exactly what the row holds: 123 patched into a
-    # TEXT column is '123' in both, and folding the log reproduces the row.
-    if whole_row:
-        returning = " RETURNING *"
-    else:
-        returning = f" RETURNING {', '.join(patch_cols)}" if patch_cols else " RETURNING id"
-    return f"UPDATE {table} SET {sets} WHERE {where}{returning}"
 
 
 def check_columns(policy: EntityPolicy, guard: dict[str, Any] | None,
@@ -159,7 +118,7 @@ def check_reason(policy: EntityPolicy, reason: StateReason) -> None:
         )
 
 
-def prepare(db: StateDB, request: TransitionRequest, guard: dict[str, Any] | None,
+def prepare(db: Database, request: TransitionRequest, guard: dict[str, Any] | None,
             patch: dict[str, Any] | None) -> EntityPolicy:
     """Every check that needs no read; raises ValueError before anything is queued."""
     policy = db.registry.entity(request.entity_type)
@@ -168,20 +127,20 @@ def prepare(db: StateDB, request: TransitionRequest, guard: dict[str, Any] | Non
     return policy
 
 
-async def transition(db: StateDB, request: TransitionRequest, *,
+async def transition(db: Database, request: TransitionRequest, *,
                      guard: dict[str, Any] | None = None,
                      patch: dict[str, Any] | None = None,
                      now: float | None = None) -> TransitionResult:
     """Apply one guarded move, or report a conflict; see docs/queue.md for the exact order."""
     policy = prepare(db, request, guard, patch)
-    return await db.write(lambda conn: apply_transition(conn, policy, request, guard, patch, now))
+    return await db.write(lambda tx: apply_transition(tx, policy, request, guard, patch, now))
 
 
-def apply_transition(conn: sqlite3.Connection, policy: EntityPolicy, request: TransitionRequest,
+def apply_transition(tx: Tx, policy: EntityPolicy, request: TransitionRequest,
                      guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
                      now: float | None = None) -> TransitionResult:
     """The in-transaction half of :func:`transition`; callers must have run :func:`prepare`."""
-    done = apply_move(conn, policy, request.entity_id, request.from_state, request.to_state,
+    done = apply_move(tx, policy, request.entity_id, request.from_state, request.to_state,
                       request.reason, request.actor, guard=guard, patch=patch, now=now,
                       idempotency_key=request.idempotency_key)
     return TransitionResult(applied=done.applied, conflict=not done.applied,
@@ -202,7 +161,7 @@ class Moved(NamedTuple):
     row: dict[str, Any] | None = None
 
 
-def apply_move(conn: sqlite3.Connection, policy: EntityPolicy, entity_id: str,
+def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
                from_state: str | None, to_state: str, reason: StateReason, actor: Actor, *,
                guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
                now: float | None = None, idempotency_key: str = "",
@@ -220,11 +179,11 @@ def apply_move(conn: sqlite3.Connection, policy: EntityPolicy, entity_id: str,
     check_reason(policy, reason)
     check_columns(policy, guard, patch)
     if idempotency_key:
-        repeat = _replay(conn, policy.name, entity_id, to_state, idempotency_key)
+        repeat = _replay(tx, policy.name, entity_id, to_state, idempotency_key)
         if repeat is not None:
             return repeat
     guard_cols = tuple(sorted(guard))
-    row = conn.execute(_select_sql(policy.table, guard_cols), (entity_id,)).fetchone()
+    row = tx.entity_for_move(policy, entity_id, guard_cols)
     if row is None:
         raise LookupError(f"{policy.name} {entity_id!r} not found")
     observed: str = row[0]
@@ -264,29 +223,24 @@ def apply_move(conn: sqlite3.Connection, policy: EntityPolicy, entity_id: str,
     }
     for k, v in patch.items():
         changes[k] = to_sql(v)
-    version = row[1] + 1
     patched = tuple(patch)
-    same_state = observed == to_state
-    params = [version, *changes.values(), entity_id, observed, row[1],
-              *(to_sql(guard[c]) for c in guard_cols)]
-    if not same_state:
-        params.insert(0, to_state)
-    cur = conn.execute(_update_sql(policy.table, guard_cols, tuple(changes), patched,
-                                   same_state, whole_row), params)
-    stored = cur.fetchall()
-    if len(stored) != 1:
+    after = tx.update_entity(
+        policy, entity_id, observed=observed, version=row[1],
+        to_state=None if observed == to_state else to_state, changes=changes,
+        guards={c: to_sql(guard[c]) for c in guard_cols},
+        returning=None if whole_row else patched)
+    if after is None:
         return _conflict(observed)
-    after: dict[str, Any] | None = None
-    if whole_row:
-        after = dict(zip([d[0] for d in cur.description], stored[0], strict=True))
-        for k in patched:
-            changes[k] = after[k]
-    elif patched:
-        changes.update(zip(patched, stored[0], strict=True))
+    # The stored values (after the column's type affinity or the database's own
+    # normalization of JSON), so the fact records exactly what the row holds and
+    # folding the log reproduces the row.
+    for k in patched:
+        changes[k] = after[k]
+    version = row[1] + 1
     fact_id = new_id()
-    _append_fact(conn, fact_id, policy.name, entity_id, observed, to_state, reason, actor,
+    _append_fact(tx, fact_id, policy.name, entity_id, observed, to_state, reason, actor,
                  ts, version, changes, idempotency_key)
-    return Moved(True, observed, to_state, fact_id, after)
+    return Moved(True, observed, to_state, fact_id, after if whole_row else None)
 
 
 def _json(value: Any) -> str:
@@ -299,13 +253,9 @@ def _conflict(observed: str) -> Moved:
     return Moved(False, observed, observed, new_id())
 
 
-def _replay(conn: sqlite3.Connection, entity_type: str, entity_id: str, to_state: str,
+def _replay(tx: Tx, entity_type: str, entity_id: str, to_state: str,
             key: str) -> Moved | None:
-    fact = conn.execute(
-        "SELECT id, previous_status, status FROM status_transitions "
-        "WHERE entity_type = ? AND entity_id = ? AND idempotency_key = ?",
-        (entity_type, entity_id, key),
-    ).fetchone()
+    fact = tx.fact_by_idempotency_key(entity_type, entity_id, key)
     if fact is None:
         return None
     if fact[2] != to_state:
@@ -316,18 +266,18 @@ def _replay(conn: sqlite3.Connection, entity_type: str, entity_id: str, to_state
     return Moved(True, fact[1], fact[2], fact[0])
 
 
-def _append_fact(conn: sqlite3.Connection, fact_id: str, entity_type: str, entity_id: str,
+def _append_fact(tx: Tx, fact_id: str, entity_type: str, entity_id: str,
                  previous: str | None, status: str, reason: StateReason, actor: Actor,
                  ts: float, version: int, changes: dict[str, Any],
                  idempotency_key: str | None) -> None:
-    conn.execute(_FACT_INSERT, (
+    tx.append_facts(((
         fact_id, entity_type, entity_id, previous, status, reason.code, reason.summary,
         _json(reason.evidence_refs), actor.type, actor.id, ts, _json(reason.metadata),
         version, dumps(changes), idempotency_key or None,
-    ))
+    ),))
 
 
-def create_entity(conn: sqlite3.Connection, policy: EntityPolicy, values: dict[str, Any], *,
+def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
                   reason: StateReason, actor: Actor, now: float | None = None,
                   idempotency_key: str | None = None) -> str:
     """Insert a projection row in an initial state plus its creation fact (in-transaction).
@@ -337,29 +287,20 @@ def create_entity(conn: sqlite3.Connection, policy: EntityPolicy, values: dict[s
     """
     ts = time.time() if now is None else now
     row = _creation_row(policy, values, reason, ts)
-    cur = conn.execute(_insert_sql(policy.table, tuple(row)), list(row.values()))
-    stored = cur.fetchone()
-    names = [d[0] for d in cur.description]
-    _append_fact(conn, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
-                 ts, 1, _initial_patch(names, stored), idempotency_key)
+    stored = tx.insert_entity(policy, row)
+    _append_fact(tx, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
+                 ts, 1, _initial_patch(stored), idempotency_key)
     return str(row["id"])
 
 
-@functools.lru_cache(maxsize=64)
-def _insert_sql(table: str, cols: tuple[str, ...]) -> str:
-    return (f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
-            "RETURNING *")
-
-
-def _initial_patch(names: list[str], stored: Any) -> dict[str, Any]:
+def _initial_patch(stored: dict[str, Any]) -> dict[str, Any]:
     """A creation fact's patch: every non-NULL column of the stored row.
 
     A column it does not name is NULL (:func:`fold` starts from an all-NULL row); leaving
     the NULLs out halves a typical creation fact, and the log's pages are written by
     every submit's commit.
     """
-    return {k: v for k, v in zip(names, stored, strict=True)
-            if v is not None and k not in ("status", "version")}
+    return {k: v for k, v in stored.items() if v is not None and k not in ("status", "version")}
 
 
 def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateReason,
@@ -392,11 +333,11 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
 _CREATION_MAINTAINED = frozenset({"version", "status_reason_code", "status_reason_summary",
                                   "status_evidence_refs"})
 
-#: Rows read back per SELECT ... WHERE id IN (...) (under SQLite's bound-parameter limit).
+#: Rows read back at once.
 _READBACK_CHUNK = 500
 
 
-def create_entities(conn: sqlite3.Connection, policy: EntityPolicy,
+def create_entities(tx: Tx, policy: EntityPolicy,
                     values: list[dict[str, Any]], *, reason: StateReason, actor: Actor,
                     now: float | None = None) -> list[str]:
     """:func:`create_entity` for many rows at once (in-transaction), in the given order.
@@ -414,36 +355,29 @@ def create_entities(conn: sqlite3.Connection, policy: EntityPolicy,
         end = start + 1
         while end < len(rows) and tuple(rows[end]) == cols:
             end += 1
-        conn.executemany(
-            f"INSERT INTO {policy.table} ({', '.join(cols)}) "
-            f"VALUES ({', '.join('?' * len(cols))})",
-            [list(r.values()) for r in rows[start:end]],
-        )
+        tx.insert_entities(policy, cols, [list(r.values()) for r in rows[start:end]])
         start = end
     evidence = dumps(reason.evidence_refs)
     metadata = dumps(reason.metadata)
     facts: list[tuple[Any, ...]] = []
     for i in range(0, len(rows), _READBACK_CHUNK):
-        ids = [r["id"] for r in rows[i:i + _READBACK_CHUNK]]
-        cur = conn.execute(
-            f"SELECT * FROM {policy.table} WHERE id IN ({', '.join('?' * len(ids))})", ids)
-        names = [d[0] for d in cur.description]
-        stored = {r[names.index("id")]: r for r in cur.fetchall()}
-        for rid, row in zip(ids, rows[i:i + _READBACK_CHUNK], strict=True):
-            initial = _initial_patch(names, stored[rid])
+        part = rows[i:i + _READBACK_CHUNK]
+        stored = {r["id"]: r for r in tx.entities_by_id(policy, [r["id"] for r in part])}
+        for row in part:
+            rid = row["id"]
             facts.append((new_id(), policy.name, rid, None, row["status"], reason.code,
                           reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
-                          dumps(initial), None))
-    conn.executemany(_FACT_INSERT, facts)
+                          dumps(_initial_patch(stored[rid])), None))
+    tx.append_facts(facts)
     return [str(r["id"]) for r in rows]
 
 
-async def create(db: StateDB, entity_type: str, values: dict[str, Any], *, reason: StateReason,
+async def create(db: Database, entity_type: str, values: dict[str, Any], *, reason: StateReason,
                  actor: Actor, now: float | None = None) -> str:
     """Create one entity row in an initial state, with its creation fact, in one transaction."""
     policy = db.registry.entity(entity_type)
     check_reason(policy, reason)
-    return await db.write(lambda conn: create_entity(conn, policy, values, reason=reason,
+    return await db.write(lambda tx: create_entity(tx, policy, values, reason=reason,
                                                      actor=actor, now=now))
 
 

@@ -8,19 +8,20 @@ Every JSON column of a run comes back decoded.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import functools
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ledgerq.store.codec import loads
+from ledgerq.codec import loads
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import STUCK_KINDS, Tx
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
 
 RUN_ENTITY = "schedule_run"
-RUN_TABLE = "schedule_runs"
 #: JSON columns of status_transitions (a run's come from its spec), decoded on the way out.
 FACT_JSON_COLUMNS = ("evidence_refs", "metadata", "patch")
 #: The columns of a run summary (``ls``), in display order; a stable contract for --json.
@@ -75,23 +76,13 @@ async def list_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
     """Summaries of runs matching every given filter, newest first (created_at, then id)."""
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
-    where: list[str] = []
-    params: list[Any] = []
-    for col, values in (("status", statuses), ("action_kind", kinds),
-                        ("execution_target", targets)):
-        vals = list(values or [])
-        if vals:
-            where.append(f"{col} IN ({', '.join('?' * len(vals))})")
-            params += vals
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    filters = {col: list(values or []) for col, values in (
+        ("status", statuses), ("action_kind", kinds), ("execution_target", targets))}
+    policy = db.registry.entity(RUN_ENTITY)
 
-    def read(conn: sqlite3.Connection) -> RunPage:
-        total = conn.execute(f"SELECT COUNT(*) FROM {RUN_TABLE} {clause}", params).fetchone()[0]
-        rows = conn.execute(
-            f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM {RUN_TABLE} {clause} "
-            "ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?", [*params, limit, offset],
-        ).fetchall()
-        return RunPage([dict(r) for r in rows], int(total), limit, offset)
+    def read(tx: Tx) -> RunPage:
+        total, rows = tx.run_page(policy, filters, SUMMARY_COLUMNS, limit, offset)
+        return RunPage(rows, total, limit, offset)
 
     return await db.read(read)
 
@@ -105,28 +96,45 @@ async def resolve_run_id(db: StateDB, id_or_prefix: str) -> str:
     when no id starts with it is it tried as a suffix (a scan of the ids).
     LookupError when no run matches; ValueError when a piece is ambiguous.
     """
-    exact = await db.fetch_one(f"SELECT id FROM {RUN_TABLE} WHERE id = ?", (id_or_prefix,))
-    if exact is not None:
-        return str(exact["id"])
-    if len(id_or_prefix) >= MIN_PREFIX and "%" not in id_or_prefix and "_" not in id_or_prefix:
-        for pattern, what in ((id_or_prefix + "%", "prefix"), ("%" + id_or_prefix, "suffix")):
-            found = await db.fetch_all(
-                f"SELECT id FROM {RUN_TABLE} WHERE id LIKE ? ORDER BY id LIMIT 3", (pattern,))
+    policy = db.registry.entity(RUN_ENTITY)
+    if await db.read(lambda tx: tx.statuses(policy, [id_or_prefix])):
+        return id_or_prefix
+    if len(id_or_prefix) >= MIN_PREFIX and "%" not in id_or_prefix and "_" not in id_or_prefix \
+            and "\\" not in id_or_prefix:
+        for suffix, what in ((False, "prefix"), (True, "suffix")):
+            found = await db.read(functools.partial(
+                _ids_matching, policy=policy, piece=id_or_prefix, suffix=suffix))
             if len(found) == 1:
-                return str(found[0]["id"])
+                return str(found[0])
             if len(found) > 1:
                 raise ValueError(f"id {what} {id_or_prefix!r} is ambiguous: matches "
-                                 + ", ".join(r["id"] for r in found[:2])
+                                 + ", ".join(found[:2])
                                  + (" and more" if len(found) > 2 else ""))
     raise LookupError(f"no run {id_or_prefix}")
 
 
+def _ids_matching(tx: Tx, *, policy: EntityPolicy, piece: str, suffix: bool) -> list[str]:
+    return tx.ids_matching(policy, piece, suffix=suffix, limit=3)
+
+
 async def get_run(db: StateDB, run_id: str) -> dict[str, Any]:
     """The full row of one run (JSON decoded); LookupError names the id when it is missing."""
-    row = await db.fetch_one(f"SELECT * FROM {RUN_TABLE} WHERE id = ?", (run_id,))
+    policy = db.registry.entity(RUN_ENTITY)
+    row = await db.read(lambda tx: tx.entity_row(policy, run_id))
     if row is None:
         raise LookupError(f"no run {run_id}")
     return decode_run_row(db, row)
+
+
+async def run_status(db: StateDB, run_id: str) -> str | None:
+    """The run's status now, or None when there is no such run."""
+    policy = db.registry.entity(RUN_ENTITY)
+    return (await db.read(lambda tx: tx.statuses(policy, [run_id]))).get(run_id)
+
+
+async def fact_count(db: StateDB) -> int:
+    """Facts in the log (every entity)."""
+    return await db.read(lambda tx: tx.count_facts())
 
 
 async def run_history(db: StateDB, run_id: str) -> list[dict[str, Any]]:
@@ -177,91 +185,44 @@ class QueueStats:
         return asdict(self)
 
 
-def _stuck_queries(db: StateDB) -> list[tuple[str, str]]:
-    """(SQL selecting id, status, why; what it finds) per kind of stuck run.
-
-    Parameters: ``:now``, ``:grace``. What a database shows on its own, whichever
-    process asks: a status the loaded specs do not declare (no pass of this version
-    moves it); a lease expired, or a retry due, ``grace`` seconds before the heartbeat
-    of a worker already running then (its reaper or promotion should have moved the row
-    and could not); a waiting run whose depends_on is not valid JSON (never released).
-    Queued rows are not judged: an unclaimed row may simply have no worker to serve it.
-    """
-    from ledgerq.lifecycle.registry import sql_literal
-    from ledgerq.queue.runs import index_clause
-
-    policy = db.registry.entity(RUN_ENTITY)
-    declared = ", ".join(sql_literal(s) for s in sorted(policy.states))
-    live = ("EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - :grace > "
-            "max({due}, COALESCE(w.started_at, {due})))")
-    queries = [(f"SELECT id, status, 'status ' || status || ' is not declared by the loaded "
-                f"specs' AS why FROM {RUN_TABLE} WHERE status NOT IN ({declared})",
-                "undeclared")]
-    if "running" in policy.states:
-        queries.append((
-            f"SELECT id, status, 'lease expired at ' || lease_expires_at || "
-            f"' and was not reaped' AS why FROM {RUN_TABLE} "
-            f"WHERE {index_clause(policy, 'idx_schedule_runs_lease', 'running')} "
-            "AND status = 'running' AND lease_expires_at < :now - :grace "
-            f"AND {live.format(due='lease_expires_at')}", "lease"))
-    if "retry_wait" in policy.states:
-        queries.append((
-            f"SELECT id, status, 'retry due at ' || retry_due_at || ' was not promoted' "
-            f"AS why FROM {RUN_TABLE} "
-            f"WHERE {index_clause(policy, 'idx_schedule_runs_retry_due', 'retry_wait')} "
-            "AND status = 'retry_wait' AND retry_due_at < :now - :grace "
-            f"AND {live.format(due='retry_due_at')}", "retry"))
-    if "waiting_dependency" in policy.states:
-        queries.append((
-            "SELECT id, status, 'depends_on is not valid JSON' AS why "
-            f"FROM {RUN_TABLE} WHERE "
-            f"{index_clause(policy, 'idx_schedule_runs_waiting', 'waiting_dependency')} "
-            "AND status = 'waiting_dependency' AND NOT COALESCE(json_valid(depends_on), 0)",
-            "waiting"))
-    return queries
-
-
 async def queue_stats(db: StateDB, *, now: float | None = None,
                       stuck_after: float = STUCK_AFTER_SECONDS) -> QueueStats:
     """One consistent snapshot of the queue: per-status counts, oldest queued age, workers,
     and the runs stuck where no pass will move them (see :func:`_stuck_queries`)."""
-    states = list(db.registry.entity(RUN_ENTITY).states)
+    policy = db.registry.entity(RUN_ENTITY)
+    states = list(policy.states)
     ts = time.time() if now is None else now
-    stuck_sql = _stuck_queries(db)
+    # The kinds of stuck run the loaded specs can have (see Tx.stuck_runs): a status the
+    # loaded specs do not declare (no pass of this version moves it); a lease expired,
+    # or a retry due, ``stuck_after`` seconds before the heartbeat of a worker already
+    # running then (its reaper or promotion should have moved the row and could not); a
+    # waiting run whose depends_on is not valid JSON (never released). Queued rows are
+    # not judged: an unclaimed row may simply have no worker to serve it.
+    needs = {"lease": "running", "retry": "retry_wait", "waiting": "waiting_dependency"}
+    kinds = [k for k in STUCK_KINDS if k not in needs or needs[k] in policy.states]
 
-    declared = set(states)
-
-    def read(conn: sqlite3.Connection) -> QueueStats:
+    def read(tx: Tx) -> QueueStats:
         counts = dict.fromkeys(states, 0)
-        for status, n in conn.execute(
-                f"SELECT status, COUNT(*) FROM {RUN_TABLE} GROUP BY status"):
-            counts[status] = int(n)
-        oldest = conn.execute(
-            f"SELECT MIN(queued_at) FROM {RUN_TABLE} WHERE status = 'queued'").fetchone()[0]
-        running = {r[0]: int(r[1]) for r in conn.execute(
-            f"SELECT leased_by, COUNT(*) FROM {RUN_TABLE} "
-            "WHERE status = 'running' AND leased_by IS NOT NULL "
-            "GROUP BY leased_by ORDER BY leased_by")}
+        counts.update(tx.status_counts(policy))
+        oldest = tx.oldest_queued_at(policy)
+        running = tx.running_by_worker(policy)
         workers = [
             WorkerInfo(worker_id=w["worker_id"], hostname=w["hostname"], pid=w["pid"],
                        last_heartbeat_at=w["last_heartbeat_at"],
                        heartbeat_age_seconds=max(0.0, ts - w["last_heartbeat_at"]),
                        running=running.get(w["worker_id"], 0))
-            for w in conn.execute(
-                "SELECT worker_id, hostname, pid, last_heartbeat_at FROM workers "
-                "ORDER BY worker_id")
+            for w in tx.workers()
         ]
         stuck_runs: list[StuckRun] = []
         stuck = 0
-        undeclared = sum(n for s, n in counts.items() if s not in declared)
-        for sql, kind in stuck_sql:
+        undeclared = sum(n for s, n in counts.items() if s not in policy.states)
+        for kind in kinds:
             if kind == "undeclared" and not undeclared:
                 continue  # the counts already tell: skip a scan of the table
-            params = {"now": ts, "grace": stuck_after}
-            stuck += conn.execute(f"SELECT COUNT(*) FROM ({sql})", params).fetchone()[0]
-            if len(stuck_runs) < STUCK_SAMPLE:
-                stuck_runs += [StuckRun(r[0], r[1], r[2]) for r in conn.execute(
-                    f"{sql} LIMIT {STUCK_SAMPLE - len(stuck_runs)}", params)]
+            n, sample = tx.stuck_runs(policy, kind, ts, stuck_after,
+                                      STUCK_SAMPLE - len(stuck_runs))
+            stuck += n
+            stuck_runs += [StuckRun(*r) for r in sample]
         return QueueStats(
             now=ts, counts=counts, total=sum(counts.values()),
             oldest_queued_at=oldest,
@@ -279,13 +240,11 @@ async def wait_for_runs(db: StateDB, run_ids: Iterable[str], *, timeout: float =
     this or another process) must be running them.
     """
     ids = list(dict.fromkeys(run_ids))
-    terminal = db.registry.entity(RUN_ENTITY).terminal
+    policy = db.registry.entity(RUN_ENTITY)
+    terminal = policy.terminal
     deadline = time.monotonic() + timeout
     while True:
-        rows = await db.fetch_all(
-            f"SELECT id, status FROM {RUN_TABLE} WHERE id IN ({', '.join('?' * len(ids))})",
-            ids) if ids else []
-        status = {r["id"]: r["status"] for r in rows}
+        status = await db.read(lambda tx: tx.statuses(policy, ids)) if ids else {}
         missing = [i for i in ids if i not in status]
         if missing:
             raise LookupError(f"no run {missing[0]}")
@@ -307,10 +266,12 @@ __all__ = [
     "WorkerInfo",
     "decode_fact",
     "decode_run_row",
+    "fact_count",
     "get_run",
     "list_runs",
     "queue_stats",
     "resolve_run_id",
     "run_history",
+    "run_status",
     "wait_for_runs",
 ]

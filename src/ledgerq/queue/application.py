@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
+from ledgerq.codec import dumps, loads
 from ledgerq.errors import InvalidInput
-from ledgerq.store.codec import dumps, loads
 
 #: Kinds the subprocess launcher knows, plus ``workflow`` (run only through an adapter)
 #: and ``command`` (its ``args["argv"]`` is executed directly).

@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ledgerq.codec import dumps
 from ledgerq.queue import orphans
-from ledgerq.store.codec import dumps
 
 ExecuteFn = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
 

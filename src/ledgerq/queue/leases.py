@@ -14,14 +14,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from ledgerq.queue.runs import ENTITY
+
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
 
-#: What a lease check compares (the claim's lease guard) and what ``status`` it needs.
-LEASE_CHECK_SQL = ("SELECT id, status, leased_by, lease_expires_at, lease_token "
-                   "FROM schedule_runs WHERE id IN ({marks})")
-#: Ids per query (under SQLite's bound-parameter limit).
-CHUNK = 500
 
 
 def until_next_check(interval: float) -> float:
@@ -64,10 +61,9 @@ class LeaseReads:
         ids = list(waiting)
         rows: dict[str, dict[str, Any]] = {}
         try:
-            for i in range(0, len(ids), CHUNK):
-                part = ids[i:i + CHUNK]
-                sql = LEASE_CHECK_SQL.format(marks=", ".join("?" * len(part)))
-                rows.update((r["id"], r) for r in await db.fetch_all(sql, part))
+            policy = db.registry.entity(ENTITY)
+            found = await db.read(lambda tx: tx.lease_rows(policy, ids))
+            rows.update((r["id"], r) for r in found)
         except Exception as exc:  # each run treats it as a failed check and tries again
             for futures in waiting.values():
                 for fut in futures:

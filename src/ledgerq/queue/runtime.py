@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -63,7 +64,6 @@ DEFAULT_SHUTDOWN_GRACE = 10.0
 DEFAULT_CLAIM_COOLDOWN = 0.01
 DEFAULT_LOCK_DIR = Path(tempfile.gettempdir()) / "ledgerq-locks"
 #: Paths that name no file: SQLite's in-memory and private temporary databases.
-_NO_FILE = (":memory:", "")
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
@@ -197,13 +197,17 @@ class Worker:
                 log.warning("worker %s: killed %d process group(s) a dead worker left "
                             "running: %s", self.worker_id, len(killed), killed)
         try:
-            if self.db.path not in _NO_FILE:
-                self._db_identity = _file_identity(self.db.path)
+            # Submits in other processes and hosts wake this worker too, where the
+            # backend can tell it (PostgreSQL's LISTEN); otherwise it polls.
+            await self.db.listen(functools.partial(wakeup.notify, self.db.path))
+            if self.db.file is not None:
+                self._db_identity = _file_identity(self.db.file)
                 self._check_db_file()
             if self._gone is None:
                 await self._loop()
         finally:
             wakeup.unsubscribe(self.db.path, self._wake)
+            await self.db.unlisten()
             await self._drain()
             for sig in installed:
                 loop.remove_signal_handler(sig)
@@ -225,9 +229,9 @@ class Worker:
 
     def _check_db_file(self) -> None:
         """Stop with DatabaseGone once the path no longer names the file we have open."""
-        if self.db.path in _NO_FILE:
+        if self.db.file is None:
             return
-        now = _file_identity(self.db.path)
+        now = _file_identity(self.db.file)
         if now is not None and now == self._db_identity:
             return
         what = "deleted" if now is None else "replaced by another file"

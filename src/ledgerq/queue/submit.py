@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import socket
-import sqlite3
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ledgerq.codec import dumps
 from ledgerq.errors import InvalidInput, NotFound
 from ledgerq.lifecycle.engine import create_entities, create_entity, new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import Tx
 from ledgerq.queue import wakeup
 from ledgerq.queue.application import (
     DEFAULT_LIMITS,
@@ -24,7 +25,6 @@ from ledgerq.queue.application import (
 )
 from ledgerq.queue.capabilities import host_scoped_concurrency_key
 from ledgerq.queue.runs import ENTITY, move, resolve_dependents
-from ledgerq.store.codec import dumps
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
@@ -34,14 +34,11 @@ SUBMITTER = Actor(type="system", id="ledgerq.submit")
 new_run_id = new_id
 
 
-def _insert(conn: sqlite3.Connection, policy: EntityPolicy, app: TaskApplication, now: float,
+def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
             host: str, actor: Actor) -> str:
     fingerprint = digest(app)
     if app.idempotency_key is not None:
-        existing = conn.execute(
-            "SELECT id, application_digest FROM schedule_runs WHERE idempotency_key = ?",
-            (app.idempotency_key,),
-        ).fetchone()
+        existing = tx.run_by_idempotency_key(policy, app.idempotency_key)
         if existing is not None:
             if existing["application_digest"] != fingerprint:
                 raise InvalidInput(
@@ -51,17 +48,16 @@ def _insert(conn: sqlite3.Connection, policy: EntityPolicy, app: TaskApplication
             return str(existing["id"])
     deps = list(dict.fromkeys(app.depends_on))
     if deps:
-        found = {r[0] for r in conn.execute(
-            f"SELECT id FROM schedule_runs WHERE id IN ({', '.join('?' * len(deps))})", deps)}
+        found = tx.statuses(policy, deps)
         unknown = [d for d in deps if d not in found]
         if unknown:
             raise InvalidInput(_unknown_deps_message(unknown))
     status = "waiting_dependency" if deps else "queued"
-    run_id = create_entity(conn, policy, _row(app, now, host, status, deps, fingerprint),
+    run_id = create_entity(tx, policy, _row(app, now, host, status, deps, fingerprint),
                            reason=StateReason(code=f"run.{status}.submitted"), actor=actor,
                            now=now)
     if deps:
-        resolve_dependents(conn, policy, [run_id], waiting=True, now=now)
+        resolve_dependents(tx, policy, [run_id], waiting=True, now=now)
     return run_id
 
 
@@ -102,7 +98,7 @@ def _row(app: TaskApplication, now: float, host: str, status: str, deps: list[st
 _SUBMITTED = StateReason(code="run.queued.submitted")
 
 
-def _insert_all(conn: sqlite3.Connection, policy: EntityPolicy, apps: list[TaskApplication],
+def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
                 now: float, host: str, actor: Actor) -> list[str]:
     """Insert ``apps`` in order (in-transaction); ids in the same order.
 
@@ -115,10 +111,10 @@ def _insert_all(conn: sqlite3.Connection, policy: EntityPolicy, apps: list[TaskA
 
     def flush() -> None:
         if len(plain) == 1:
-            ids.append(_insert(conn, policy, plain[0], now, host, actor))
+            ids.append(_insert(tx, policy, plain[0], now, host, actor))
         elif plain:
             ids.extend(create_entities(
-                conn, policy, [_row(a, now, host, "queued", [], digest(a)) for a in plain],
+                tx, policy, [_row(a, now, host, "queued", [], digest(a)) for a in plain],
                 reason=_SUBMITTED, actor=actor, now=now))
         plain.clear()
 
@@ -127,8 +123,9 @@ def _insert_all(conn: sqlite3.Connection, policy: EntityPolicy, apps: list[TaskA
             plain.append(app)
         else:
             flush()
-            ids.append(_insert(conn, policy, app, now, host, actor))
+            ids.append(_insert(tx, policy, app, now, host, actor))
     flush()
+    tx.notify_claimable()
     return ids
 
 
@@ -166,8 +163,8 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
     ts = time.time() if now is None else now
     hostname = host or socket.gethostname()
 
-    def unit(conn: sqlite3.Connection) -> list[str]:
-        return _insert_all(conn, policy, normalized, ts, hostname, actor)
+    def unit(tx: Tx) -> list[str]:
+        return _insert_all(tx, policy, normalized, ts, hostname, actor)
 
     ids = await db.write(unit)
     wakeup.notify(db.path)
@@ -184,18 +181,18 @@ async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = 
     policy = db.registry.entity(ENTITY)
     ts = time.time() if now is None else now
 
-    def unit(conn: sqlite3.Connection) -> bool:
-        row = conn.execute("SELECT status FROM schedule_runs WHERE id = ?", (run_id,)).fetchone()
-        if row is None:
+    def unit(tx: Tx) -> bool:
+        status = tx.statuses(policy, [run_id]).get(run_id)
+        if status is None:
             raise NotFound(f"run {run_id!r} not found")
-        status = row[0]
         if not policy.allows(status, "cancelled"):
             return False
-        res = move(conn, policy, run_id, status, "cancelled", "run.cancelled.operator",
+        res = move(tx, policy, run_id, status, "cancelled", "run.cancelled.operator",
                    actor=actor, summary=summary or f"cancelled by {actor.type} {actor.id}",
                    patch={"ended_at": ts}, now=ts)
         if res.applied:
-            resolve_dependents(conn, policy, [run_id], now=ts)
+            resolve_dependents(tx, policy, [run_id], now=ts)
+            tx.notify_claimable()
         return res.applied
 
     return await db.write(unit)
@@ -226,10 +223,9 @@ async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: s
     ts = time.time() if now is None else now
     who = actor or Actor(type="scheduler", id=schedule_id)
 
-    def unit(conn: sqlite3.Connection) -> str:
-        conn.execute("INSERT OR IGNORE INTO schedules (id, name, created_at) VALUES (?, ?, ?)",
-                     (schedule_id, schedule_name, ts))
-        return create_entity(conn, policy, {
+    def unit(tx: Tx) -> str:
+        tx.ensure_schedule(schedule_id, schedule_name, ts)
+        return create_entity(tx, policy, {
             "schedule_id": schedule_id, "trigger_context": "{}", "action_kind": action_kind,
             "action_args": dumps(args), "status": status, "chain_depth": 0,
             "fired_at": ts, "created_at": ts,

@@ -14,7 +14,6 @@ import inspect
 import logging
 import os
 import socket
-import sqlite3
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -22,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ledgerq.codec import dumps, loads
+from ledgerq.errors import DatabaseDamaged, DatabaseGone, DatabaseUnavailable
 from ledgerq.lifecycle.models import Actor
-from ledgerq.lifecycle.registry import EntityPolicy, sql_literal
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import Tx
 from ledgerq.queue.application import RetryPolicy
 from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
 from ledgerq.queue.launcher import ExecuteFn, default_execute
@@ -33,12 +35,9 @@ from ledgerq.queue.runs import (
     ENTITY,
     MalformedRow,
     decode_run,
-    index_clause,
     move,
     resolve_dependents,
-    row_dict,
 )
-from ledgerq.store.codec import dumps, loads
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
@@ -66,10 +65,6 @@ NO_LEASE: dict[str, Any] = {"leased_by": None, "lease_expires_at": None, "lease_
 DETAIL_LIMIT = 4096
 #: A row whose move raised is left alone this long by every pass before one more try.
 STUCK_RETRY_SECONDS = 60.0
-#: Primary SQLite result codes that say the database or connection failed, not one row:
-#: a pass that meets one fails as a whole (and is retried), no row is blamed for it.
-#: BUSY, LOCKED, NOMEM, READONLY, INTERRUPT, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB.
-_DATABASE_FAILURES = frozenset({5, 6, 7, 8, 9, 10, 11, 13, 14, 26})
 
 Authorize = Callable[[dict[str, Any]], "bool | str | Awaitable[bool | str]"]
 
@@ -103,16 +98,8 @@ async def register_heartbeat(db: StateDB, *, worker_id: str,
     targets = dumps(list(execution_targets or []))
     host = socket.gethostname()
 
-    def unit(conn: sqlite3.Connection) -> None:
-        conn.execute(
-            "INSERT INTO workers (worker_id, advertised_capabilities, execution_targets, "
-            "last_heartbeat_at, hostname, pid, started_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(worker_id) DO UPDATE SET "
-            "advertised_capabilities = excluded.advertised_capabilities, "
-            "execution_targets = excluded.execution_targets, "
-            "last_heartbeat_at = excluded.last_heartbeat_at, pid = excluded.pid",
-            (worker_id, caps, targets, ts, host, os.getpid(), ts),
-        )
+    def unit(tx: Tx) -> None:
+        tx.upsert_worker(worker_id, caps, targets, ts, host, os.getpid())
 
     await db.write(unit)
 
@@ -195,37 +182,29 @@ PROCESS_STUCK = StuckRows()
 
 
 def _is_database_failure(exc: BaseException) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in \
-        _DATABASE_FAILURES
+    """A failure of the database or the connection (already translated by the store):
+    no row's fault, so a pass that meets one fails as a whole and is retried."""
+    return isinstance(exc, DatabaseUnavailable | DatabaseDamaged | DatabaseGone)
 
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-_SAVEPOINT = "ledgerq_row"
-
-
-def _isolated(conn: sqlite3.Connection, fn: Callable[..., T], *args: Any
-              ) -> tuple[T | None, str | None]:
+def _isolated(tx: Tx, fn: Callable[..., T], *args: Any) -> tuple[T | None, str | None]:
     """``fn(*args)`` in its own savepoint: what it wrote vanishes alone if it raises.
 
     Returns (its value, None), or (None, the failure's description). A failure of the
-    database itself (busy, I/O, full, corrupt) is no row's fault: it propagates and
-    fails the whole pass.
+    database itself (busy, I/O, full, corrupt, a lost connection) is no row's fault: it
+    propagates and fails the whole pass.
     """
-    conn.execute(f"SAVEPOINT {_SAVEPOINT}")
     try:
-        value = fn(*args)
+        with tx.savepoint():
+            value = fn(*args)
     except Exception as exc:
-        with contextlib.suppress(sqlite3.Error):  # the transaction may be gone already
-            conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
-            conn.execute(f"RELEASE {_SAVEPOINT}")
-        if _is_database_failure(exc):
+        if tx.database_failure(exc):
             raise
         return None, _describe(exc)
-    conn.execute(f"RELEASE {_SAVEPOINT}")
     return value, None
 
 
@@ -238,7 +217,7 @@ class _Swept:
     tried: list[str] = field(default_factory=list)
 
 
-def _settle_dependents(conn: sqlite3.Connection, policy: EntityPolicy, run_ids: list[str],
+def _settle_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
                        now: float) -> None:
     """Release or cancel the dependents of runs that just ended, never failing the end.
 
@@ -246,8 +225,7 @@ def _settle_dependents(conn: sqlite3.Connection, policy: EntityPolicy, run_ids: 
     (the run would stay running until its lease expired and then run again): its part
     is rolled back alone, and the dependency sweep retries it row by row.
     """
-    _, err = _isolated(conn, functools.partial(resolve_dependents, now=now),
-                       conn, policy, run_ids)
+    _, err = _isolated(tx, functools.partial(resolve_dependents, now=now), tx, policy, run_ids)
     if err is not None:
         log.warning("dependents of %s not settled (%s); the dependency sweep retries them",
                     ", ".join(run_ids), err)
@@ -267,25 +245,13 @@ def _record(stuck: StuckRows, step: str, swept: _Swept) -> dict[str, int]:
 # ----------------------------------------------------------------- reaper
 
 
-def _expired_sql(policy: EntityPolicy, columns: str, now: str = "?") -> str:
-    """Expired leases; ``now`` is the placeholder of the time (``?`` or a named one)."""
-    return (f"SELECT {columns} FROM schedule_runs "
-            f"WHERE {index_clause(policy, 'idx_schedule_runs_lease', 'running')} "
-            "AND status = 'running' AND lease_expires_at IS NOT NULL "
-            f"AND lease_expires_at < {now}")
-
-
-def _reap(conn: sqlite3.Connection, policy: EntityPolicy, now: float,
+def _reap(tx: Tx, policy: EntityPolicy, now: float,
           skip: frozenset[str] = frozenset()) -> _Swept:
     swept = _Swept({"requeued": 0, "failed": 0})
-    expired = conn.execute(
-        _expired_sql(policy, "id, leased_by, lease_expires_at, lease_token, lease_attempts"),
-        (now,),
-    ).fetchall()
-    for row in expired:
+    for row in tx.expired_leases(policy, now):
         if row["id"] in skip:
             continue
-        counted, err = _isolated(conn, _reap_one, conn, policy, row, now)
+        counted, err = _isolated(tx, _reap_one, tx, policy, row, now)
         if err is not None:
             swept.failures[row["id"]] = err
             continue
@@ -295,38 +261,35 @@ def _reap(conn: sqlite3.Connection, policy: EntityPolicy, now: float,
     return swept
 
 
-def _reap_one(conn: sqlite3.Connection, policy: EntityPolicy, row: sqlite3.Row,
-              now: float) -> str:
+def _reap_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> str:
     """Requeue or fail one expired lease; returns the count it adds to ("" if none)."""
     guard = {"leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"],
              "lease_token": row["lease_token"]}
     if row["lease_attempts"] < MAX_LEASE_ATTEMPTS:
-        res = move(conn, policy, row["id"], "running", "queued", "run.queued.lease_expired",
+        res = move(tx, policy, row["id"], "running", "queued", "run.queued.lease_expired",
                    summary=f"lease of {row['leased_by']} expired", guard=guard,
                    patch=dict(NO_LEASE), now=now,
                    metadata={"expired_worker": row["leased_by"]})
         return "requeued" if res.applied else ""
     detail = (f"lease expired {row['lease_attempts']} times "
               f"(last holder {row['leased_by']})")
-    res = move(conn, policy, row["id"], "running", "failed",
+    res = move(tx, policy, row["id"], "running", "failed",
                "run.failed.lease_attempts_exhausted", summary=detail, guard=guard,
                patch={"ended_at": now, "error_detail": detail}, now=now,
                metadata={"expired_worker": row["leased_by"]})
     if not res.applied:
         return ""
-    _settle_dependents(conn, policy, [row["id"]], now)
+    _settle_dependents(tx, policy, [row["id"]], now)
     return "failed"
 
 
-async def _unskipped(db: StateDB, sql: str, params: dict[str, Any],
-                     skip: frozenset[str]) -> bool:
-    """Whether ``sql`` (selecting ids; ``:n`` its limit) finds a row outside ``skip``.
+def _unskipped(ids: Iterable[str], skip: frozenset[str]) -> bool:
+    """Whether any of ``ids`` (read with a limit of len(skip)+1) is outside ``skip``.
 
-    Reads at most len(skip)+1 ids: a stuck row must not make every pass take the write
-    lock only to skip the row again, and an empty tracker costs what ``LIMIT 1`` did.
+    A stuck row must not make every pass take the write lock only to skip the row
+    again, and an empty tracker costs what ``LIMIT 1`` did.
     """
-    ids = await db.fetch_all(sql, {**params, "n": len(skip) + 1})
-    return any(r["id"] not in skip for r in ids)
+    return any(i not in skip for i in ids)
 
 
 async def reap_expired_leases(db: StateDB, *, now: float | None = None,
@@ -340,79 +303,46 @@ async def reap_expired_leases(db: StateDB, *, now: float | None = None,
     ts = time.time() if now is None else now
     tracker = _tracked(stuck)
     skip = tracker.skipping()
-    expired = _expired_sql(policy, "id", ":now") + " LIMIT :n"
-    if not await _unskipped(db, expired, {"now": ts}, skip):
+    expired = await db.read(lambda tx: [r["id"] for r in tx.expired_leases(
+        policy, ts, limit=len(skip) + 1)])
+    if not _unskipped(expired, skip):
         return {"requeued": 0, "failed": 0}  # nothing expired: skip the write lock
-    return _record(tracker, "reaper", await db.write(lambda conn: _reap(conn, policy, ts, skip)))
-
-
-def _due_sql(policy: EntityPolicy, columns: str, now: str = "?") -> str:
-    """Due retries; ``now`` is the placeholder of the due time (``?`` or a named one)."""
-    return (f"SELECT {columns} FROM schedule_runs "
-            f"WHERE {index_clause(policy, 'idx_schedule_runs_retry_due', 'retry_wait')} "
-            f"AND status = 'retry_wait' AND retry_due_at <= {now}")
-
-
-def _waiting_sql(policy: EntityPolicy, columns: str) -> str:
-    return (f"SELECT {columns} FROM schedule_runs "
-            f"WHERE {index_clause(policy, 'idx_schedule_runs_waiting', 'waiting_dependency')} "
-            "AND status = 'waiting_dependency'")
-
-
-def _settled_sql(policy: EntityPolicy, columns: str = "1") -> str:
-    """Waiting runs that can move now: a dependency ended badly, or all of them completed.
-
-    Lets the sweep skip the write lock while runs merely wait; terminal writes settle
-    dependents themselves, so this sweep is only the safety net (e.g. for a dependency
-    moved with ``transition()`` directly). A row whose ``depends_on`` is not valid JSON
-    is never settled (``json_each`` would fail the whole query, i.e. every row's sweep):
-    it waits, and ``queue_stats`` counts it as stuck.
-    """
-    bad = ", ".join(sql_literal(s) for s in sorted(policy.terminal - {"completed"})) or "NULL"
-    return (
-        f"{_waiting_sql(policy, columns)} AND CASE WHEN json_valid(schedule_runs.depends_on) "
-        "THEN (EXISTS (SELECT 1 FROM json_each(schedule_runs.depends_on) AS j "
-        f"JOIN schedule_runs AS d ON d.id = j.value WHERE d.status IN ({bad})) "
-        "OR NOT EXISTS (SELECT 1 FROM json_each(schedule_runs.depends_on) AS j "
-        "LEFT JOIN schedule_runs AS d ON d.id = j.value WHERE d.status IS NOT 'completed')) "
-        "ELSE 0 END"
-    )
+    return _record(tracker, "reaper", await db.write(lambda tx: _reap(tx, policy, ts, skip)))
 
 
 #: Waiting rows settled per resolve_dependents call (bound parameters stay under the limit).
 SWEEP_CHUNK = 500
 
 
-def _retry_one(conn: sqlite3.Connection, policy: EntityPolicy, row: sqlite3.Row,
-               now: float) -> bool:
-    return move(conn, policy, row["id"], "retry_wait", "queued", "run.queued.retry_due",
+def _retry_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> bool:
+    return move(tx, policy, row["id"], "retry_wait", "queued", "run.queued.retry_due",
                 guard={"retry_due_at": row["retry_due_at"]},
                 patch={"lease_attempts": 0, "retry_due_at": None, "queued_at": now},
                 now=now).applied
 
 
-def _promote(conn: sqlite3.Connection, policy: EntityPolicy, now: float,
+def _promote(tx: Tx, policy: EntityPolicy, now: float,
              skip: frozenset[str] = frozenset(), *, retries: bool = True,
              dependencies: bool = True) -> _Swept:
     swept = _Swept({"retried": 0, "released": 0, "cancelled": 0})
     if retries:
-        for row in conn.execute(_due_sql(policy, "id, retry_due_at"), (now,)).fetchall():
+        for row in tx.due_retries(policy, now):
             if row["id"] in skip:
                 continue
-            applied, err = _isolated(conn, _retry_one, conn, policy, row, now)
+            applied, err = _isolated(tx, _retry_one, tx, policy, row, now)
             if err is not None:
                 swept.failures[row["id"]] = err
                 continue
             swept.tried.append(row["id"])
             swept.counts["retried"] += int(bool(applied))
     if dependencies:
-        settled = [r[0] for r in conn.execute(_settled_sql(policy, "id")) if r[0] not in skip]
+        settled = [r for r in tx.settled_waiting(policy) if r not in skip]
         for i in range(0, len(settled), SWEEP_CHUNK):
-            _sweep(conn, policy, settled[i:i + SWEEP_CHUNK], now, swept)
+            _sweep(tx, policy, settled[i:i + SWEEP_CHUNK], now, swept)
     return swept
 
 
-def _sweep(conn: sqlite3.Connection, policy: EntityPolicy, ids: list[str], now: float,
+def _sweep(tx: Tx, policy: EntityPolicy, ids: list[str], now: float,
            swept: _Swept) -> None:
     """Settle waiting rows together; when that raises, row by row, so one row fails alone.
 
@@ -420,28 +350,26 @@ def _sweep(conn: sqlite3.Connection, policy: EntityPolicy, ids: list[str], now: 
     row whose cascade meets an unmovable dependent is the one reported.
     """
     def settle(part: list[str]) -> None:
-        got = resolve_dependents(conn, policy, part, waiting=True, now=now)
+        got = resolve_dependents(tx, policy, part, waiting=True, now=now)
         swept.counts["released"] += got["released"]
         swept.counts["cancelled"] += got["cancelled"]
 
-    if _isolated(conn, settle, ids)[1] is None:
+    if _isolated(tx, settle, ids)[1] is None:
         swept.tried += ids
         return
     for rid in ids:
-        _, err = _isolated(conn, settle, [rid])
+        _, err = _isolated(tx, settle, [rid])
         if err is None:
             swept.tried.append(rid)
         else:
             swept.failures[rid] = err
 
 
-def _due_check_sql(policy: EntityPolicy, retries: bool, dependencies: bool) -> str:
-    parts = []
-    if retries:
-        parts.append(f"SELECT id FROM ({_due_sql(policy, 'id', ':now')} LIMIT :n)")
-    if dependencies:
-        parts.append(f"SELECT id FROM ({_settled_sql(policy, 'id')} LIMIT :n)")
-    return " UNION ALL ".join(parts)
+def _due_ids(tx: Tx, policy: EntityPolicy, now: float, limit: int, retries: bool,
+             dependencies: bool) -> list[str]:
+    """Up to ``limit`` ids of each kind a promotion pass would move (a cheap read first)."""
+    ids = [r["id"] for r in tx.due_retries(policy, now, limit=limit)] if retries else []
+    return ids + (tx.settled_waiting(policy, limit=limit) if dependencies else [])
 
 
 async def promote_due(db: StateDB, *, now: float | None = None,
@@ -465,11 +393,12 @@ async def promote_due(db: StateDB, *, now: float | None = None,
     if not (retries or dependencies):
         return {"retried": 0, "released": 0, "cancelled": 0}
     skip = tracker.skipping()
-    if not await _unskipped(db, _due_check_sql(policy, retries, dependencies), {"now": ts},
-                            skip):
+    due = await db.read(lambda tx: _due_ids(tx, policy, ts, len(skip) + 1, retries,
+                                            dependencies))
+    if not _unskipped(due, skip):
         return {"retried": 0, "released": 0, "cancelled": 0}
-    return _record(tracker, "promotion", await db.write(lambda conn: _promote(
-        conn, policy, ts, skip, retries=retries, dependencies=dependencies)))
+    return _record(tracker, "promotion", await db.write(lambda tx: _promote(
+        tx, policy, ts, skip, retries=retries, dependencies=dependencies)))
 
 
 # ----------------------------------------------------------------- claim
@@ -488,19 +417,7 @@ class ClaimPass:
     failures: dict[str, str] = field(default_factory=dict)
 
 
-def _candidates_sql(policy: EntityPolicy, excluded: int) -> str:
-    """One keyset page of claimable rows; parameters: the excluded kinds, cursor, page size."""
-    kinds_clause = (f"AND action_kind NOT IN ({', '.join('?' * excluded)})" if excluded else "")
-    return (
-        "SELECT id, queued_at, required_capabilities, execution_target, concurrency_key, "
-        "lease_attempts FROM schedule_runs "
-        f"WHERE {index_clause(policy, 'idx_schedule_runs_claim', 'queued')} "
-        f"AND status = 'queued' AND schedule_id IS NULL {kinds_clause} "
-        "AND (queued_at, id) > (?, ?) ORDER BY queued_at, id LIMIT ?"
-    )
-
-
-def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: list[str],
+def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
                 advertised: list[str], targets: set[str], result: ClaimPass,
                 enough: Callable[[dict[str, Any]], bool] | None = None,
                 skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
@@ -512,10 +429,9 @@ def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: 
     """
     eligible: list[dict[str, Any]] = []
     cursor: tuple[float, str] = (float("-inf"), "")
-    sql = _candidates_sql(policy, len(excluded_kinds))
     while result.scanned < SCAN_CAP:
-        page = conn.execute(sql, (*excluded_kinds, *cursor,
-                                  min(PAGE_SIZE, SCAN_CAP - result.scanned))).fetchall()
+        page = tx.claim_page(policy, excluded_kinds, cursor,
+                             min(PAGE_SIZE, SCAN_CAP - result.scanned))
         if not page:
             break
         result.scanned += len(page)
@@ -536,7 +452,7 @@ def _candidates(conn: sqlite3.Connection, policy: EntityPolicy, excluded_kinds: 
                 continue
             if not worker_can_serve(caps, advertised):
                 continue
-            cand = {**row_dict(row), "required_capabilities": caps}
+            cand = {**row, "required_capabilities": caps}
             eligible.append(cand)
             if enough is not None and enough(cand):
                 return eligible
@@ -567,43 +483,25 @@ class _Picker:
         return len(self.chosen) >= self.limit
 
 
-def _running_keys(conn: sqlite3.Connection, policy: EntityPolicy) -> set[str]:
-    # Every running row is in the lease index (NULL expiries included), and there are
-    # only as many as workers run at once: cheap however deep the queue is.
-    return {r[0] for r in conn.execute(_running_keys_sql(policy))}
-
-
-def _running_keys_sql(policy: EntityPolicy) -> str:
-    return ("SELECT DISTINCT concurrency_key FROM schedule_runs "
-            f"WHERE {index_clause(policy, 'idx_schedule_runs_lease', 'running')} "
-            "AND status = 'running' AND concurrency_key IS NOT NULL")
-
-
-def _key_running_sql(policy: EntityPolicy) -> str:
-    """Is a run with this concurrency key running? (parameter: the key)"""
-    return ("SELECT 1 FROM schedule_runs WHERE "
-            f"{index_clause(policy, 'idx_schedule_runs_concurrency', 'running')} "
-            "AND status = 'running' AND concurrency_key = ? LIMIT 1")
-
-
-def _select(conn: sqlite3.Connection, policy: EntityPolicy, worker_id: str, now: float,
+def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
             heartbeat_ttl: float, excluded_kinds: list[str], advertised: list[str],
             targets: set[str], limit: int, result: ClaimPass,
             skip: frozenset[str] = frozenset()) -> list[dict[str, Any]] | None:
     """The rows a pass will try to claim, read in one snapshot; None if the worker is stale."""
-    hb = conn.execute("SELECT last_heartbeat_at FROM workers WHERE worker_id = ?",
-                      (worker_id,)).fetchone()
-    if hb is not None and now - hb[0] > heartbeat_ttl:
+    hb = tx.worker_heartbeat(worker_id)
+    if hb is not None and now - hb > heartbeat_ttl:
         return None
-    picker = _Picker(_running_keys(conn, policy), limit)
+    # Every running row is in the lease index (NULL expiries included), and there are
+    # only as many as workers run at once: cheap however deep the queue is.
+    picker = _Picker(tx.running_keys(policy), limit)
     if not any(capability_class(t) == "affinity" for t in advertised):
         # Every candidate scores 0, so the stable affinity sort keeps scan order and the
         # choice is the first ``limit`` unblocked eligible rows: stop scanning there.
         # Same rows as sorting the whole scan, without reading up to SCAN_CAP of them.
-        _candidates(conn, policy, excluded_kinds, advertised, targets, result,
+        _candidates(tx, policy, excluded_kinds, advertised, targets, result,
                     enough=picker.offer, skip=skip)
         return picker.chosen
-    eligible = _candidates(conn, policy, excluded_kinds, advertised, targets, result,
+    eligible = _candidates(tx, policy, excluded_kinds, advertised, targets, result,
                            skip=skip)
     # Stable: equal scores keep the oldest-first order of the scan.
     eligible.sort(key=lambda c: -affinity_score(c["required_capabilities"], advertised))
@@ -613,13 +511,18 @@ def _select(conn: sqlite3.Connection, policy: EntityPolicy, worker_id: str, now:
     return picker.chosen
 
 
-def _claim_one(conn: sqlite3.Connection, policy: EntityPolicy, cand: dict[str, Any],
+def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
                worker_id: str, now: float, lease_ttl: float) -> dict[str, Any] | None:
-    key = cand["concurrency_key"]
-    if key is not None and conn.execute(_key_running_sql(policy), (key,)).fetchone():
+    # Another claimant's row is skipped, not waited for (PostgreSQL: SKIP LOCKED).
+    if not tx.try_lock_row(policy, cand["id"]):
         return None
+    key = cand["concurrency_key"]
+    if key is not None:
+        tx.lock_key(key)  # two claims of one key cannot both see it free
+        if tx.key_running(policy, key):
+            return None
     attempts = cand["lease_attempts"]
-    res = move(conn, policy, cand["id"], "queued", "running", "run.started.ok",
+    res = move(tx, policy, cand["id"], "queued", "running", "run.started.ok",
                actor=_actor(worker_id), summary=f"claimed by {worker_id}",
                guard={"lease_attempts": attempts, "leased_by": None},
                patch={"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
@@ -660,8 +563,8 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
     targets = set(execution_targets or ["host"])
     excluded = sorted(set(excluded_kinds))
     policy = db.registry.entity(ENTITY)
-    chosen = await db.read(lambda conn: _select(
-        conn, policy, worker_id, ts, heartbeat_ttl, excluded, advertised, targets, limit,
+    chosen = await db.read(lambda tx: _select(
+        tx, policy, worker_id, ts, heartbeat_ttl, excluded, advertised, targets, limit,
         result, skip))
     if chosen is None:
         log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
@@ -755,13 +658,13 @@ def _lost_outcome(row: dict[str, Any] | None, lease: dict[str, Any]) -> str:
     return "lost"
 
 
-def _finish(conn: sqlite3.Connection, policy: EntityPolicy, run: dict[str, Any], to_state: str,
+def _finish(tx: Tx, policy: EntityPolicy, run: dict[str, Any], to_state: str,
             code: str, guard: dict[str, Any], patch: dict[str, Any], now: float,
             worker_id: str, summary: str = "") -> bool:
-    res = move(conn, policy, run["id"], "running", to_state, code, actor=_actor(worker_id),
+    res = move(tx, policy, run["id"], "running", to_state, code, actor=_actor(worker_id),
                summary=summary, guard=guard, patch=patch, now=now)
     if res.applied and to_state in policy.terminal:
-        _settle_dependents(conn, policy, [run["id"]], now)
+        _settle_dependents(tx, policy, [run["id"]], now)
     return res.applied
 
 
@@ -887,8 +790,8 @@ async def _supervise_once(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
     if now < lease["lease_expires_at"] - ctx.lease_ttl * (1 - RENEW_FRACTION):
         return
     new_expiry = now + ctx.lease_ttl
-    applied = await db.write(lambda conn: move(
-        conn, policy, run["id"], "running", "running", "run.running.lease_renewed",
+    applied = await db.write(lambda tx: move(
+        tx, policy, run["id"], "running", "running", "run.running.lease_renewed",
         actor=_actor(ctx.worker_id), guard=dict(lease),
         patch={"lease_expires_at": new_expiry}, now=now).applied)
     if not applied:
@@ -912,14 +815,14 @@ async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: d
         patch = {**NO_LEASE, "retry_due_at": due,
                  "run_attempts": runs_done, "exit_code": exit_code,
                  "error_detail": detail[-DETAIL_LIMIT:]}
-        applied = await _write_outcome(db, lambda conn: _finish(
-            conn, policy, run, "retry_wait", "run.retry_wait.backoff", dict(lease), patch, now,
+        applied = await _write_outcome(db, lambda tx: _finish(
+            tx, policy, run, "retry_wait", "run.retry_wait.backoff", dict(lease), patch, now,
             ctx.worker_id, summary=f"attempt {runs_done} of {policy_.max_attempts} failed"))
         return "retry_wait" if applied else await _conflicted(db, run, lease, "retry_wait")
     return await _end(db, policy, run, lease, ctx, "failed", code, exit_code, detail)
 
 
-async def _write_outcome(db: StateDB, unit: Callable[[sqlite3.Connection], bool],
+async def _write_outcome(db: StateDB, unit: Callable[[Tx], bool],
                          attempts: int = 3) -> bool:
     """Write a run's outcome, retrying a transient database error a few times.
 
@@ -930,7 +833,7 @@ async def _write_outcome(db: StateDB, unit: Callable[[sqlite3.Connection], bool]
     for attempt in range(attempts):
         try:
             return await db.write(unit)
-        except sqlite3.OperationalError as exc:
+        except DatabaseUnavailable as exc:
             if attempt == attempts - 1:
                 raise
             log.warning("outcome write failed (%s); retrying", exc)
@@ -949,8 +852,8 @@ async def _end(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: di
         patch = {"ended_at": now, "exit_code": exit_code,
                  "error_detail": detail[-DETAIL_LIMIT:] if detail else None,
                  "run_attempts": int(run.get("run_attempts") or 0) + 1}
-    applied = await _write_outcome(db, lambda conn: _finish(
-        conn, policy, run, to_state, code, dict(lease), patch, now, ctx.worker_id,
+    applied = await _write_outcome(db, lambda tx: _finish(
+        tx, policy, run, to_state, code, dict(lease), patch, now, ctx.worker_id,
         summary=detail or ""))
     if not applied:
         return await _conflicted(db, run, lease, to_state)
@@ -962,8 +865,9 @@ async def _conflicted(db: StateDB, run: dict[str, Any], lease: dict[str, Any],
     """The outcome of a run whose final write found the lease gone (see _lost_outcome)."""
     log.info("run %s: write of %s conflicted (lease no longer ours)", run["id"], to_state)
     try:
-        row = await db.fetch_one(
-            "SELECT status, lease_token FROM schedule_runs WHERE id = ?", (run["id"],))
+        policy = db.registry.entity(ENTITY)
+        rows = await db.read(lambda tx: tx.lease_rows(policy, [run["id"]]))
+        row = rows[0] if rows else None
     except Exception:  # only the count depends on it: lost is the safe answer
         return "lost"
     return _lost_outcome(row, lease)

@@ -1,230 +1,109 @@
-"""StateDB: a write connection and a read connection (aiosqlite), one thread hop per unit
-of work, group commit.
+"""StateDB: the database handle every ledgerq function takes, on either backend.
 
-Why this shape: aiosqlite costs a thread hop per awaited call, so every write is a
-plain function run in the connection's thread from ``BEGIN IMMEDIATE`` to ``COMMIT``.
-Reads go to a second, query-only connection with its own thread: in WAL mode a reader
-never waits for a writer, so a worker's claim scan or lease check does not queue
-behind a commit's fsync, and the write thread does nothing but write.
-Units that arrive while a commit is in flight are queued and run together in the next
-transaction, each inside its own savepoint: a unit that raises is rolled back alone,
-the others commit, and every caller learns its outcome only after the commit that made
-it durable. ``BEGIN IMMEDIATE`` takes the write lock before the first read, so a
-read-then-write never fails with SQLITE_BUSY halfway (it waits up to busy_timeout).
-
-A damaged file is never written: opening for write runs ``PRAGMA quick_check`` when the
-last writer did not close cleanly (see :mod:`ledgerq.store.integrity`), and any
-"malformed"/"not a database" error later marks the handle damaged and refuses every
-further write (:class:`~ledgerq.errors.DatabaseDamaged`). ``readonly=True`` opens the
-file read-only: it never writes, never creates the schema, never sets WAL.
+``StateDB("state.db")`` is a SQLite file (``":memory:"`` too); ``StateDB("postgresql://…")``
+(or ``postgres://``) is a PostgreSQL database. The handle chooses the dialect once and
+hands every unit of work a :class:`~ledgerq.operations.Tx` of that dialect; nothing
+above it knows which one it is talking to.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
-import aiosqlite
-
-from ledgerq.errors import DatabaseDamaged, DatabaseError, SchemaMissing
 from ledgerq.lifecycle.registry import Registry, default_registry
-from ledgerq.store import integrity
-from ledgerq.store.schema import create_schema, missing_tables
+from ledgerq.operations import Tx
 
 T = TypeVar("T")
-Unit = Callable[[sqlite3.Connection], Any]
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
-
-#: Most units run in one group commit; bounds the latency one commit adds to the next.
-MAX_GROUP = 256
+#: How long a SQLite writer waits for the write lock (ms).
 BUSY_TIMEOUT_MS = 30_000
-#: Compiled statements sqlite3 keeps per connection (its default is 128). The engine has
-#: one UPDATE text per shape of move, the queue dozens of its own; a miss re-prepares.
-STATEMENT_CACHE = 512
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres(target: str | Path) -> bool:
+    return isinstance(target, str) and target.startswith(POSTGRES_SCHEMES)
+
+
+class Backend(Protocol):
+    """What each dialect's connection manager provides to StateDB."""
+
+    dialect: str
+    damaged: str | None
+
+    @property
+    def is_open(self) -> bool: ...
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+    async def write(self, fn: Callable[[Tx], T]) -> T: ...
+    async def read(self, fn: Callable[[Tx], T]) -> T: ...
+    async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
+                        ) -> dict[str, Any] | None: ...
+    async def fetch_all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
+                        ) -> list[dict[str, Any]]: ...
+    async def check_integrity(self) -> list[str]: ...
+    async def durability(self) -> str: ...
+    async def listen(self, key: str, on_wake: Callable[[], None]) -> None: ...
+    async def unlisten(self) -> None: ...
 
 
 class StateDB:
-    """The database handle every ledgerq function takes."""
+    """The database handle every ledgerq function takes (SQLite or PostgreSQL)."""
 
     def __init__(self, path: str | Path, *, registry: Registry | None = None,
                  synchronous: Synchronous = "NORMAL", readonly: bool = False,
                  busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
-        sync = str(synchronous).upper()
-        if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
-            raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not {synchronous!r}")
+        #: The target as given: a SQLite path, or a PostgreSQL URL.
         self.path = str(path)
         self.registry = registry if registry is not None else default_registry()
-        self.synchronous = sync
-        self.busy_timeout_ms = busy_timeout_ms
         self.readonly = bool(readonly)
-        #: Why this handle refuses writes, once SQLite has reported the file damaged.
-        self.damaged: str | None = None
-        self._writer_lock: integrity.WriterLock | None = None
-        self._conn: aiosqlite.Connection | None = None
-        self._reader: aiosqlite.Connection | None = None
-        self._pending: list[tuple[Unit, asyncio.Future[Any]]] = []
-        self._drainer: asyncio.Task[None] | None = None
-        self._closing = False
+        self.busy_timeout_ms = busy_timeout_ms
+        self._backend: Backend
+        if is_postgres(path):
+            from ledgerq.store.postgres.backend import PostgresBackend
 
-    # ------------------------------------------------------------ lifecycle
+            self._backend = PostgresBackend(self.path, registry=self.registry,
+                                            readonly=self.readonly)
+            self.synchronous = "FULL"
+        else:
+            from ledgerq.store.sqlite.backend import SqliteBackend
+
+            backend = SqliteBackend(self.path, registry=self.registry,
+                                    synchronous=synchronous, readonly=self.readonly,
+                                    busy_timeout_ms=busy_timeout_ms)
+            self.synchronous = backend.synchronous
+            self._backend = backend
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._backend.dialect
+
+    @property
+    def file(self) -> str | None:
+        """The SQLite file this handle opened (None for ``:memory:`` and PostgreSQL)."""
+        if self.dialect != "sqlite" or self.path in (":memory:", ""):
+            return None
+        return self.path
+
+    @property
+    def damaged(self) -> str | None:
+        """Why this handle refuses writes, once the database reported itself damaged."""
+        return self._backend.damaged
+
+    @property
+    def is_open(self) -> bool:
+        return self._backend.is_open
 
     async def open(self) -> StateDB:
-        if self._conn is not None:
-            return self
-        if self.readonly:
-            self._conn = await self._open_readonly()
-            return self
-        if self.path not in (":memory:", ""):
-            # Before SQLite touches the file: only the first writer after a crash checks.
-            self._writer_lock = integrity.WriterLock(self.path)
-        try:
-            if self._writer_lock is not None and self._writer_lock.unclean:
-                await self._check_before_writing()
-            conn = await self._connect(self._configure)
-        except BaseException:
-            self._release_writer_lock()
-            raise
-        # ":memory:" and "" (a private temporary file) are per connection: a second
-        # connection would open another, empty database.
-        if self.path not in (":memory:", ""):
-            try:
-                self._reader = await self._connect(self._configure_reader)
-            except BaseException:
-                await conn.close()
-                self._release_writer_lock()
-                raise
-        self._conn = conn
+        await self._backend.open()
         return self
-
-    async def _check_before_writing(self) -> None:
-        """quick_check on a read-only connection: closing it checkpoints nothing, so a
-        damaged file (and the WAL a crashed writer left) stays exactly as it was found."""
-        found: list[str] = []
-        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
-        conn = await self._connect(lambda c: found.extend(integrity.quick_check(c)), uri)
-        await conn.close()
-        if found:
-            self.damaged = found[0]
-            raise DatabaseDamaged(f"database is damaged: {self.path}: quick_check: "
-                                  + "; ".join(found[:5]))
-
-    async def _open_readonly(self) -> aiosqlite.Connection:
-        """A read-only connection, or a clear error; never creates or changes a file.
-
-        ``mode=ro`` still needs the WAL index (``-shm``): where the directory is not
-        writable and no ``-wal`` file exists (so no writer has the file open), SQLite
-        cannot build one, and the file is opened ``immutable`` instead.
-        """
-        if self.path in (":memory:", ""):
-            raise DatabaseError("readonly=True needs a database file, not a private database")
-        if not Path(self.path).is_file():
-            raise DatabaseError(f"no database at {self.path}")
-        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
-        try:
-            conn = await self._connect(self._configure_readonly, uri)
-        except sqlite3.OperationalError as exc:
-            if Path(self.path + "-wal").exists():
-                raise DatabaseError(f"cannot open {self.path} read-only: {exc}") from exc
-            conn = await self._connect(self._configure_readonly, uri + "&immutable=1")
-        return conn
-
-    async def _connect(self, configure: Callable[[sqlite3.Connection], None],
-                       uri: str | None = None) -> aiosqlite.Connection:
-        try:
-            conn = await aiosqlite.connect(uri or self.path, isolation_level=None,
-                                           timeout=self.busy_timeout_ms / 1000,
-                                           cached_statements=STATEMENT_CACHE,
-                                           uri=uri is not None)
-        except sqlite3.DatabaseError as exc:
-            raise self._translate(exc) from exc
-        try:
-            await self._call(conn, configure)
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
-
-    def _translate(self, exc: BaseException) -> BaseException:
-        """A corruption error becomes DatabaseDamaged (and the handle refuses writes)."""
-        if isinstance(exc, sqlite3.DatabaseError) and integrity.is_damage(exc):
-            self.damaged = str(exc)
-            damaged = DatabaseDamaged(f"database is damaged: {self.path}: {exc}")
-            damaged.__cause__ = exc
-            return damaged
-        return exc
-
-    async def _call(self, conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]
-                    ) -> T:
-        try:
-            return await _in_thread(conn, fn)
-        except sqlite3.DatabaseError as exc:
-            translated = self._translate(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
-
-    def _release_writer_lock(self) -> None:
-        lock, self._writer_lock = self._writer_lock, None
-        if lock is not None:
-            lock.release()
-
-    def _configure(self, conn: sqlite3.Connection) -> None:
-        conn.row_factory = sqlite3.Row
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-        if self.path != ":memory:":
-            conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-        conn.execute("PRAGMA foreign_keys = ON")
-        # UPDATE ... RETURNING (every transition) stages its rows in a temp table: with
-        # temp files a claim or terminal move cost ~210 us in-thread, in memory ~70 us
-        # (a direct sqlite3 micro-measurement; see docs/performance.md).
-        conn.execute("PRAGMA temp_store = MEMORY")
-        create_schema(conn, self.registry)
-
-    def _configure_readonly(self, conn: sqlite3.Connection) -> None:
-        self._configure_reader(conn)
-        missing = missing_tables(conn, self.registry)
-        if missing:
-            raise SchemaMissing(
-                f"{self.path} has no ledgerq schema (missing table(s) {', '.join(missing)}); "
-                "a read-only open never creates one: open it for writing first")
-
-    def _configure_reader(self, conn: sqlite3.Connection) -> None:
-        # The writer's settings (so a PRAGMA read through either reports the same), plus
-        # query_only: every write goes through write(), never through this connection.
-        conn.row_factory = sqlite3.Row
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute("PRAGMA temp_store = MEMORY")
-        conn.execute("PRAGMA query_only = ON")
 
     async def close(self) -> None:
         """Close after every write already accepted has committed (or failed) for real."""
-        if self._conn is None or self._closing:
-            return
-        self._closing = True
-        try:
-            while self._drainer is not None:
-                await asyncio.shield(self._drainer)
-            conn, self._conn = self._conn, None
-            reader, self._reader = self._reader, None
-            try:
-                if reader is not None:
-                    await reader.close()
-            finally:
-                try:
-                    if conn is not None:
-                        await conn.close()
-                finally:
-                    self._release_writer_lock()
-        finally:
-            self._closing = False
+        await self._backend.close()
 
     async def __aenter__(self) -> StateDB:
         return await self.open()
@@ -233,157 +112,56 @@ class StateDB:
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    @property
-    def is_open(self) -> bool:
-        return self._conn is not None
+    async def write(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in a write transaction; if it raises, nothing it wrote survives.
 
-    def _require(self) -> aiosqlite.Connection:
-        if self._conn is None:
-            raise RuntimeError("StateDB is not open; use 'async with StateDB(path)' or open()")
-        return self._conn
-
-    # ------------------------------------------------------------ reads
-
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in the write connection's thread, outside any transaction (one hop).
-
-        For what must happen on the connection writes use (a trace callback, a pragma);
-        plain reads belong in :meth:`read`, :meth:`fetch_one` and :meth:`fetch_all`.
+        The call returns once the transaction is durable (committed) or has failed.
         """
-        conn = self._require()
-        return await self._call(conn, fn)
+        return await self._backend.write(fn)
 
-    async def _query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        self._require()
-        return await self._call(self._reader or self._require(), fn)
-
-    async def check_integrity(self) -> list[str]:
-        """``PRAGMA quick_check`` of the whole file: [] when it is sound, else its findings."""
-        problems = await self._query(integrity.quick_check)
-        if problems:
-            self.damaged = problems[0]
-        return problems
-
-    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` inside one read transaction, so every statement sees one snapshot.
-
-        It runs on the read connection: it sees every write whose ``write()`` has
-        returned, and it never waits for a commit in flight.
-        """
-
-        def snapshot(conn: sqlite3.Connection) -> T:
-            conn.execute("BEGIN")
-            try:
-                return fn(conn)
-            finally:
-                conn.execute("COMMIT")
-
-        return await self._query(snapshot)
+    async def read(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` inside one read-only snapshot (it never waits for a commit)."""
+        return await self._backend.read(fn)
 
     async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
                         ) -> dict[str, Any] | None:
-        """The first row of a query, as a dict (read connection: a statement that writes
-        fails with "attempt to write a readonly database"; writes go through write())."""
+        """The first row of a query in the backend's own dialect, as a dict (read-only).
 
-        def one(conn: sqlite3.Connection) -> dict[str, Any] | None:
-            row = conn.execute(sql, params).fetchone()
-            return dict(row) if row is not None else None
-
-        return await self._query(one)
+        Portable reads go through :mod:`ledgerq.projections`; this runs what it is given.
+        On PostgreSQL ``?`` placeholders are accepted as well as ``%s``.
+        """
+        return await self._backend.fetch_one(sql, params)
 
     async def fetch_all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
                         ) -> list[dict[str, Any]]:
-        """Every row of a query, as dicts (read connection, like :meth:`fetch_one`)."""
+        """Every row of a query in the backend's own dialect, as dicts (read-only)."""
+        return await self._backend.fetch_all(sql, params)
 
-        def rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            return [dict(r) for r in conn.execute(sql, params).fetchall()]
+    async def check_integrity(self) -> list[str]:
+        """The database's own consistency check: [] when sound, else its findings."""
+        return await self._backend.check_integrity()
 
-        return await self._query(rows)
+    async def durability(self) -> str:
+        """What a commit waits for, as the backend reports it (for operators' logs)."""
+        return await self._backend.durability()
 
-    # ------------------------------------------------------------ writes
+    async def listen(self, on_wake: Callable[[], None]) -> None:
+        """Call ``on_wake`` (from any thread) whenever another process or host may have
+        made a row claimable, until :meth:`unlisten`; a no-op where the backend has no
+        channel for it (SQLite: other processes' workers poll)."""
+        await self._backend.listen(self.path, on_wake)
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in a write transaction, grouped with concurrent writers into one commit.
+    async def unlisten(self) -> None:
+        await self._backend.unlisten()
 
-        ``fn`` runs inside its own savepoint: if it raises, its changes are rolled back
-        and the exception is raised here; nothing it wrote survives.
+    async def run(self, fn: Callable[[Any], T]) -> T:
+        """SQLite only: run ``fn`` with the raw write connection, outside any transaction.
+
+        For what must happen on the connection writes use (a trace callback, a pragma).
         """
-        self._require()
-        if self._closing:
-            raise RuntimeError("StateDB is closing; no new writes are accepted")
-        if self.readonly:
-            raise DatabaseError(f"{self.path} is open read-only (readonly=True): writes refused")
-        if self.damaged is not None:
-            raise DatabaseDamaged(f"database is damaged: {self.path}: {self.damaged}; "
-                                  "writes refused")
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.append((fn, fut))
-        if self._drainer is None:
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
-        return await fut
+        from ledgerq.store.sqlite.backend import SqliteBackend
 
-    async def _drain(self) -> None:
-        try:
-            while self._pending:
-                batch = self._pending[:MAX_GROUP]
-                del self._pending[:MAX_GROUP]
-                conn = self._conn
-                if conn is None:
-                    err = RuntimeError("StateDB closed before the write ran")
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(err)
-                    continue
-                try:
-                    units = [u for u, _ in batch]
-                    outcomes = await _in_thread(conn, functools.partial(_run_group, units=units))
-                except BaseException as exc:  # the commit itself failed: nobody's write held
-                    exc = self._translate(exc)
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise
-                    continue
-                for (_, fut), (ok, value) in zip(batch, outcomes, strict=True):
-                    if fut.done():
-                        continue
-                    if ok:
-                        fut.set_result(value)
-                    else:
-                        fut.set_exception(self._translate(value))
-        finally:
-            self._drainer = None
-
-
-async def _in_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``fn`` with the raw connection in aiosqlite's thread: one hop, however many statements.
-
-    aiosqlite has no public call for this; ``_execute`` is what its own cursors use.
-    """
-    raw: sqlite3.Connection = conn._conn
-    result: T = await conn._execute(fn, raw)  # type: ignore[no-untyped-call]
-    return result
-
-
-def _run_group(conn: sqlite3.Connection, *, units: list[Unit]) -> list[tuple[bool, Any]]:
-    outcomes: list[tuple[bool, Any]] = []
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for unit in units:
-            conn.execute("SAVEPOINT unit")
-            try:
-                value = unit(conn)
-            except Exception as exc:
-                conn.execute("ROLLBACK TO unit")
-                conn.execute("RELEASE unit")
-                outcomes.append((False, exc))
-            else:
-                conn.execute("RELEASE unit")
-                outcomes.append((True, value))
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    return outcomes
+        if not isinstance(self._backend, SqliteBackend):
+            raise TypeError("StateDB.run() gives a raw SQLite connection; this handle is "
+                            f"{self.dialect}")
+        return await self._backend.run(fn)

@@ -1,0 +1,264 @@
+"""The store boundary: every database operation ledgerq performs, named once.
+
+The engine, the queue, the projections and the command call these methods and nothing
+else; each dialect under ``ledgerq.store`` (``sqlite/``, ``postgres/``) implements all of
+them with its own SQL, kept by name in its ``queries.sql``. The model is River's driver
+interface: one method per operation, every driver implementing every method, one
+contract suite (``tests/test_store_contract.py``) exercising each driver.
+
+Why a leaf module: ``lifecycle`` and ``queue`` import this and never ``ledgerq.store``,
+so the dependency runs one way (the store renders DDL from the registry; the registry
+knows nothing of the store).
+
+A :class:`Tx` is one transaction's view. Write units (``db.write(unit)``) receive one
+inside a write transaction; read units (``db.read(unit)``) inside a read-only snapshot.
+Operations take the :class:`EntityPolicy` whose table they touch, never a table name
+spelled in code. Rows come back as dicts keyed by column name; JSON columns hold their
+JSON text (decode with :func:`ledgerq.codec.loads`), on both backends.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from ledgerq.lifecycle.registry import EntityPolicy, Registry
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+#: The fact log's columns in the order :meth:`Tx.append_facts` takes them.
+FACT_COLUMNS = (
+    "id", "entity_type", "entity_id", "previous_status", "status", "reason_code",
+    "reason_summary", "evidence_refs", "source", "actor", "created_at", "metadata",
+    "entity_version", "patch", "idempotency_key",
+)
+#: What a lease check reads of a run.
+LEASE_COLUMNS = ("id", "status", "leased_by", "lease_expires_at", "lease_token")
+#: What a claim pass reads of a candidate.
+CANDIDATE_COLUMNS = ("id", "queued_at", "required_capabilities", "execution_target",
+                     "concurrency_key", "lease_attempts")
+#: What the reaper reads of an expired lease.
+EXPIRED_COLUMNS = ("id", "leased_by", "lease_expires_at", "lease_token", "lease_attempts")
+#: Kinds of stuck run :meth:`Tx.stuck_runs` finds.
+STUCK_KINDS = ("undeclared", "lease", "retry", "waiting")
+
+
+class Tx(abc.ABC):
+    """One transaction's named operations (see the module docstring)."""
+
+    #: ``"sqlite"`` or ``"postgresql"``.
+    dialect: str
+
+    # ------------------------------------------------------------ the engine
+
+    @abc.abstractmethod
+    def entity_for_move(self, policy: EntityPolicy, entity_id: str,
+                        guard_cols: tuple[str, ...]) -> tuple[Any, ...] | None:
+        """(status, version, *guard values) of one row, or None when it does not exist."""
+
+    @abc.abstractmethod
+    def update_entity(self, policy: EntityPolicy, entity_id: str, *, observed: str,
+                      version: int, to_state: str | None, changes: dict[str, Any],
+                      guards: dict[str, Any], returning: tuple[str, ...] | None) -> Row | None:
+        """The compare-and-swap: set ``changes`` (and ``status``/``version``) where the row
+        still has ``observed``, ``version`` and every guard value (NULL-safe equality).
+
+        ``to_state`` None leaves status as it is (a same-state move). Returns the
+        ``returning`` columns as stored (``None``: the whole row), or None when no row
+        matched (a conflict).
+        """
+
+    @abc.abstractmethod
+    def fact_by_idempotency_key(self, entity_type: str, entity_id: str,
+                                key: str) -> tuple[str, str | None, str] | None:
+        """(fact id, previous_status, status) of the fact recorded under ``key``."""
+
+    @abc.abstractmethod
+    def append_facts(self, facts: Sequence[Sequence[Any]]) -> None:
+        """Append facts to the log, each a row in :data:`FACT_COLUMNS` order."""
+
+    @abc.abstractmethod
+    def insert_entity(self, policy: EntityPolicy, row: dict[str, Any]) -> Row:
+        """Insert one projection row; returns it as stored (defaults included)."""
+
+    @abc.abstractmethod
+    def insert_entities(self, policy: EntityPolicy, columns: tuple[str, ...],
+                        rows: Iterable[Sequence[Any]]) -> None:
+        """Insert many projection rows that name the same columns."""
+
+    @abc.abstractmethod
+    def entities_by_id(self, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
+        """Whole rows of the given ids (any order; missing ids are absent)."""
+
+    @abc.abstractmethod
+    def entity_row(self, policy: EntityPolicy, entity_id: str) -> Row | None:
+        """One whole row, or None."""
+
+    @abc.abstractmethod
+    def statuses(self, policy: EntityPolicy, ids: Sequence[str]) -> dict[str, str]:
+        """id -> status for the ids that exist."""
+
+    @abc.abstractmethod
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A nested scope: an exception inside rolls back its writes alone, then propagates."""
+
+    @abc.abstractmethod
+    def database_failure(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised inside this transaction, says the database or the
+        connection failed (the whole unit must fail) rather than one row's move."""
+
+    # ------------------------------------------------------------ submission
+
+    @abc.abstractmethod
+    def run_by_idempotency_key(self, policy: EntityPolicy, key: str) -> Row | None:
+        """``id`` and ``application_digest`` of the run submitted under ``key``."""
+
+    @abc.abstractmethod
+    def ensure_schedule(self, schedule_id: str, name: str | None, created_at: float) -> None:
+        """Insert the schedules row a fire references, unless it exists."""
+
+    @abc.abstractmethod
+    def waiting_runs(self, policy: EntityPolicy, ids: Sequence[str]) -> list[tuple[str, Any]]:
+        """(id, depends_on) of the given runs still waiting for dependencies."""
+
+    @abc.abstractmethod
+    def dependents_of(self, policy: EntityPolicy, run_id: str) -> list[tuple[str, Any]]:
+        """(id, depends_on) of waiting runs whose depends_on names ``run_id``."""
+
+    @abc.abstractmethod
+    def notify_claimable(self) -> None:
+        """Tell workers of other processes and hosts that a row may have become claimable
+        (delivered at commit; a no-op where the dialect has no such channel)."""
+
+    # ------------------------------------------------------------ workers
+
+    @abc.abstractmethod
+    def upsert_worker(self, worker_id: str, capabilities: str, targets: str, now: float,
+                      hostname: str, pid: int) -> None:
+        """Insert or refresh a worker's row (its heartbeat)."""
+
+    @abc.abstractmethod
+    def worker_heartbeat(self, worker_id: str) -> float | None:
+        """The worker's last heartbeat, or None when it has no row."""
+
+    @abc.abstractmethod
+    def workers(self) -> list[Row]:
+        """worker_id, hostname, pid, last_heartbeat_at of every worker, by id."""
+
+    @abc.abstractmethod
+    def expired_leases(self, policy: EntityPolicy, now: float,
+                       limit: int | None = None) -> list[Row]:
+        """Running rows whose lease expired before ``now`` (:data:`EXPIRED_COLUMNS`)."""
+
+    @abc.abstractmethod
+    def due_retries(self, policy: EntityPolicy, now: float,
+                    limit: int | None = None) -> list[Row]:
+        """``id``, ``retry_due_at`` of retry_wait rows due at ``now``."""
+
+    @abc.abstractmethod
+    def settled_waiting(self, policy: EntityPolicy, limit: int | None = None) -> list[str]:
+        """Ids of waiting runs that can move now: a dependency ended other than completed,
+        or every one completed. A depends_on that is not a JSON list never settles."""
+
+    @abc.abstractmethod
+    def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str],
+                   after: tuple[float, str], limit: int) -> list[Row]:
+        """One keyset page of queued, unscheduled rows after ``after`` in (queued_at, id)
+        order (:data:`CANDIDATE_COLUMNS`)."""
+
+    @abc.abstractmethod
+    def running_keys(self, policy: EntityPolicy) -> set[str]:
+        """Concurrency keys of running rows."""
+
+    @abc.abstractmethod
+    def key_running(self, policy: EntityPolicy, key: str) -> bool:
+        """Whether a row with concurrency key ``key`` is running."""
+
+    @abc.abstractmethod
+    def lock_key(self, key: str) -> None:
+        """Serialize this transaction with every other that locks ``key`` until it ends
+        (so two claims of one concurrency key cannot both see it free)."""
+
+    @abc.abstractmethod
+    def try_lock_row(self, policy: EntityPolicy, entity_id: str) -> bool:
+        """Lock one row for this transaction unless another transaction holds it (then
+        False at once: claimants skip each other's rows instead of queueing behind them)."""
+
+    @abc.abstractmethod
+    def lease_rows(self, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
+        """:data:`LEASE_COLUMNS` of the given runs."""
+
+    # ------------------------------------------------------------ the log
+
+    @abc.abstractmethod
+    def facts_of(self, entity_type: str, entity_id: str) -> list[Row]:
+        """Every fact of one entity, in version order, JSON columns as text."""
+
+    @abc.abstractmethod
+    def fact_stream(self, entity_type: str) -> Iterator[tuple[str, str, int, Any]]:
+        """(entity_id, status, entity_version, patch) of every fact of an entity type, in
+        (entity_id, entity_version) order, streamed (never the whole log in memory)."""
+
+    @abc.abstractmethod
+    def rows_in_id_order(self, policy: EntityPolicy) -> Iterator[Row]:
+        """Every projection row, by id, streamed."""
+
+    @abc.abstractmethod
+    def count_facts(self) -> int:
+        """Facts in the log."""
+
+    @abc.abstractmethod
+    def defer_constraints(self) -> None:
+        """Check foreign keys at commit rather than per statement, for this transaction."""
+
+    @abc.abstractmethod
+    def delete_rows(self, policy: EntityPolicy) -> None:
+        """Delete every projection row of an entity (rebuild only)."""
+
+    # ------------------------------------------------------------ read models
+
+    @abc.abstractmethod
+    def run_page(self, policy: EntityPolicy, filters: dict[str, list[Any]],
+                 columns: tuple[str, ...], limit: int, offset: int) -> tuple[int, list[Row]]:
+        """(matching total, one page newest first) where each column is in its list."""
+
+    @abc.abstractmethod
+    def ids_matching(self, policy: EntityPolicy, piece: str, *, suffix: bool,
+                     limit: int) -> list[str]:
+        """Ids starting (or, ``suffix``, ending) with ``piece``, in id order."""
+
+    @abc.abstractmethod
+    def status_counts(self, policy: EntityPolicy) -> dict[str, int]:
+        """Rows per status."""
+
+    @abc.abstractmethod
+    def oldest_queued_at(self, policy: EntityPolicy) -> float | None:
+        """The earliest queued_at among queued rows."""
+
+    @abc.abstractmethod
+    def running_by_worker(self, policy: EntityPolicy) -> dict[str, int]:
+        """Running rows per leasing worker."""
+
+    @abc.abstractmethod
+    def stuck_runs(self, policy: EntityPolicy, kind: str, now: float, grace: float,
+                   limit: int) -> tuple[int, list[tuple[str, str, str]]]:
+        """(count, first ``limit`` (id, status, why)) of one kind of stuck run
+        (:data:`STUCK_KINDS`; see :func:`ledgerq.projections.read_models.queue_stats`)."""
+
+
+Unit = Callable[[Tx], T]
+
+
+class Database(Protocol):
+    """What the engine and the queue need of a handle (:class:`ledgerq.StateDB` is one)."""
+
+    @property
+    def registry(self) -> Registry: ...
+
+    async def write(self, fn: Callable[[Tx], T]) -> T: ...
+
+    async def read(self, fn: Callable[[Tx], T]) -> T: ...

@@ -1,0 +1,1 @@
+"""PostgreSQL: many worker hosts against one database."""

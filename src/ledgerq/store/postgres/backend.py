@@ -1,0 +1,310 @@
+"""PostgreSQL behind StateDB: a psycopg 3 connection pool, one thread hop per unit.
+
+Why synchronous psycopg in threads: a unit of work is plain code that calls the named
+operations one after another (the engine, the queue's passes), the same code SQLite
+runs in aiosqlite's thread. Each unit takes a pooled connection in a worker thread and
+runs as one transaction: units of different tasks run in parallel on different
+connections, and the database (row locks, ``SKIP LOCKED``, the version in every
+compare-and-swap) keeps them apart. A call returns once its COMMIT has returned, so
+an acknowledged terminal state is durable (``synchronous_commit`` as the server has it).
+
+Connections that die (``pg_terminate_backend``, a server restart) are discarded by the
+pool; a unit that failed on one before it committed is run once more on a fresh
+connection, since the server rolled it back. A failure during COMMIT is not retried
+(its outcome is unknown): it raises DatabaseUnavailable, and the guards make whatever
+the caller does next safe. Wake-ups use ``LISTEN`` on a dedicated connection (psycopg's
+``notifies()`` holds its connection while it waits, so a shared one would stall).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg.types.string import TextLoader
+
+from ledgerq.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    IntegrityViolation,
+    SchemaMissing,
+)
+from ledgerq.lifecycle.registry import Registry
+from ledgerq.operations import Tx
+from ledgerq.store.postgres.schema import required_tables, schema_statements
+from ledgerq.store.postgres.tx import QUERIES, PostgresTx
+
+log = logging.getLogger("ledgerq.postgres")
+T = TypeVar("T")
+
+#: Connections per handle: a worker's concurrent claims, renewals and terminal writes.
+POOL_SIZE = 8
+CONNECT_TIMEOUT = 10.0
+#: Tries of a unit whose connection died before it committed.
+ATTEMPTS = 3
+#: The listener's reconnect backoff, from first to longest wait (seconds).
+LISTEN_BACKOFF = (0.1, 5.0)
+
+
+class PostgresBackend:
+    """One PostgreSQL database (its current schema) behind a :class:`~ledgerq.StateDB`."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: str, *, registry: Registry, readonly: bool = False,
+                 pool_size: int = POOL_SIZE) -> None:
+        self.url = url
+        self.registry = registry
+        self.readonly = readonly
+        self.pool_size = pool_size
+        self.damaged: str | None = None
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._listeners = 0
+        self._listen_thread: threading.Thread | None = None
+        self._listen_stop = threading.Event()
+        self._closing = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    def _configure(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+        # JSON columns come back as their JSON text on both backends (callers decode
+        # with ledgerq.codec.loads), so a fold of the log compares text with text.
+        conn.adapters.register_loader("jsonb", TextLoader)
+        conn.adapters.register_loader("json", TextLoader)
+        conn.read_only = self.readonly
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = \
+            psycopg_pool.ConnectionPool(self.url, open=False, min_size=1,
+                                        max_size=self.pool_size, configure=self._configure,
+                                        timeout=CONNECT_TIMEOUT, name="ledgerq")
+        executor = ThreadPoolExecutor(max_workers=self.pool_size,
+                                      thread_name_prefix="ledgerq-pg")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(executor, self._open_sync, pool)
+        except BaseException:
+            await loop.run_in_executor(executor, pool.close)
+            executor.shutdown(wait=False)
+            raise
+        self._pool, self._executor = pool, executor
+
+    def _open_sync(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:
+        try:
+            pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+        except psycopg_pool.PoolTimeout as exc:
+            # The pool's own message hides libpq's; one direct try names the cause.
+            try:
+                psycopg.connect(self.url, connect_timeout=int(CONNECT_TIMEOUT)).close()
+            except psycopg.Error as direct:
+                raise DatabaseUnavailable(f"{_redacted(self.url)}: {direct}".strip()) from exc
+            raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
+        with pool.connection() as conn:
+            try:
+                if self.readonly:
+                    self._require_schema(conn)
+                else:
+                    self._create_schema(conn)
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+
+    def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
+        """Every statement in one transaction behind an advisory lock: many hosts may
+        open a new database at once, and each sees either no schema or all of it."""
+        with conn.transaction():
+            conn.execute(QUERIES("schema_lock"))
+            for statement in schema_statements(self.registry):
+                conn.execute(statement)
+
+    def _require_schema(self, conn: psycopg.Connection[Any]) -> None:
+        wanted = required_tables(self.registry)
+        have = {r[0] for r in conn.execute(QUERIES("tables_present"), (wanted,))}
+        conn.rollback()
+        missing = [t for t in wanted if t not in have]
+        if missing:
+            raise SchemaMissing(
+                f"{_redacted(self.url)} has no ledgerq schema (missing table(s) "
+                f"{', '.join(missing)}); a read-only open never creates one: open it for "
+                "writing first")
+
+    async def close(self) -> None:
+        if self._pool is None or self._closing:
+            return
+        self._closing = True
+        try:
+            self._stop_listener()
+            pool, executor = self._pool, self._executor
+            assert executor is not None
+            # Units already running finish (and commit) first: shutdown waits for them.
+            await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)
+            self._pool = self._executor = None
+            await asyncio.get_running_loop().run_in_executor(None, pool.close)
+        finally:
+            self._closing = False
+
+    # ------------------------------------------------------------ units
+
+    async def _submit(self, fn: Callable[[], T]) -> T:
+        if self._pool is None or self._executor is None:
+            raise RuntimeError("StateDB is not open; use 'async with StateDB(url)' or open()")
+        if self._closing:
+            raise RuntimeError("StateDB is closing; no new work is accepted")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def _in_transaction(self, fn: Callable[[PostgresTx], T], *, readonly: bool) -> T:
+        pool = self._pool
+        assert pool is not None
+        for attempt in range(1, ATTEMPTS + 1):
+            committing = False
+            try:
+                with pool.connection() as conn:
+                    tx = PostgresTx(conn)
+                    if readonly:
+                        conn.execute(QUERIES("read_only_snapshot"))
+                    value = fn(tx)
+                    committing = True
+                    conn.commit()
+                    return value
+            except psycopg.OperationalError as exc:
+                # Died before COMMIT was sent: the server rolled the unit back, so it
+                # can run again on a fresh connection. During COMMIT: unknown, raise.
+                if committing or attempt == ATTEMPTS or not _connection_lost(exc):
+                    raise _translate(exc) from exc
+                log.warning("connection lost (%s); running the unit again", exc)
+                time.sleep(0.05 * attempt)
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+            except psycopg_pool.PoolTimeout as exc:
+                raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    async def write(self, fn: Callable[[Tx], T]) -> T:
+        if self.readonly:
+            raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
+                                "writes refused")
+        return await self._submit(lambda: self._in_transaction(fn, readonly=False))
+
+    async def read(self, fn: Callable[[Tx], T]) -> T:
+        return await self._submit(lambda: self._in_transaction(fn, readonly=True))
+
+    async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
+                        ) -> dict[str, Any] | None:
+        rows = await self.fetch_all(sql, params)
+        return rows[0] if rows else None
+
+    async def fetch_all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
+                        ) -> list[dict[str, Any]]:
+        text, args = _paramstyle(sql, params)
+
+        def rows(tx: PostgresTx) -> list[dict[str, Any]]:
+            return tx.dicts(tx.conn.execute(text, args))
+
+        return await self._submit(lambda: self._in_transaction(rows, readonly=True))
+
+    async def check_integrity(self) -> list[str]:
+        """PostgreSQL checks its own pages (checksums, WAL): nothing for ledgerq to scan."""
+        return []
+
+    async def durability(self) -> str:
+        def show(tx: PostgresTx) -> str:
+            return f"synchronous_commit {tx.execute(QUERIES('durability')).fetchone()[0]}"
+
+        return await self._submit(lambda: self._in_transaction(show, readonly=True))
+
+    # ------------------------------------------------------------ wake-ups
+
+    async def listen(self, key: str, on_wake: Callable[[], None]) -> None:
+        self._listeners += 1
+        if self._listen_thread is None:
+            self._listen_stop.clear()
+            self._listen_thread = threading.Thread(
+                target=self._listen_loop, args=(on_wake,), name="ledgerq-pg-listen",
+                daemon=True)
+            self._listen_thread.start()
+
+    async def unlisten(self) -> None:
+        self._listeners = max(0, self._listeners - 1)
+        if self._listeners == 0:
+            await asyncio.get_running_loop().run_in_executor(None, self._stop_listener)
+
+    def _stop_listener(self) -> None:
+        thread, self._listen_thread = self._listen_thread, None
+        if thread is not None:
+            self._listen_stop.set()
+            thread.join(timeout=5)
+
+    def _listen_loop(self, on_wake: Callable[[], None]) -> None:
+        """LISTEN on a connection of its own; reconnect with backoff when it dies, and
+        wake once after each reconnect (a notification may have been missed)."""
+        delay = LISTEN_BACKOFF[0]
+        while not self._listen_stop.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True,
+                                     connect_timeout=int(CONNECT_TIMEOUT)) as conn:
+                    conn.execute(QUERIES("listen"))
+                    delay = LISTEN_BACKOFF[0]
+                    on_wake()
+                    while not self._listen_stop.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=64):
+                            on_wake()
+            except psycopg.Error as exc:
+                if self._listen_stop.is_set():
+                    return
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+                self._listen_stop.wait(delay)
+                delay = min(delay * 2, LISTEN_BACKOFF[1])
+
+
+def _connection_lost(exc: psycopg.OperationalError) -> bool:
+    """A dead connection or a server going away, not (say) a lock timeout."""
+    return isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow) \
+        or exc.sqlstate is None or exc.sqlstate.startswith("08")
+
+
+def _translate(exc: psycopg.Error) -> DatabaseError:
+    """A driver error as the ledgerq error it means (the driver's stays the __cause__)."""
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, psycopg.IntegrityError):
+        return IntegrityViolation(text)
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailable(text)
+    return DatabaseError(text)
+
+
+_QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
+
+
+def _paramstyle(sql: str, params: Sequence[Any] | dict[str, Any]
+                ) -> tuple[str, Sequence[Any] | dict[str, Any] | None]:
+    """psycopg's ``%s`` style, also from SQLite's ``?`` (outside quoted text), so an ad-hoc
+    portable query runs on both backends; a literal ``%`` is escaped when it must be."""
+    if not params:
+        return sql, None
+    if isinstance(params, dict) or "%s" in sql or "%(" in sql:
+        return sql, params
+
+    def sub(m: re.Match[str]) -> str:
+        tok = m.group(0)
+        return "%s" if tok == "?" else "%%" if tok == "%" else tok
+
+    return _QMARK.sub(sub, sql), params
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password, for messages."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)

@@ -1,0 +1,231 @@
+-- PostgreSQL's text of every named store operation (see ledgerq/store/queries.py).
+-- {table}, {columns}, {hint} ... are filled with quoted, validated identifiers or with
+-- other templates of this file; every value is a %s parameter (psycopg).
+
+-- name: true
+TRUE
+
+-- name: status_in
+status IN ({states})
+
+-- name: assign
+{column} = %s
+
+-- name: guard_term
+AND {column} IS NOT DISTINCT FROM %s
+
+-- name: and_in_list
+AND {column} IN ({marks})
+
+-- name: where
+WHERE TRUE {terms}
+
+-- name: entity_for_move
+SELECT {columns} FROM {table} WHERE id = %s
+
+-- name: update_entity
+UPDATE {table} SET {assignments}
+WHERE id = %s AND status = %s AND version = %s {guards}
+RETURNING {returning}
+
+-- name: fact_by_idempotency_key
+SELECT id, previous_status, status FROM status_transitions
+WHERE entity_type = %s AND entity_id = %s AND idempotency_key = %s
+
+-- name: append_fact
+INSERT INTO status_transitions (
+  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+
+-- name: insert_entity
+INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING *
+
+-- name: insert_entities
+INSERT INTO {table} ({columns}) VALUES ({marks})
+
+-- name: entities_by_id
+SELECT * FROM {table} WHERE id IN ({marks})
+
+-- name: entity_row
+SELECT * FROM {table} WHERE id = %s
+
+-- name: statuses
+SELECT id, status FROM {table} WHERE id IN ({marks})
+
+-- name: savepoint
+SAVEPOINT ledgerq_scope
+
+-- name: rollback_to_savepoint
+ROLLBACK TO SAVEPOINT ledgerq_scope
+
+-- name: release_savepoint
+RELEASE SAVEPOINT ledgerq_scope
+
+-- name: run_by_idempotency_key
+SELECT id, application_digest FROM {table} WHERE idempotency_key = %s
+
+-- name: ensure_schedule
+INSERT INTO schedules (id, name, created_at) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING
+
+-- name: waiting_runs
+SELECT id, depends_on FROM {table} WHERE status = 'waiting_dependency' AND id IN ({marks})
+
+-- name: dependents_of
+-- jsonb containment: a depends_on that is not an array contains no id.
+SELECT id, depends_on FROM {table}
+WHERE status = 'waiting_dependency' AND depends_on @> jsonb_build_array(%s::text)
+
+-- name: notify_claimable
+-- Delivered at commit, once per transaction (PostgreSQL folds equal notifications).
+SELECT pg_notify('ledgerq_claimable', '')
+
+-- name: listen
+LISTEN ledgerq_claimable
+
+-- name: upsert_worker
+INSERT INTO workers (worker_id, advertised_capabilities, execution_targets,
+                     last_heartbeat_at, hostname, pid, started_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (worker_id) DO UPDATE SET
+  advertised_capabilities = excluded.advertised_capabilities,
+  execution_targets = excluded.execution_targets,
+  last_heartbeat_at = excluded.last_heartbeat_at, pid = excluded.pid
+
+-- name: worker_heartbeat
+SELECT last_heartbeat_at FROM workers WHERE worker_id = %s
+
+-- name: workers
+SELECT worker_id, hostname, pid, last_heartbeat_at FROM workers ORDER BY worker_id
+
+-- name: expired_leases
+SELECT {columns} FROM {table}
+WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < %s
+LIMIT %s
+
+-- name: due_retries
+SELECT id, retry_due_at FROM {table}
+WHERE status = 'retry_wait' AND retry_due_at <= %s
+LIMIT %s
+
+-- name: settled_waiting
+-- CASE: jsonb_array_elements_text must never see a depends_on that is not an array.
+SELECT w.id FROM {table} AS w
+WHERE w.status = 'waiting_dependency'
+  AND CASE WHEN jsonb_typeof(w.depends_on) = 'array'
+      THEN (EXISTS (SELECT 1 FROM jsonb_array_elements_text(w.depends_on) AS j(value)
+                    JOIN {table} AS d ON d.id = j.value WHERE d.status IN ({marks}))
+            OR NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(w.depends_on) AS j(value)
+                           LEFT JOIN {table} AS d ON d.id = j.value
+                           WHERE d.status IS DISTINCT FROM 'completed'))
+      ELSE FALSE END
+LIMIT %s
+
+-- name: kinds_excluded
+AND action_kind NOT IN ({marks})
+
+-- name: claim_page
+SELECT {columns} FROM {table}
+WHERE status = 'queued' AND schedule_id IS NULL {kinds}
+  AND (queued_at, id) > (%s, %s)
+ORDER BY queued_at, id LIMIT %s
+
+-- name: running_keys
+SELECT DISTINCT concurrency_key FROM {table}
+WHERE status = 'running' AND concurrency_key IS NOT NULL
+
+-- name: key_running
+SELECT 1 FROM {table} WHERE concurrency_key = %s AND status = 'running' LIMIT 1
+
+-- name: lock_key
+SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))
+
+-- name: try_lock_row
+SELECT 1 FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED
+
+-- name: lease_rows
+SELECT {columns} FROM {table} WHERE id IN ({marks})
+
+-- name: facts_of
+SELECT * FROM status_transitions WHERE entity_type = %s AND entity_id = %s
+ORDER BY entity_version
+
+-- name: fact_stream
+SELECT entity_id, status, entity_version, patch FROM status_transitions
+WHERE entity_type = %s ORDER BY entity_id, entity_version
+
+-- name: rows_in_id_order
+SELECT * FROM {table} ORDER BY id
+
+-- name: count_facts
+SELECT COUNT(*) FROM status_transitions
+
+-- name: defer_constraints
+SET CONSTRAINTS ALL DEFERRED
+
+-- name: delete_rows
+DELETE FROM {table}
+
+-- name: count_rows
+SELECT COUNT(*) FROM {table} {where}
+
+-- name: run_page
+SELECT {columns} FROM {table} {where} ORDER BY created_at DESC, id DESC LIMIT %s OFFSET %s
+
+-- name: ids_like
+SELECT id FROM {table} WHERE id LIKE %s ORDER BY id LIMIT %s
+
+-- name: status_counts
+SELECT status, COUNT(*) FROM {table} GROUP BY status
+
+-- name: oldest_queued_at
+SELECT MIN(queued_at) FROM {table} WHERE status = 'queued'
+
+-- name: running_by_worker
+SELECT leased_by, COUNT(*) FROM {table}
+WHERE status = 'running' AND leased_by IS NOT NULL
+GROUP BY leased_by ORDER BY leased_by
+
+-- name: stuck_undeclared
+SELECT id, status, 'status ' || status || ' is not declared by the loaded specs' AS why
+FROM {table} WHERE status NOT IN ({marks})
+
+-- name: stuck_lease
+-- Parameters: now - grace, grace. Expired that long before a live worker's heartbeat.
+SELECT id, status, 'lease expired at ' || lease_expires_at || ' and was not reaped' AS why
+FROM {table}
+WHERE status = 'running' AND lease_expires_at < %s
+  AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - %s >
+              GREATEST(lease_expires_at, COALESCE(w.started_at, lease_expires_at)))
+
+-- name: stuck_retry
+SELECT id, status, 'retry due at ' || retry_due_at || ' was not promoted' AS why
+FROM {table}
+WHERE status = 'retry_wait' AND retry_due_at < %s
+  AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - %s >
+              GREATEST(retry_due_at, COALESCE(w.started_at, retry_due_at)))
+
+-- name: stuck_waiting
+SELECT id, status, 'depends_on is not valid JSON' AS why FROM {table}
+WHERE status = 'waiting_dependency'
+  AND (depends_on IS NULL OR jsonb_typeof(depends_on) <> 'array')
+
+-- name: count_of
+SELECT COUNT(*) FROM ({inner}) AS inner_rows
+
+-- name: limited
+{inner} LIMIT %s
+
+-- name: schema_lock
+-- One creator at a time, however many hosts start at once (released at commit).
+SELECT pg_advisory_xact_lock(hashtextextended('ledgerq schema', 0))
+
+-- name: tables_present
+SELECT table_name FROM information_schema.tables
+WHERE table_schema = current_schema() AND table_name = ANY(%s)
+
+-- name: durability
+SHOW synchronous_commit
+
+-- name: read_only_snapshot
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY

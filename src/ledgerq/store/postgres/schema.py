@@ -1,0 +1,142 @@
+"""PostgreSQL DDL: ledgerq's own tables plus one projection table per registered entity.
+
+The same tables, columns and names as SQLite's (``store/sqlite/schema.py``), rendered
+in PostgreSQL's types: timestamps and floats are ``double precision`` (its ``real`` is
+a 4-byte float that would round an epoch timestamp to about two minutes), JSON columns
+are ``jsonb``, integers ``bigint``. Foreign keys are ``DEFERRABLE`` so that ``rebuild``
+can delete and re-insert referenced rows in one transaction. Every statement is
+idempotent: opening a database that has the schema changes nothing.
+"""
+
+from __future__ import annotations
+
+from ledgerq.lifecycle.identifiers import quote
+from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry, sql_literal
+
+PG_TYPES = {"text": "text", "integer": "bigint", "float": "double precision",
+            "timestamp": "double precision", "json": "jsonb", "boolean": "boolean"}
+_ON_DELETE = {"cascade": "CASCADE", "set_null": "SET NULL", "restrict": "RESTRICT"}
+
+BASE_DDL = """
+CREATE TABLE IF NOT EXISTS schedules (
+  id          text PRIMARY KEY,
+  name        text,
+  created_at  double precision NOT NULL
+);
+CREATE TABLE IF NOT EXISTS invocations (
+  id          text PRIMARY KEY,
+  created_at  double precision NOT NULL,
+  detail      jsonb
+);
+CREATE TABLE IF NOT EXISTS status_transitions (
+  id              text PRIMARY KEY,
+  entity_type     text NOT NULL,
+  entity_id       text NOT NULL,
+  previous_status text,
+  status          text NOT NULL,
+  reason_code     text NOT NULL,
+  reason_summary  text,
+  evidence_refs   jsonb,
+  source          text NOT NULL,
+  actor           text,
+  created_at      double precision NOT NULL,
+  metadata        jsonb,
+  entity_version  bigint NOT NULL,
+  patch           jsonb NOT NULL,
+  idempotency_key text
+);
+CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_version
+  ON status_transitions(entity_type, entity_id, entity_version);
+CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_idempotency
+  ON status_transitions(entity_type, entity_id, idempotency_key)
+  WHERE idempotency_key IS NOT NULL;
+CREATE OR REPLACE FUNCTION status_transitions_append_only() RETURNS trigger
+  LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'status_transitions is append-only: % refused', TG_OP
+    USING ERRCODE = 'integrity_constraint_violation';
+END $$;
+CREATE OR REPLACE TRIGGER status_transitions_no_update
+  BEFORE UPDATE ON status_transitions
+  FOR EACH ROW EXECUTE FUNCTION status_transitions_append_only();
+CREATE OR REPLACE TRIGGER status_transitions_no_delete
+  BEFORE DELETE ON status_transitions
+  FOR EACH ROW EXECUTE FUNCTION status_transitions_append_only();
+CREATE OR REPLACE TRIGGER status_transitions_no_truncate
+  BEFORE TRUNCATE ON status_transitions
+  FOR EACH STATEMENT EXECUTE FUNCTION status_transitions_append_only();
+"""
+
+WORKERS_DDL = """
+CREATE TABLE IF NOT EXISTS workers (
+  worker_id               text PRIMARY KEY,
+  advertised_capabilities jsonb NOT NULL DEFAULT '[]',
+  execution_targets       jsonb NOT NULL DEFAULT '[]',
+  last_heartbeat_at       double precision NOT NULL,
+  leased_run_id           text REFERENCES schedule_runs(id) DEFERRABLE INITIALLY IMMEDIATE,
+  hostname                text,
+  pid                     bigint,
+  started_at              double precision
+);
+CREATE INDEX IF NOT EXISTS idx_workers_leased_run
+  ON workers(leased_run_id) WHERE leased_run_id IS NOT NULL;
+"""
+
+
+def _literal(value: bool | int | float | str) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | float):
+        return repr(value)
+    return sql_literal(value)
+
+
+def column_ddl(column: ColumnPolicy) -> str:
+    """One column's type and constraints, rendered from the closed vocabulary only."""
+    parts = [PG_TYPES[column.type]]
+    if column.primary_key:
+        parts.append("PRIMARY KEY")
+    if column.not_null:
+        parts.append("NOT NULL")
+    if column.default is not None:
+        parts.append(f"DEFAULT {_literal(column.default)}")
+    if column.references is not None:
+        parts.append(f"REFERENCES {quote(column.references)}(id)")
+        if column.on_delete is not None:
+            parts.append(f"ON DELETE {_ON_DELETE[column.on_delete]}")
+        parts.append("DEFERRABLE INITIALLY IMMEDIATE")
+    return " ".join(parts)
+
+
+def projection_ddl(policy: EntityPolicy) -> str:
+    cols = []
+    for name, column in policy.columns.items():
+        decl = column_ddl(column)
+        if name == "status":
+            decl = f"{decl} {policy.status_check()}"
+        cols.append(f"  {quote(name)} {decl}")
+    table = quote(policy.table)
+    stmts = [f"CREATE TABLE IF NOT EXISTS {table} (\n" + ",\n".join(cols) + "\n);"]
+    for ix in policy.indexes:
+        unique = "UNIQUE " if ix.unique else ""
+        terms = [f"{quote(c)} IS NOT NULL" for c in ix.not_null]
+        if ix.status_in is not None:
+            terms.append(f"status IN ({', '.join(sql_literal(s) for s in ix.status_in)})")
+        where = f" WHERE {' AND '.join(terms)}" if terms else ""
+        stmts.append(
+            f"CREATE {unique}INDEX IF NOT EXISTS {quote(ix.name)} "
+            f"ON {table}({', '.join(quote(c) for c in ix.columns)}){where};"
+        )
+    return "\n".join(stmts)
+
+
+def schema_statements(registry: Registry) -> list[str]:
+    """The whole schema as statements; workers come last (they reference schedule_runs)."""
+    parts = [BASE_DDL, *(projection_ddl(p) for p in registry.policies())]
+    if "schedule_runs" in {p.table for p in registry.policies()}:
+        parts.append(WORKERS_DDL)
+    return parts
+
+
+def required_tables(registry: Registry) -> list[str]:
+    return ["status_transitions", *(p.table for p in registry.policies())]

@@ -1,0 +1,73 @@
+"""PostgreSQL's transaction: the shared operations over psycopg 3, with its own text.
+
+What differs from SQLite: many writers at once under READ COMMITTED, so a claim takes
+its row with ``FOR UPDATE SKIP LOCKED`` (claimants skip each other's rows instead of
+queueing behind them) and two claims of one concurrency key serialize on an advisory
+lock; a submit notifies listening workers; a long read streams through a server-side
+cursor; foreign keys are deferred with ``SET CONSTRAINTS``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import psycopg
+
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.store.queries import Queries
+from ledgerq.store.sqltx import SqlTx
+
+QUERIES = Queries("ledgerq.store.postgres")
+#: Rows per executemany batch when the rows come from a stream on the same connection.
+BATCH = 2000
+#: Rows a server-side cursor fetches per round trip.
+ITERSIZE = 2000
+_cursor_names = itertools.count()
+
+
+class PostgresTx(SqlTx):
+    dialect = "postgresql"
+    queries = QUERIES
+    mark = "%s"
+    no_limit = None
+    _texts: ClassVar[dict[tuple[Any, ...], str]] = {}
+
+    conn: psycopg.Connection[tuple[Any, ...]]
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.conn.execute(sql, params or None)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        # The rows may be a generator reading a server-side cursor of this connection
+        # (rebuild): psycopg holds the connection's lock through executemany, so the
+        # stream is read a batch at a time between calls, never inside one.
+        it = iter(rows)
+        with self.conn.cursor() as cur:
+            while batch := list(itertools.islice(it, BATCH)):
+                cur.executemany(sql, batch)
+
+    def stream(self, sql: str, params: Sequence[Any] = ()
+               ) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+        cur = self.conn.cursor(name=f"ledgerq_stream_{next(_cursor_names)}")
+        cur.itersize = ITERSIZE
+        cur.execute(sql, params or None)
+        names = [d.name for d in cur.description or ()]
+        return names, iter(cur)
+
+    def database_failure(self, exc: BaseException) -> bool:
+        return isinstance(exc, psycopg.OperationalError)
+
+    def notify_claimable(self) -> None:
+        self.execute(self.q("notify_claimable"))
+
+    def lock_key(self, key: str) -> None:
+        self.execute(self.q("lock_key"), (key,))
+
+    def try_lock_row(self, policy: EntityPolicy, entity_id: str) -> bool:
+        sql = self.q("try_lock_row", table=self.table(policy))
+        return self.execute(sql, (entity_id,)).fetchone() is not None
+
+    def defer_constraints(self) -> None:
+        self.execute(self.q("defer_constraints"))

@@ -1,0 +1,431 @@
+"""SQLite behind StateDB: a write connection and a read connection (aiosqlite), one
+thread hop per unit of work, group commit.
+
+Why this shape: aiosqlite costs a thread hop per awaited call, so every write is a
+plain function run in the connection's thread from ``BEGIN IMMEDIATE`` to ``COMMIT``.
+Reads go to a second, query-only connection with its own thread: in WAL mode a reader
+never waits for a writer, so a worker's claim scan or lease check does not queue
+behind a commit's fsync, and the write thread does nothing but write.
+Units that arrive while a commit is in flight are queued and run together in the next
+transaction, each inside its own savepoint: a unit that raises is rolled back alone,
+the others commit, and every caller learns its outcome only after the commit that made
+it durable. ``BEGIN IMMEDIATE`` takes the write lock before the first read, so a
+read-then-write never fails with SQLITE_BUSY halfway (it waits up to busy_timeout).
+
+A damaged file is never written: opening for write runs ``PRAGMA quick_check`` when the
+last writer did not close cleanly (see :mod:`ledgerq.store.integrity`), and any
+"malformed"/"not a database" error later marks the handle damaged and refuses every
+further write (:class:`~ledgerq.errors.DatabaseDamaged`). ``readonly=True`` opens the
+file read-only: it never writes, never creates the schema, never sets WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import aiosqlite
+
+from ledgerq.errors import (
+    DatabaseDamaged,
+    DatabaseError,
+    DatabaseUnavailable,
+    IntegrityViolation,
+    SchemaMissing,
+)
+from ledgerq.lifecycle.registry import Registry
+from ledgerq.operations import Tx
+from ledgerq.store.db import BUSY_TIMEOUT_MS
+from ledgerq.store.sqlite import integrity
+from ledgerq.store.sqlite.schema import create_schema, missing_tables
+from ledgerq.store.sqlite.tx import CONSTRAINT_CODE, FAILURE_CODES, SqliteTx
+
+T = TypeVar("T")
+Unit = Callable[[Tx], Any]
+Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
+
+_SYNC_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+#: Most units run in one group commit; bounds the latency one commit adds to the next.
+MAX_GROUP = 256
+#: Compiled statements sqlite3 keeps per connection (its default is 128). The engine has
+#: one UPDATE text per shape of move, the queue dozens of its own; a miss re-prepares.
+STATEMENT_CACHE = 512
+
+
+class SqliteBackend:
+    """One SQLite file (or ``:memory:``) behind a :class:`~ledgerq.StateDB`."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str, *, registry: Registry, synchronous: str = "NORMAL",
+                 readonly: bool = False, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        sync = str(synchronous).upper()
+        if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not {synchronous!r}")
+        self.path = str(path)
+        self.registry = registry
+        self.synchronous = sync
+        self.busy_timeout_ms = busy_timeout_ms
+        self.readonly = bool(readonly)
+        #: Why this handle refuses writes, once SQLite has reported the file damaged.
+        self.damaged: str | None = None
+        self._writer_lock: integrity.WriterLock | None = None
+        self._conn: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._pending: list[tuple[Unit, asyncio.Future[Any]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        if self.readonly:
+            self._conn = await self._open_readonly()
+            return
+        if self.path not in (":memory:", ""):
+            # Before SQLite touches the file: only the first writer after a crash checks.
+            self._writer_lock = integrity.WriterLock(self.path)
+        try:
+            if self._writer_lock is not None and self._writer_lock.unclean:
+                await self._check_before_writing()
+            conn = await self._connect(self._configure)
+        except BaseException:
+            self._release_writer_lock()
+            raise
+        # ":memory:" and "" (a private temporary file) are per connection: a second
+        # connection would open another, empty database.
+        if self.path not in (":memory:", ""):
+            try:
+                self._reader = await self._connect(self._configure_reader)
+            except BaseException:
+                await conn.close()
+                self._release_writer_lock()
+                raise
+        self._conn = conn
+
+    async def _check_before_writing(self) -> None:
+        """quick_check on a read-only connection: closing it checkpoints nothing, so a
+        damaged file (and the WAL a crashed writer left) stays exactly as it was found."""
+        found: list[str] = []
+        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+        conn = await self._connect(lambda c: found.extend(integrity.quick_check(c)), uri)
+        await conn.close()
+        if found:
+            self.damaged = found[0]
+            raise DatabaseDamaged(f"database is damaged: {self.path}: quick_check: "
+                                  + "; ".join(found[:5]))
+
+    async def _open_readonly(self) -> aiosqlite.Connection:
+        """A read-only connection, or a clear error; never creates or changes a file.
+
+        ``mode=ro`` still needs the WAL index (``-shm``): where the directory is not
+        writable and no ``-wal`` file exists (so no writer has the file open), SQLite
+        cannot build one, and the file is opened ``immutable`` instead.
+        """
+        if self.path in (":memory:", ""):
+            raise DatabaseError("readonly=True needs a database file, not a private database")
+        if not Path(self.path).is_file():
+            raise DatabaseError(f"no database at {self.path}")
+        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+        try:
+            conn = await self._connect(self._configure_readonly, uri)
+        except DatabaseUnavailable as exc:
+            if Path(self.path + "-wal").exists():
+                raise DatabaseError(f"cannot open {self.path} read-only: {exc}") from exc
+            conn = await self._connect(self._configure_readonly, uri + "&immutable=1")
+        return conn
+
+    async def _connect(self, configure: Callable[[sqlite3.Connection], None],
+                       uri: str | None = None) -> aiosqlite.Connection:
+        try:
+            conn = await aiosqlite.connect(uri or self.path, isolation_level=None,
+                                           timeout=self.busy_timeout_ms / 1000,
+                                           cached_statements=STATEMENT_CACHE,
+                                           uri=uri is not None, factory=_Connection)
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+        try:
+            await self._call(conn, configure)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    def _translate(self, exc: BaseException, *, raw: bool = False) -> BaseException:
+        """A driver error becomes the ledgerq error it means (the driver's stays as the
+        ``__cause__``). A corruption error becomes DatabaseDamaged, and the handle then
+        refuses writes. ``raw`` (:meth:`run`'s raw connection) translates damage only."""
+        if not isinstance(exc, sqlite3.Error):
+            return exc
+        out: BaseException
+        if isinstance(exc, sqlite3.DatabaseError) and integrity.is_damage(exc):
+            self.damaged = str(exc)
+            out = DatabaseDamaged(f"database is damaged: {self.path}: {exc}")
+        elif raw:
+            return exc
+        else:
+            code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+            if code == CONSTRAINT_CODE:
+                out = IntegrityViolation(str(exc))
+            elif code in FAILURE_CODES:
+                out = DatabaseUnavailable(f"{self.path}: {exc}")
+            else:
+                out = DatabaseError(f"{self.path}: {exc}")
+        out.__cause__ = exc
+        return out
+
+    async def _call(self, conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T],
+                    *, raw: bool = False) -> T:
+        try:
+            return await _in_thread(conn, fn)
+        except sqlite3.Error as exc:
+            translated = self._translate(exc, raw=raw)
+            if translated is exc:
+                raise
+            raise translated from exc
+
+    def _release_writer_lock(self) -> None:
+        lock, self._writer_lock = self._writer_lock, None
+        if lock is not None:
+            lock.release()
+
+    def _configure(self, conn: sqlite3.Connection) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        if self.path != ":memory:":
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        # UPDATE ... RETURNING (every transition) stages its rows in a temp table: with
+        # temp files a claim or terminal move cost ~210 us in-thread, in memory ~70 us
+        # (a direct sqlite3 micro-measurement; see docs/performance.md).
+        conn.execute("PRAGMA temp_store = MEMORY")
+        create_schema(conn, self.registry)
+
+    def _configure_readonly(self, conn: sqlite3.Connection) -> None:
+        self._configure_reader(conn)
+        missing = missing_tables(conn, self.registry)
+        if missing:
+            raise SchemaMissing(
+                f"{self.path} has no ledgerq schema (missing table(s) {', '.join(missing)}); "
+                "a read-only open never creates one: open it for writing first")
+
+    def _configure_reader(self, conn: sqlite3.Connection) -> None:
+        # The writer's settings (so a PRAGMA read through either reports the same), plus
+        # query_only: every write goes through write(), never through this connection.
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        conn.execute("PRAGMA query_only = ON")
+
+    async def close(self) -> None:
+        """Close after every write already accepted has committed (or failed) for real."""
+        if self._conn is None or self._closing:
+            return
+        self._closing = True
+        try:
+            while self._drainer is not None:
+                await asyncio.shield(self._drainer)
+            conn, self._conn = self._conn, None
+            reader, self._reader = self._reader, None
+            try:
+                if reader is not None:
+                    await reader.close()
+            finally:
+                try:
+                    if conn is not None:
+                        await conn.close()
+                finally:
+                    self._release_writer_lock()
+        finally:
+            self._closing = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._conn is not None
+
+    def _require(self) -> aiosqlite.Connection:
+        if self._conn is None:
+            raise RuntimeError("StateDB is not open; use 'async with StateDB(path)' or open()")
+        return self._conn
+
+    # ------------------------------------------------------------ reads
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in the write connection's thread, outside any transaction (one hop).
+
+        For what must happen on the connection writes use (a trace callback, a pragma);
+        plain reads belong in :meth:`read`, :meth:`fetch_one` and :meth:`fetch_all`.
+        """
+        conn = self._require()
+        return await self._call(conn, fn, raw=True)
+
+    async def _query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self._require()
+        return await self._call(self._reader or self._require(), fn)
+
+    async def listen(self, key: str, on_wake: Callable[[], None]) -> None:
+        """SQLite has no cross-process channel: other processes' workers poll."""
+
+    async def unlisten(self) -> None:
+        """See :meth:`listen`."""
+
+    async def durability(self) -> str:
+        level = await self.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
+        return f"synchronous {_SYNC_NAMES.get(level, level)}"
+
+    async def check_integrity(self) -> list[str]:
+        """``PRAGMA quick_check`` of the whole file: [] when it is sound, else its findings."""
+        problems = await self._query(integrity.quick_check)
+        if problems:
+            self.damaged = problems[0]
+        return problems
+
+    async def read(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` inside one read transaction, so every statement sees one snapshot.
+
+        It runs on the read connection: it sees every write whose ``write()`` has
+        returned, and it never waits for a commit in flight.
+        """
+
+        def snapshot(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN")
+            try:
+                return fn(_tx(conn))
+            finally:
+                conn.execute("COMMIT")
+
+        return await self._query(snapshot)
+
+    async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
+                        ) -> dict[str, Any] | None:
+        """The first row of a query, as a dict (read connection: a statement that writes
+        fails with "attempt to write a readonly database"; writes go through write())."""
+
+        def one(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            cur = conn.execute(sql, params)
+            row = cur.fetchone()
+            if row is None:
+                return None
+            return dict(zip([d[0] for d in cur.description], row, strict=True))
+
+        return await self._query(one)
+
+    async def fetch_all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
+                        ) -> list[dict[str, Any]]:
+        """Every row of a query, as dicts (read connection, like :meth:`fetch_one`)."""
+
+        def rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            return SqliteTx.dicts(conn.execute(sql, params))
+
+        return await self._query(rows)
+
+    # ------------------------------------------------------------ writes
+
+    async def write(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in a write transaction, grouped with concurrent writers into one commit.
+
+        ``fn`` runs inside its own savepoint: if it raises, its changes are rolled back
+        and the exception is raised here; nothing it wrote survives.
+        """
+        self._require()
+        if self._closing:
+            raise RuntimeError("StateDB is closing; no new writes are accepted")
+        if self.readonly:
+            raise DatabaseError(f"{self.path} is open read-only (readonly=True): writes refused")
+        if self.damaged is not None:
+            raise DatabaseDamaged(f"database is damaged: {self.path}: {self.damaged}; "
+                                  "writes refused")
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.append((fn, fut))
+        if self._drainer is None:
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch = self._pending[:MAX_GROUP]
+                del self._pending[:MAX_GROUP]
+                conn = self._conn
+                if conn is None:
+                    err = RuntimeError("StateDB closed before the write ran")
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(err)
+                    continue
+                try:
+                    units = [u for u, _ in batch]
+                    outcomes = await _in_thread(conn, functools.partial(_run_group, units=units))
+                except BaseException as exc:  # the commit itself failed: nobody's write held
+                    exc = self._translate(exc)
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    continue
+                for (_, fut), (ok, value) in zip(batch, outcomes, strict=True):
+                    if fut.done():
+                        continue
+                    if ok:
+                        fut.set_result(value)
+                    else:
+                        fut.set_exception(self._translate(value))
+        finally:
+            self._drainer = None
+
+
+async def _in_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``fn`` with the raw connection in aiosqlite's thread: one hop, however many statements.
+
+    aiosqlite has no public call for this; ``_execute`` is what its own cursors use.
+    """
+    raw: sqlite3.Connection = conn._conn
+    result: T = await conn._execute(fn, raw)  # type: ignore[no-untyped-call]
+    return result
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that carries its Tx (which caches statement texts per shape)."""
+
+    ledgerq_tx: SqliteTx | None = None
+
+
+def _tx(conn: sqlite3.Connection) -> SqliteTx:
+    tx = getattr(conn, "ledgerq_tx", None)
+    if tx is None:
+        tx = SqliteTx(conn)
+        if isinstance(conn, _Connection):
+            conn.ledgerq_tx = tx
+    return tx
+
+
+def _run_group(conn: sqlite3.Connection, *, units: list[Unit]) -> list[tuple[bool, Any]]:
+    outcomes: list[tuple[bool, Any]] = []
+    tx = _tx(conn)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for unit in units:
+            conn.execute("SAVEPOINT unit")
+            try:
+                value = unit(tx)
+            except Exception as exc:
+                conn.execute("ROLLBACK TO unit")
+                conn.execute("RELEASE unit")
+                outcomes.append((False, exc))
+            else:
+                conn.execute("RELEASE unit")
+                outcomes.append((True, value))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return outcomes

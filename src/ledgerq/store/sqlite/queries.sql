@@ -1,0 +1,210 @@
+-- SQLite's text of every named store operation (see ledgerq/store/queries.py).
+-- {table}, {columns}, {hint} ... are filled with quoted, validated identifiers or with
+-- other templates of this file; every value is a ? parameter.
+
+-- name: true
+1
+
+-- name: status_in
+status IN ({states})
+
+-- name: assign
+{column} = ?
+
+-- name: guard_term
+AND {column} IS ?
+
+-- name: and_in_list
+AND {column} IN ({marks})
+
+-- name: where
+WHERE 1 {terms}
+
+-- name: entity_for_move
+SELECT {columns} FROM {table} WHERE id = ?
+
+-- name: update_entity
+UPDATE {table} SET {assignments}
+WHERE id = ? AND status = ? AND version = ? {guards}
+RETURNING {returning}
+
+-- name: fact_by_idempotency_key
+SELECT id, previous_status, status FROM status_transitions
+WHERE entity_type = ? AND entity_id = ? AND idempotency_key = ?
+
+-- name: append_fact
+INSERT INTO status_transitions (
+  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: insert_entity
+INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING *
+
+-- name: insert_entities
+INSERT INTO {table} ({columns}) VALUES ({marks})
+
+-- name: entities_by_id
+SELECT * FROM {table} WHERE id IN ({marks})
+
+-- name: entity_row
+SELECT * FROM {table} WHERE id = ?
+
+-- name: statuses
+SELECT id, status FROM {table} WHERE id IN ({marks})
+
+-- name: savepoint
+SAVEPOINT ledgerq_scope
+
+-- name: rollback_to_savepoint
+ROLLBACK TO ledgerq_scope
+
+-- name: release_savepoint
+RELEASE ledgerq_scope
+
+-- name: run_by_idempotency_key
+SELECT id, application_digest FROM {table} WHERE idempotency_key = ?
+
+-- name: ensure_schedule
+INSERT INTO schedules (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING
+
+-- name: waiting_runs
+SELECT id, depends_on FROM {table} WHERE status = 'waiting_dependency' AND id IN ({marks})
+
+-- name: dependents_of
+-- CASE: json_each must never see text that is not JSON (it would fail the statement).
+SELECT id, depends_on FROM {table}
+WHERE {hint} AND status = 'waiting_dependency'
+  AND CASE WHEN json_valid(depends_on)
+      THEN EXISTS (SELECT 1 FROM json_each({table}.depends_on) WHERE value = ?)
+      ELSE 0 END
+
+-- name: upsert_worker
+INSERT INTO workers (worker_id, advertised_capabilities, execution_targets,
+                     last_heartbeat_at, hostname, pid, started_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (worker_id) DO UPDATE SET
+  advertised_capabilities = excluded.advertised_capabilities,
+  execution_targets = excluded.execution_targets,
+  last_heartbeat_at = excluded.last_heartbeat_at, pid = excluded.pid
+
+-- name: worker_heartbeat
+SELECT last_heartbeat_at FROM workers WHERE worker_id = ?
+
+-- name: workers
+SELECT worker_id, hostname, pid, last_heartbeat_at FROM workers ORDER BY worker_id
+
+-- name: expired_leases
+SELECT {columns} FROM {table}
+WHERE {hint} AND status = 'running' AND lease_expires_at IS NOT NULL
+  AND lease_expires_at < ?
+LIMIT ?
+
+-- name: due_retries
+SELECT id, retry_due_at FROM {table}
+WHERE {hint} AND status = 'retry_wait' AND retry_due_at <= ?
+LIMIT ?
+
+-- name: settled_waiting
+-- A waiting run settles when a dependency ended badly ({marks}: the terminal states
+-- other than completed) or every dependency completed; text that is not JSON never does.
+SELECT id FROM {table}
+WHERE {hint} AND status = 'waiting_dependency'
+  AND CASE WHEN json_valid({table}.depends_on)
+      THEN (EXISTS (SELECT 1 FROM json_each({table}.depends_on) AS j
+                    JOIN {table} AS d ON d.id = j.value WHERE d.status IN ({marks}))
+            OR NOT EXISTS (SELECT 1 FROM json_each({table}.depends_on) AS j
+                           LEFT JOIN {table} AS d ON d.id = j.value
+                           WHERE d.status IS NOT 'completed'))
+      ELSE 0 END
+LIMIT ?
+
+-- name: kinds_excluded
+AND action_kind NOT IN ({marks})
+
+-- name: claim_page
+SELECT {columns} FROM {table}
+WHERE {hint} AND status = 'queued' AND schedule_id IS NULL {kinds}
+  AND (queued_at, id) > (?, ?)
+ORDER BY queued_at, id LIMIT ?
+
+-- name: running_keys
+SELECT DISTINCT concurrency_key FROM {table}
+WHERE {hint} AND status = 'running' AND concurrency_key IS NOT NULL
+
+-- name: key_running
+SELECT 1 FROM {table}
+WHERE {hint} AND concurrency_key = ? AND status = 'running' LIMIT 1
+
+-- name: lease_rows
+SELECT {columns} FROM {table} WHERE id IN ({marks})
+
+-- name: facts_of
+SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ?
+ORDER BY entity_version
+
+-- name: fact_stream
+-- Streamed from the unique (entity_type, entity_id, entity_version) index: no sort.
+SELECT entity_id, status, entity_version, patch FROM status_transitions
+WHERE entity_type = ? ORDER BY entity_id, entity_version
+
+-- name: rows_in_id_order
+SELECT * FROM {table} ORDER BY id
+
+-- name: count_facts
+SELECT COUNT(*) FROM status_transitions
+
+-- name: defer_constraints
+PRAGMA defer_foreign_keys = ON
+
+-- name: delete_rows
+DELETE FROM {table}
+
+-- name: count_rows
+SELECT COUNT(*) FROM {table} {where}
+
+-- name: run_page
+SELECT {columns} FROM {table} {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?
+
+-- name: ids_like
+SELECT id FROM {table} WHERE id LIKE ? ORDER BY id LIMIT ?
+
+-- name: status_counts
+SELECT status, COUNT(*) FROM {table} GROUP BY status
+
+-- name: oldest_queued_at
+SELECT MIN(queued_at) FROM {table} WHERE {hint} AND status = 'queued'
+
+-- name: running_by_worker
+SELECT leased_by, COUNT(*) FROM {table}
+WHERE {hint} AND status = 'running' AND leased_by IS NOT NULL
+GROUP BY leased_by ORDER BY leased_by
+
+-- name: stuck_undeclared
+SELECT id, status, 'status ' || status || ' is not declared by the loaded specs' AS why
+FROM {table} WHERE status NOT IN ({marks})
+
+-- name: stuck_lease
+-- Parameters: now - grace, grace. Expired that long before a live worker's heartbeat.
+SELECT id, status, 'lease expired at ' || lease_expires_at || ' and was not reaped' AS why
+FROM {table}
+WHERE {hint} AND status = 'running' AND lease_expires_at < ?
+  AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - ? >
+              max(lease_expires_at, COALESCE(w.started_at, lease_expires_at)))
+
+-- name: stuck_retry
+SELECT id, status, 'retry due at ' || retry_due_at || ' was not promoted' AS why
+FROM {table}
+WHERE {hint} AND status = 'retry_wait' AND retry_due_at < ?
+  AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - ? >
+              max(retry_due_at, COALESCE(w.started_at, retry_due_at)))
+
+-- name: stuck_waiting
+SELECT id, status, 'depends_on is not valid JSON' AS why FROM {table}
+WHERE {hint} AND status = 'waiting_dependency' AND NOT COALESCE(json_valid(depends_on), 0)
+
+-- name: count_of
+SELECT COUNT(*) FROM ({inner})
+
+-- name: limited
+{inner} LIMIT ?

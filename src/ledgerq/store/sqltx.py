@@ -1,0 +1,359 @@
+"""The operations of :class:`ledgerq.operations.Tx` over a DB-API connection, once.
+
+Both dialects run the same Python for each operation: which statement (by name from
+the dialect's ``queries.sql``), which parameters, what comes back. Only the text
+differs, plus the few operations a dialect overrides (savepoints, deferred checks,
+row locks, streaming). No SQL text lives here: every statement and every fragment
+(an assignment, a guard term) is a named template of the dialect; this module joins
+lists of quoted identifiers and fragments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, ClassVar
+
+from ledgerq.lifecycle.identifiers import quote
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import (
+    CANDIDATE_COLUMNS,
+    EXPIRED_COLUMNS,
+    LEASE_COLUMNS,
+    Row,
+    Tx,
+)
+from ledgerq.store.queries import Queries
+
+#: Ids bound per ``IN (...)`` statement (under SQLite's bound-parameter limit).
+CHUNK = 500
+
+
+class SqlTx(Tx):
+    """One transaction on a DB-API connection; subclasses name the dialect's queries."""
+
+    queries: ClassVar[Queries]
+    #: The dialect's positional placeholder.
+    mark: ClassVar[str]
+    #: What ``LIMIT ?`` takes for "no limit".
+    no_limit: ClassVar[Any]
+
+    #: Statement texts per shape (table, columns, ...), built once per dialect: a hot move
+    #: (a lease renewal) must not rebuild its SQL on every call, and the driver finds its
+    #: prepared statement by the text.
+    _texts: ClassVar[dict[tuple[Any, ...], str]]
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    # ------------------------------------------------------------ plumbing
+
+    def q(self, name: str, **fields: Any) -> str:
+        return self.queries(name, **fields)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        raise NotImplementedError
+
+    def stream(self, sql: str, params: Sequence[Any] = ()
+               ) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+        """Column names and the rows one at a time; a dialect whose cursor buffers the
+        whole result overrides this."""
+        cur = self.execute(sql, params)
+        return [d[0] for d in cur.description], iter(cur)
+
+    def marks(self, n: int) -> str:
+        return ", ".join([self.mark] * n)
+
+    @staticmethod
+    def dicts(cur: Any) -> list[Row]:
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    def hint(self, policy: EntityPolicy, state: str, column: str) -> str:
+        """A term implied by ``status = state`` that lets the planner pick the partial
+        index on ``column`` (SQLite needs it; PostgreSQL proves implication itself)."""
+        return self.q("true")
+
+    def table(self, policy: EntityPolicy) -> str:
+        return quote(policy.table)
+
+    def _chunked_rows(self, name: str, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
+        out: list[Row] = []
+        for i in range(0, len(ids), CHUNK):
+            part = list(ids[i:i + CHUNK])
+            sql = self.q(name, table=self.table(policy), marks=self.marks(len(part)))
+            out += self.dicts(self.execute(sql, part))
+        return out
+
+    def _limit(self, limit: int | None) -> Any:
+        return self.no_limit if limit is None else limit
+
+    # ------------------------------------------------------------ the engine
+
+    def entity_for_move(self, policy: EntityPolicy, entity_id: str,
+                        guard_cols: tuple[str, ...]) -> tuple[Any, ...] | None:
+        key = ("select", policy.table, guard_cols)
+        sql = self._texts.get(key)
+        if sql is None:
+            cols = ", ".join(["status", "version", *(quote(c) for c in guard_cols)])
+            sql = self._texts[key] = self.q("entity_for_move", table=self.table(policy),
+                                            columns=cols)
+        row: tuple[Any, ...] | None = self.execute(sql, (entity_id,)).fetchone()
+        return row
+
+    def update_entity(self, policy: EntityPolicy, entity_id: str, *, observed: str,
+                      version: int, to_state: str | None, changes: dict[str, Any],
+                      guards: dict[str, Any], returning: tuple[str, ...] | None) -> Row | None:
+        guard_cols = tuple(guards)
+        change_cols = tuple(changes)
+        key = ("update", policy.table, to_state is None, change_cols, guard_cols, returning)
+        sql = self._texts.get(key)
+        if sql is None:
+            # A same-state move (a lease renewal) leaves status as it is (the WHERE pins
+            # it): assigning it would re-check the CHECK constraint and touch every index
+            # whose WHERE names status, which doubles the UPDATE's cost on SQLite.
+            sets = ["version", *change_cols] if to_state is None else \
+                ["status", "version", *change_cols]
+            back = "*" if returning is None else ", ".join(quote(c) for c in returning or ("id",))
+            sql = self._texts[key] = self.q(
+                "update_entity", table=self.table(policy),
+                assignments=", ".join(self.q("assign", column=quote(c)) for c in sets),
+                guards=" ".join(self.q("guard_term", column=quote(c)) for c in guard_cols),
+                returning=back)
+        params: list[Any] = [] if to_state is None else [to_state]
+        params += [version + 1, *changes.values(), entity_id, observed, version,
+                   *guards.values()]
+        cur = self.execute(sql, params)
+        stored = cur.fetchall()
+        if len(stored) != 1:
+            return None
+        return dict(zip([d[0] for d in cur.description], stored[0], strict=True))
+
+    def fact_by_idempotency_key(self, entity_type: str, entity_id: str,
+                                key: str) -> tuple[str, str | None, str] | None:
+        row: tuple[str, str | None, str] | None = self.execute(
+            self.q("fact_by_idempotency_key"), (entity_type, entity_id, key)).fetchone()
+        return row
+
+    def append_facts(self, facts: Sequence[Sequence[Any]]) -> None:
+        if len(facts) == 1:
+            self.execute(self.q("append_fact"), facts[0])
+        elif facts:
+            self.executemany(self.q("append_fact"), facts)
+
+    def insert_entity(self, policy: EntityPolicy, row: dict[str, Any]) -> Row:
+        cols = tuple(row)
+        key = ("insert1", policy.table, cols)
+        sql = self._texts.get(key)
+        if sql is None:
+            sql = self._texts[key] = self.q(
+                "insert_entity", table=self.table(policy),
+                columns=", ".join(quote(c) for c in cols), marks=self.marks(len(cols)))
+        return self.dicts(self.execute(sql, list(row.values())))[0]
+
+    def insert_entities(self, policy: EntityPolicy, columns: tuple[str, ...],
+                        rows: Iterable[Sequence[Any]]) -> None:
+        sql = self.q("insert_entities", table=self.table(policy),
+                     columns=", ".join(quote(c) for c in columns),
+                     marks=self.marks(len(columns)))
+        self.executemany(sql, rows)
+
+    def entities_by_id(self, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
+        return self._chunked_rows("entities_by_id", policy, ids)
+
+    def entity_row(self, policy: EntityPolicy, entity_id: str) -> Row | None:
+        rows = self.dicts(self.execute(self.q("entity_row", table=self.table(policy)),
+                                       (entity_id,)))
+        return rows[0] if rows else None
+
+    def statuses(self, policy: EntityPolicy, ids: Sequence[str]) -> dict[str, str]:
+        return {r["id"]: r["status"] for r in self._chunked_rows("statuses", policy, ids)}
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        self.execute(self.q("savepoint"))
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):  # the connection may be gone already
+                self.execute(self.q("rollback_to_savepoint"))
+                self.execute(self.q("release_savepoint"))
+            raise
+        self.execute(self.q("release_savepoint"))
+
+    # ------------------------------------------------------------ submission
+
+    def run_by_idempotency_key(self, policy: EntityPolicy, key: str) -> Row | None:
+        rows = self.dicts(self.execute(
+            self.q("run_by_idempotency_key", table=self.table(policy)), (key,)))
+        return rows[0] if rows else None
+
+    def ensure_schedule(self, schedule_id: str, name: str | None, created_at: float) -> None:
+        self.execute(self.q("ensure_schedule"), (schedule_id, name, created_at))
+
+    def waiting_runs(self, policy: EntityPolicy, ids: Sequence[str]) -> list[tuple[str, Any]]:
+        return [(r["id"], r["depends_on"])
+                for r in self._chunked_rows("waiting_runs", policy, ids)]
+
+    def dependents_of(self, policy: EntityPolicy, run_id: str) -> list[tuple[str, Any]]:
+        sql = self.q("dependents_of", table=self.table(policy),
+                     hint=self.hint(policy, "waiting_dependency", "created_at"))
+        return [(r[0], r[1]) for r in self.execute(sql, (run_id,)).fetchall()]
+
+    def notify_claimable(self) -> None:
+        return None
+
+    # ------------------------------------------------------------ workers
+
+    def upsert_worker(self, worker_id: str, capabilities: str, targets: str, now: float,
+                      hostname: str, pid: int) -> None:
+        self.execute(self.q("upsert_worker"),
+                     (worker_id, capabilities, targets, now, hostname, pid, now))
+
+    def worker_heartbeat(self, worker_id: str) -> float | None:
+        row = self.execute(self.q("worker_heartbeat"), (worker_id,)).fetchone()
+        return None if row is None else float(row[0])
+
+    def workers(self) -> list[Row]:
+        return self.dicts(self.execute(self.q("workers")))
+
+    def expired_leases(self, policy: EntityPolicy, now: float,
+                       limit: int | None = None) -> list[Row]:
+        sql = self.q("expired_leases", table=self.table(policy),
+                     columns=", ".join(EXPIRED_COLUMNS),
+                     hint=self.hint(policy, "running", "lease_expires_at"))
+        return self.dicts(self.execute(sql, (now, self._limit(limit))))
+
+    def due_retries(self, policy: EntityPolicy, now: float,
+                    limit: int | None = None) -> list[Row]:
+        sql = self.q("due_retries", table=self.table(policy),
+                     hint=self.hint(policy, "retry_wait", "retry_due_at"))
+        return self.dicts(self.execute(sql, (now, self._limit(limit))))
+
+    def settled_waiting(self, policy: EntityPolicy, limit: int | None = None) -> list[str]:
+        bad: list[str | None] = [*sorted(policy.terminal - {"completed"})] or [None]
+        sql = self.q("settled_waiting", table=self.table(policy),
+                     hint=self.hint(policy, "waiting_dependency", "created_at"),
+                     marks=self.marks(len(bad)))
+        return [r[0] for r in self.execute(sql, (*bad, self._limit(limit))).fetchall()]
+
+    def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str],
+                   after: tuple[float, str], limit: int) -> list[Row]:
+        key = ("claim", policy.table, len(excluded_kinds))
+        sql = self._texts.get(key)
+        if sql is None:
+            kinds = (self.q("kinds_excluded", marks=self.marks(len(excluded_kinds)))
+                     if excluded_kinds else "")
+            sql = self._texts[key] = self.q(
+                "claim_page", table=self.table(policy), columns=", ".join(CANDIDATE_COLUMNS),
+                hint=self.hint(policy, "queued", "queued_at"), kinds=kinds)
+        return self.dicts(self.execute(sql, (*excluded_kinds, *after, limit)))
+
+    def running_keys(self, policy: EntityPolicy) -> set[str]:
+        sql = self.q("running_keys", table=self.table(policy),
+                     hint=self.hint(policy, "running", "lease_expires_at"))
+        return {r[0] for r in self.execute(sql).fetchall()}
+
+    def key_running(self, policy: EntityPolicy, key: str) -> bool:
+        sql = self.q("key_running", table=self.table(policy),
+                     hint=self.hint(policy, "running", "concurrency_key"))
+        return self.execute(sql, (key,)).fetchone() is not None
+
+    def lock_key(self, key: str) -> None:
+        return None
+
+    def try_lock_row(self, policy: EntityPolicy, entity_id: str) -> bool:
+        return True
+
+    def lease_rows(self, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
+        out: list[Row] = []
+        for i in range(0, len(ids), CHUNK):
+            part = list(ids[i:i + CHUNK])
+            sql = self.q("lease_rows", table=self.table(policy), columns=", ".join(LEASE_COLUMNS),
+                         marks=self.marks(len(part)))
+            out += self.dicts(self.execute(sql, part))
+        return out
+
+    # ------------------------------------------------------------ the log
+
+    def facts_of(self, entity_type: str, entity_id: str) -> list[Row]:
+        return self.dicts(self.execute(self.q("facts_of"), (entity_type, entity_id)))
+
+    def fact_stream(self, entity_type: str) -> Iterator[tuple[str, str, int, Any]]:
+        return self.stream(self.q("fact_stream"), (entity_type,))[1]
+
+    def rows_in_id_order(self, policy: EntityPolicy) -> Iterator[Row]:
+        names, rows = self.stream(self.q("rows_in_id_order", table=self.table(policy)))
+        return (dict(zip(names, r, strict=True)) for r in rows)
+
+    def count_facts(self) -> int:
+        return int(self.execute(self.q("count_facts")).fetchone()[0])
+
+    def delete_rows(self, policy: EntityPolicy) -> None:
+        self.execute(self.q("delete_rows", table=self.table(policy)))
+
+    # ------------------------------------------------------------ read models
+
+    def run_page(self, policy: EntityPolicy, filters: dict[str, list[Any]],
+                 columns: tuple[str, ...], limit: int, offset: int) -> tuple[int, list[Row]]:
+        terms = [self.q("and_in_list", column=quote(c), marks=self.marks(len(v)))
+                 for c, v in filters.items() if v]
+        params = [x for v in filters.values() if v for x in v]
+        where = self.q("where", terms=" ".join(terms)) if terms else ""
+        table = self.table(policy)
+        total = self.execute(self.q("count_rows", table=table, where=where), params).fetchone()[0]
+        rows = self.dicts(self.execute(
+            self.q("run_page", table=table, where=where,
+                   columns=", ".join(quote(c) for c in columns)), [*params, limit, offset]))
+        return int(total), rows
+
+    def ids_matching(self, policy: EntityPolicy, piece: str, *, suffix: bool,
+                     limit: int) -> list[str]:
+        pattern = f"%{piece}" if suffix else f"{piece}%"
+        sql = self.q("ids_like", table=self.table(policy))
+        return [r[0] for r in self.execute(sql, (pattern, limit)).fetchall()]
+
+    def status_counts(self, policy: EntityPolicy) -> dict[str, int]:
+        rows = self.execute(self.q("status_counts", table=self.table(policy))).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+    def oldest_queued_at(self, policy: EntityPolicy) -> float | None:
+        sql = self.q("oldest_queued_at", table=self.table(policy),
+                     hint=self.hint(policy, "queued", "queued_at"))
+        value = self.execute(sql).fetchone()[0]
+        return None if value is None else float(value)
+
+    def running_by_worker(self, policy: EntityPolicy) -> dict[str, int]:
+        sql = self.q("running_by_worker", table=self.table(policy),
+                     hint=self.hint(policy, "running", "lease_expires_at"))
+        return {r[0]: int(r[1]) for r in self.execute(sql).fetchall()}
+
+    def stuck_runs(self, policy: EntityPolicy, kind: str, now: float, grace: float,
+                   limit: int) -> tuple[int, list[tuple[str, str, str]]]:
+        table = self.table(policy)
+        params: list[Any]
+        if kind == "undeclared":
+            declared = sorted(policy.states)
+            inner = self.q("stuck_undeclared", table=table, marks=self.marks(len(declared)))
+            params = list(declared)
+        elif kind == "lease":
+            inner = self.q("stuck_lease", table=table,
+                           hint=self.hint(policy, "running", "lease_expires_at"))
+            params = [now - grace, grace]
+        elif kind == "retry":
+            inner = self.q("stuck_retry", table=table,
+                           hint=self.hint(policy, "retry_wait", "retry_due_at"))
+            params = [now - grace, grace]
+        elif kind == "waiting":
+            inner = self.q("stuck_waiting", table=table,
+                           hint=self.hint(policy, "waiting_dependency", "created_at"))
+            params = []
+        else:
+            raise ValueError(f"unknown kind of stuck run {kind!r}")
+        count = int(self.execute(self.q("count_of", inner=inner), params).fetchone()[0])
+        sample = [(r[0], r[1], r[2]) for r in self.execute(
+            self.q("limited", inner=inner), [*params, limit]).fetchall()] if count else []
+        return count, sample

@@ -1,0 +1,58 @@
+"""Scratch PostgreSQL databases and schemas for tests (never the test/postgres data)."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+import psycopg
+
+ADMIN_URL = os.environ.get("LEDGERQ_TEST_POSTGRES",
+                           "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def unreachable() -> str | None:
+    """Why PostgreSQL cannot be used, or None."""
+    try:
+        psycopg.connect(ADMIN_URL, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return str(exc).strip() or type(exc).__name__
+    return None
+
+
+def _with_db(url: str, dbname: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{dbname}"))
+
+
+def create_database(name: str | None = None) -> str:
+    """A new empty database (dropped first if a crashed run left it); its URL."""
+    name = name or f"ledgerq_test_{os.getpid()}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return _with_db(ADMIN_URL, name)
+
+
+def drop_database(url: str) -> None:
+    name = urllib.parse.urlsplit(url).path.lstrip("/")
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def schema_url(base: str, schema: str) -> str:
+    """``base`` with ``search_path`` set to ``schema`` (libpq's ``options``)."""
+    sep = "&" if "?" in base else "?"
+    return base + sep + "options=" + urllib.parse.quote(f"-csearch_path={schema}")
+
+
+def create_schema(base: str, schema: str) -> str:
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    return schema_url(base, schema)
+
+
+def drop_schema(base: str, schema: str) -> None:
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -1,0 +1,39 @@
+"""A plain driver connection to a test's database, around ledgerq: a hand edit.
+
+Tests that forge rows, delete them or poke the log with SQL do it through this, on
+either backend: the statements are written with ``?`` and run as ``%s`` on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import psycopg
+
+#: What a driver raises when the database refuses a statement, on either backend.
+RAW_ERRORS = (sqlite3.DatabaseError, psycopg.Error)
+
+
+class Raw:
+    def __init__(self, target: str) -> None:
+        self.postgres = target.startswith(("postgresql://", "postgres://"))
+        if self.postgres:
+            self.conn: Any = psycopg.connect(target, autocommit=True)
+        else:
+            self.conn = sqlite3.connect(target, isolation_level=None)
+            self.conn.execute("PRAGMA busy_timeout = 5000")
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        if self.postgres:
+            if sql.startswith("PRAGMA"):
+                return None  # SQLite's connection settings; nothing to set on PostgreSQL
+            sql = sql.replace("?", "%s").replace("BEGIN IMMEDIATE", "BEGIN")
+        return self.conn.execute(sql, params)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def raw(target: str) -> Raw:
+    return Raw(target)
