@@ -49,6 +49,24 @@ def db_path(tmp_path: Path) -> Path:
 
 
 BACKENDS = ["sqlite", "postgresql"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "sqlite_only(why): the test exercises SQLite itself (its file, pragmas, "
+        "group commit); its PostgreSQL case is not collected")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the PostgreSQL case of tests marked ``sqlite_only``."""
+    keep, drop = [], []
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        on_pg = spec is not None and spec.params.get("backend") == "postgresql"
+        (drop if on_pg and item.get_closest_marker("sqlite_only") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 _schemas = itertools.count()
 
 
@@ -60,7 +78,7 @@ def pg_database() -> Iterator[str]:
         if os.environ.get("LEDGERQ_REQUIRE_POSTGRES") == "1":
             pytest.fail(f"PostgreSQL is required (LEDGERQ_REQUIRE_POSTGRES=1): {problem}")
         pytest.skip(f"PostgreSQL not reachable: {problem}")
-    url = pg.create_database()
+    url = pg.session_database()
     try:
         yield url
     finally:

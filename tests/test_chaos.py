@@ -120,8 +120,9 @@ def read_markers(path: Path) -> list[tuple[str, str, float, float, str]]:
     return out
 
 
-async def test_workers_killed_at_random_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    db_path = tmp_path / "chaos.db"
+async def test_workers_killed_at_random_lose_and_duplicate_nothing(tmp_path: Path,
+                                                                  db_target: str) -> None:
+    db_path = db_target
     markers = tmp_path / "markers"
     markers.touch()
     logs = tmp_path / "logs"
@@ -170,7 +171,7 @@ async def test_workers_killed_at_random_lose_and_duplicate_nothing(tmp_path: Pat
         assert sum(counts.values()) == TASKS
         doubles = await db.fetch_all(
             "SELECT entity_id, COUNT(*) AS n FROM status_transitions WHERE status IN "
-            f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING n > 1", TERMINAL)
+            f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING COUNT(*) > 1", TERMINAL)
         assert doubles == []
 
         # ---- histories against markers

@@ -51,8 +51,12 @@ def finish(procs: list[subprocess.Popen[str]]) -> list[str]:
     return outs
 
 
-def test_several_worker_processes_run_every_task_exactly_once(tmp_path: Path) -> None:
-    db_path = tmp_path / "q.db"
+def test_several_worker_processes_run_every_task_exactly_once(tmp_path: Path,
+                                                             db_target: str) -> None:
+    """Four worker processes, each its own "host" (a distinct host name in its worker id,
+    its own connection pool; on PostgreSQL over TCP to 127.0.0.1), claim from one database:
+    every task runs exactly once."""
+    db_path = db_target
     marker = tmp_path / "marker"
     go = tmp_path / "go"
     n_tasks = 40
@@ -66,7 +70,7 @@ def test_several_worker_processes_run_every_task_exactly_once(tmp_path: Path) ->
                 "host") for token in tokens])
 
     ids = asyncio.run(setup())
-    procs = start_together([[str(HELPERS / "queue_worker_proc.py"), str(db_path), f"proc-{n}",
+    procs = start_together([[str(HELPERS / "queue_worker_proc.py"), str(db_path), f"host{n}:proc-{n}",
                              str(go), "3"] for n in range(4)], go)
     reports = [json.loads(out) for out in finish(procs)]
     assert sum(r["claimed"] for r in reports) == n_tasks
@@ -82,7 +86,7 @@ def test_several_worker_processes_run_every_task_exactly_once(tmp_path: Path) ->
                 assert loads(row["action_args"])["argv"][4] == token
                 assert (row["status"], row["exit_code"], row["lease_attempts"]) == \
                     ("completed", 0, 1), row
-                assert row["leased_by"] in {f"proc-{n}" for n in range(4)}
+                assert row["leased_by"] in {f"host{n}:proc-{n}" for n in range(4)}
                 facts = await history(db, "schedule_run", run_id)
                 assert [(f["previous_status"], f["status"]) for f in facts] == [
                     (None, "queued"), ("queued", "running"), ("running", "completed")]
@@ -92,8 +96,9 @@ def test_several_worker_processes_run_every_task_exactly_once(tmp_path: Path) ->
     asyncio.run(check())
 
 
-def test_several_submitter_processes_with_one_key_make_one_row(tmp_path: Path) -> None:
-    db_path = tmp_path / "q.db"
+def test_several_submitter_processes_with_one_key_make_one_row(tmp_path: Path,
+                                                              db_target: str) -> None:
+    db_path = db_target
     go = tmp_path / "go"
 
     async def create() -> None:

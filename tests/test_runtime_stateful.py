@@ -38,6 +38,7 @@ from hypothesis.stateful import (
 )
 
 import ledgerq.queue.submit as submit_module
+from helpers import pg
 from ledgerq import StateDB
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
 from ledgerq.lifecycle.engine import new_id
@@ -90,12 +91,14 @@ class Belief:
 
 class WorkerAPIMachine(RuleBasedStateMachine):
     runs = Bundle("runs")
+    backend = "sqlite"
 
     def __init__(self) -> None:
         super().__init__()
         self.runner = asyncio.Runner()
         self.tmp = tempfile.mkdtemp(prefix="ledgerq-stateful-", dir=SCRATCH)
-        self.db = StateDB(Path(self.tmp) / "machine.db")
+        target, self.schema = pg.fresh_target(self.backend, self.tmp)
+        self.db = StateDB(target)
         self.run(self.db.open())
         # Run ids in submission order: claims break queued_at ties by id, and random ids
         # would make hypothesis's draws (which lease to use next) differ between replays.
@@ -116,6 +119,7 @@ class WorkerAPIMachine(RuleBasedStateMachine):
             self.runner.close()
             shutil.rmtree(self.tmp, ignore_errors=True)
             submit_module.new_run_id = new_id
+            pg.drop_target(self.schema)
 
     # ------------------------------------------------------------ model helpers
 
@@ -382,3 +386,16 @@ WorkerAPIMachine.TestCase.settings = settings(
     deadline=None,
 )
 TestWorkerAPI = WorkerAPIMachine.TestCase
+
+
+class PostgresWorkerAPIMachine(WorkerAPIMachine):
+    """The same machine on PostgreSQL (a fresh schema per example; fewer examples, since
+    each costs a schema's DDL: LEDGERQ_STATEFUL_PG_EXAMPLES overrides)."""
+
+    backend = "postgresql"
+
+
+PostgresWorkerAPIMachine.TestCase.settings = settings(
+    _profile, max_examples=int(os.environ.get("LEDGERQ_STATEFUL_PG_EXAMPLES", "40")),
+    deadline=None)
+TestWorkerAPIPostgres = PostgresWorkerAPIMachine.TestCase

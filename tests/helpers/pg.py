@@ -34,6 +34,16 @@ def create_database(name: str | None = None) -> str:
     return _with_db(ADMIN_URL, name)
 
 
+_session: list[str] = []
+
+
+def session_database() -> str:
+    """This test process's scratch database, created on first use (conftest drops it)."""
+    if not _session:
+        _session.append(create_database())
+    return _session[0]
+
+
 def drop_database(url: str) -> None:
     name = urllib.parse.urlsplit(url).path.lstrip("/")
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
@@ -56,3 +66,26 @@ def create_schema(base: str, schema: str) -> str:
 def drop_schema(base: str, schema: str) -> None:
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+_machine_schemas = iter(range(1, 10**9))
+
+
+def fresh_target(backend: str, tmp: str) -> tuple[str, str | None]:
+    """(a database target for one hypothesis example, the PostgreSQL schema to drop)."""
+    if backend == "sqlite":
+        return os.path.join(tmp, "machine.db"), None
+    problem = unreachable()
+    if problem is not None:
+        import pytest
+
+        if os.environ.get("LEDGERQ_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL is required (LEDGERQ_REQUIRE_POSTGRES=1): {problem}")
+        pytest.skip(f"PostgreSQL not reachable: {problem}")
+    schema = f"m{os.getpid()}_{next(_machine_schemas)}"
+    return create_schema(session_database(), schema), schema
+
+
+def drop_target(schema: str | None) -> None:
+    if schema is not None:
+        drop_schema(session_database(), schema)

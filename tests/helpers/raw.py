@@ -26,7 +26,9 @@ class Raw:
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         if self.postgres:
-            if sql.startswith("PRAGMA"):
+            if sql == "PRAGMA foreign_keys = OFF":  # a hand edit that ignores references
+                sql = "SET session_replication_role = replica"
+            elif sql.startswith("PRAGMA"):
                 return None  # SQLite's connection settings; nothing to set on PostgreSQL
             sql = sql.replace("?", "%s").replace("BEGIN IMMEDIATE", "BEGIN")
         return self.conn.execute(sql, params)

@@ -40,7 +40,7 @@ from ledgerq.errors import (
 from ledgerq.lifecycle.registry import Registry
 from ledgerq.operations import Tx
 from ledgerq.store.postgres.schema import required_tables, schema_statements
-from ledgerq.store.postgres.tx import QUERIES, PostgresTx
+from ledgerq.store.postgres.tx import QUERIES, PostgresTx, qmark_to_psycopg
 
 log = logging.getLogger("ledgerq.postgres")
 T = TypeVar("T")
@@ -286,23 +286,17 @@ def _translate(exc: psycopg.Error) -> DatabaseError:
     return DatabaseError(text)
 
 
-_QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
-
-
 def _paramstyle(sql: str, params: Sequence[Any] | dict[str, Any]
                 ) -> tuple[str, Sequence[Any] | dict[str, Any] | None]:
-    """psycopg's ``%s`` style, also from SQLite's ``?`` (outside quoted text), so an ad-hoc
-    portable query runs on both backends; a literal ``%`` is escaped when it must be."""
+    """psycopg's style, also from SQLite's ``?``; no parameters: ``%`` is plain text."""
     if not params:
         return sql, None
-    if isinstance(params, dict) or "%s" in sql or "%(" in sql:
-        return sql, params
+    if isinstance(params, dict):
+        return _NAMED.sub(lambda m: m.group(1) or f"%({m.group(2)})s", sql), params
+    return qmark_to_psycopg(sql), params
 
-    def sub(m: re.Match[str]) -> str:
-        tok = m.group(0)
-        return "%s" if tok == "?" else "%%" if tok == "%" else tok
 
-    return _QMARK.sub(sub, sql), params
+_NAMED = re.compile(r"('(?:[^']|'')*')|(?<!:):([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _redacted(url: str) -> str:

@@ -9,7 +9,9 @@ cursor; foreign keys are deferred with ``SET CONSTRAINTS``.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -27,6 +29,23 @@ ITERSIZE = 2000
 _cursor_names = itertools.count()
 
 
+_QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
+
+
+@functools.lru_cache(maxsize=256)
+def qmark_to_psycopg(sql: str) -> str:
+    """``?`` placeholders (outside quoted text) as ``%s``, a literal ``%`` as ``%%``: so a
+    portable ad-hoc query runs on both backends."""
+    if "%s" in sql or "%(" in sql:
+        return sql
+
+    def sub(m: re.Match[str]) -> str:
+        tok = m.group(0)
+        return "%s" if tok == "?" else "%%" if tok == "%" else tok
+
+    return _QMARK.sub(sub, sql)
+
+
 class PostgresTx(SqlTx):
     dialect = "postgresql"
     queries = QUERIES
@@ -37,6 +56,8 @@ class PostgresTx(SqlTx):
     conn: psycopg.Connection[tuple[Any, ...]]
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if "?" in sql:  # an ad-hoc statement in SQLite's paramstyle (ours never are)
+            sql = qmark_to_psycopg(sql)
         return self.conn.execute(sql, params or None)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:

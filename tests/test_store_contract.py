@@ -1,0 +1,278 @@
+"""The store contract: every operation of :class:`ledgerq.operations.Tx`, on every dialect.
+
+River's ``riverdrivertest`` is the model: one suite, each driver run through it. Each
+test here calls named operations directly inside ``db.write``/``db.read`` and checks what
+they return and what they leave behind, so a dialect whose SQL drifts from the other's
+fails here by operation name, not somewhere deep in a queue test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+import pytest
+
+from helpers.raw import RAW_ERRORS
+from ledgerq import StateDB
+from ledgerq.codec import dumps, loads
+from ledgerq.errors import IntegrityViolation
+from ledgerq.lifecycle.engine import new_id
+from ledgerq.operations import CANDIDATE_COLUMNS, EXPIRED_COLUMNS, LEASE_COLUMNS, STUCK_KINDS, Tx
+from ledgerq.store.postgres.tx import PostgresTx
+from ledgerq.store.queries import Queries
+from ledgerq.store.sqlite.tx import SqliteTx
+from lifecycle_support import new_run
+
+DIALECTS = ("ledgerq.store.sqlite", "ledgerq.store.postgres")
+
+
+def test_both_dialects_define_the_same_query_names() -> None:
+    names = [set(Queries(pkg).templates) for pkg in DIALECTS]
+    assert names[0] == names[1] - {"notify_claimable", "listen", "lock_key", "try_lock_row",
+                                   "schema_lock", "tables_present", "durability",
+                                   "read_only_snapshot"}, (
+        f"only in sqlite: {sorted(names[0] - names[1])}; "
+        f"only in postgres: {sorted(names[1] - names[0])}")
+
+
+@pytest.mark.parametrize("tx_class", [SqliteTx, PostgresTx])
+def test_every_operation_is_implemented(tx_class: type[Tx]) -> None:
+    abstract = getattr(tx_class, "__abstractmethods__", frozenset())
+    assert not abstract, f"{tx_class.__name__} lacks {sorted(abstract)}"
+    declared = {n for n, v in vars(Tx).items() if getattr(v, "__isabstractmethod__", False)}
+    assert declared, "Tx declares no operations?"
+    for name in declared:
+        impl = getattr(tx_class, name)
+        assert inspect.signature(impl).parameters.keys() == \
+            inspect.signature(getattr(Tx, name)).parameters.keys(), name
+
+
+RUN = "schedule_run"
+
+
+async def policy_of(db: StateDB) -> Any:
+    return db.registry.entity(RUN)
+
+
+def row_values(**extra: Any) -> dict[str, Any]:
+    base = {"id": new_id(), "status": "queued", "trigger_context": "{}", "action_kind": "k",
+            "action_args": dumps({"a": [1, 2]}), "fired_at": 1.0, "created_at": 1.0,
+            "queued_at": 1.0, "version": 1}
+    base.update(extra)
+    return base
+
+
+async def test_insert_and_read_back(db: StateDB) -> None:
+    policy = await policy_of(db)
+    values = row_values(concurrency_key="h:gpu", required_capabilities=dumps(["gpu"]))
+    stored = await db.write(lambda tx: tx.insert_entity(policy, values))
+    assert stored["id"] == values["id"] and stored["lease_attempts"] == 0  # a default
+    assert loads(stored["action_args"]) == {"a": [1, 2]}  # JSON comes back as JSON text
+    got = await db.read(lambda tx: tx.entity_row(policy, values["id"]))
+    assert got == stored
+    assert await db.read(lambda tx: tx.entity_row(policy, "nope")) is None
+    assert await db.read(lambda tx: tx.statuses(policy, [values["id"], "nope"])) == {
+        values["id"]: "queued"}
+    many = [row_values() for _ in range(3)]
+    cols = tuple(many[0])
+    await db.write(lambda tx: tx.insert_entities(policy, cols, [list(r.values()) for r in many]))
+    found = await db.read(lambda tx: tx.entities_by_id(policy, [r["id"] for r in many]))
+    assert sorted(r["id"] for r in found) == sorted(r["id"] for r in many)
+
+
+async def test_update_entity_is_a_compare_and_swap(db: StateDB) -> None:
+    policy = await policy_of(db)
+    values = row_values(leased_by=None)
+    rid = values["id"]
+    await db.write(lambda tx: tx.insert_entity(policy, values))
+    assert await db.read(lambda tx: tx.entity_for_move(policy, rid, ("leased_by",))) == \
+        ("queued", 1, None)
+
+    def swap(version: int, guard: Any) -> Any:
+        return db.write(lambda tx: tx.update_entity(
+            policy, rid, observed="queued", version=version, to_state="running",
+            changes={"leased_by": "w1", "updated_at": 2.0}, guards={"leased_by": guard},
+            returning=("leased_by",)))
+
+    assert await swap(1, "someone") is None  # guard (NULL-safe) does not match
+    assert await swap(2, None) is None  # version does not match
+    assert await swap(1, None) == {"leased_by": "w1"}
+    assert await swap(1, None) is None  # status moved on: no second swap
+    same = await db.write(lambda tx: tx.update_entity(
+        policy, rid, observed="running", version=2, to_state=None,
+        changes={"lease_expires_at": 9.5}, guards={}, returning=None))
+    assert same is not None and (same["status"], same["version"], same["lease_expires_at"]) \
+        == ("running", 3, 9.5)
+
+
+async def test_facts_append_and_stream(db: StateDB) -> None:
+    facts = [(new_id(), RUN, eid, None, "queued", "run.queued.submitted", "", "[]", "system",
+              "t", 1.0, "{}", v, dumps({"x": v}), f"key-{eid}-{v}" if v == 2 else None)
+             for eid in ("b", "a") for v in (1, 2)]
+    await db.write(lambda tx: tx.append_facts(facts))
+    assert await db.read(lambda tx: tx.count_facts()) == 4
+    streamed = await db.read(lambda tx: list(tx.fact_stream(RUN)))
+    assert [(f[0], f[2]) for f in streamed] == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert [loads(f[3]) for f in streamed] == [{"x": 1}, {"x": 2}, {"x": 1}, {"x": 2}]
+    of_a = await db.read(lambda tx: tx.facts_of(RUN, "a"))
+    assert [f["entity_version"] for f in of_a] == [1, 2]
+    assert await db.read(lambda tx: tx.fact_by_idempotency_key(RUN, "a", "key-a-2")) == (
+        facts[3][0], None, "queued")
+    assert await db.read(lambda tx: tx.fact_by_idempotency_key(RUN, "a", "other")) is None
+    with pytest.raises(IntegrityViolation):  # (entity, version) is unique
+        await db.write(lambda tx: tx.append_facts([facts[0][:0] + (new_id(),) + facts[0][1:]]))
+
+
+async def test_savepoint_rolls_back_alone(db: StateDB) -> None:
+    policy = await policy_of(db)
+    kept, lost = row_values(), row_values()
+
+    def unit(tx: Tx) -> str:
+        tx.insert_entity(policy, kept)
+        with pytest.raises(RuntimeError), tx.savepoint():
+            tx.insert_entity(policy, lost)
+            raise RuntimeError("undo me")
+        with pytest.raises(RAW_ERRORS), tx.savepoint():
+            tx.insert_entity(policy, kept)  # a duplicate key fails inside its savepoint
+        return "ok"
+
+    assert await db.write(unit) == "ok"
+    got = await db.read(lambda tx: tx.statuses(policy, [kept["id"], lost["id"]]))
+    assert got == {kept["id"]: "queued"}
+
+
+async def test_worker_rows(db: StateDB) -> None:
+    await db.write(lambda tx: tx.upsert_worker("w1", '["gpu"]', '["host"]', 5.0, "h", 42))
+    await db.write(lambda tx: tx.upsert_worker("w1", '["gpu"]', '["host"]', 7.0, "h", 43))
+    assert await db.read(lambda tx: tx.worker_heartbeat("w1")) == 7.0
+    assert await db.read(lambda tx: tx.worker_heartbeat("nobody")) is None
+    assert await db.read(lambda tx: tx.workers()) == [
+        {"worker_id": "w1", "hostname": "h", "pid": 43, "last_heartbeat_at": 7.0}]
+
+
+async def test_queue_scans(db: StateDB) -> None:
+    policy = await policy_of(db)
+    rows = [
+        row_values(id="q1", queued_at=1.0),
+        row_values(id="q2", queued_at=2.0, action_kind="skipme"),
+        row_values(id="q3", queued_at=3.0, concurrency_key="h:gpu"),
+        row_values(id="r1", status="running", leased_by="w1", lease_expires_at=5.0,
+                   lease_token="t", lease_attempts=1, concurrency_key="h:gpu"),
+        row_values(id="r2", status="running", leased_by="w2", lease_expires_at=50.0),
+        row_values(id="rw", status="retry_wait", retry_due_at=4.0),
+    ]
+    for r in rows:
+        await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
+    page = await db.read(lambda tx: tx.claim_page(policy, ["skipme"], (float("-inf"), ""), 10))
+    assert [r["id"] for r in page] == ["q1", "q3"]
+    assert set(page[0]) == set(CANDIDATE_COLUMNS)
+    page = await db.read(lambda tx: tx.claim_page(policy, [], (1.0, "q1"), 1))
+    assert [r["id"] for r in page] == ["q2"]
+    expired = await db.read(lambda tx: tx.expired_leases(policy, 10.0))
+    assert [r["id"] for r in expired] == ["r1"] and set(expired[0]) == set(EXPIRED_COLUMNS)
+    assert await db.read(lambda tx: tx.expired_leases(policy, 100.0, limit=1)) != []
+    assert [r["id"] for r in await db.read(lambda tx: tx.due_retries(policy, 4.0))] == ["rw"]
+    assert await db.read(lambda tx: tx.due_retries(policy, 3.9)) == []
+    assert await db.read(lambda tx: tx.running_keys(policy)) == {"h:gpu"}
+    assert await db.read(lambda tx: tx.key_running(policy, "h:gpu"))
+    assert not await db.read(lambda tx: tx.key_running(policy, "h:other"))
+    leases = await db.read(lambda tx: tx.lease_rows(policy, ["r1", "q1"]))
+    assert {r["id"]: r["leased_by"] for r in leases} == {"r1": "w1", "q1": None}
+    assert set(leases[0]) == set(LEASE_COLUMNS)
+    assert await db.read(lambda tx: tx.running_by_worker(policy)) == {"w1": 1, "w2": 1}
+    assert await db.read(lambda tx: tx.oldest_queued_at(policy)) == 1.0
+    assert (await db.read(lambda tx: tx.status_counts(policy))) == {
+        "queued": 3, "running": 2, "retry_wait": 1}
+    total, got = await db.read(lambda tx: tx.run_page(
+        policy, {"status": ["queued", "running"], "action_kind": ["k"]}, ("id", "status"), 2, 1))
+    assert total == 4 and len(got) == 2 and set(got[0]) == {"id", "status"}
+    assert await db.read(lambda tx: tx.ids_matching(policy, "q", suffix=False, limit=5)) == [
+        "q1", "q2", "q3"]
+    assert await db.read(lambda tx: tx.ids_matching(policy, "1", suffix=True, limit=5)) == [
+        "q1", "r1"]
+    assert await db.write(lambda tx: tx.try_lock_row(policy, "q1"))
+
+
+async def test_dependencies_and_settling(db: StateDB) -> None:
+    policy = await policy_of(db)
+    done, bad = await new_run(db), await new_run(db)
+    await db.write(lambda tx: tx.update_entity(
+        policy, bad, observed="queued", version=1, to_state="cancelled", changes={},
+        guards={}, returning=()))
+    waits = {
+        "w-ok": [done], "w-bad": [done, bad], "w-none": [], "w-broken": "not json",
+    }
+    for rid, deps in waits.items():
+        text = deps if isinstance(deps, str) else dumps(deps)
+        if isinstance(deps, str) and db.dialect == "postgresql":
+            text = dumps({"not": "a list"})  # jsonb holds only JSON: the nearest breakage
+        values = row_values(id=rid, status="waiting_dependency", depends_on=text)
+        await db.write(lambda tx, v=values: tx.insert_entity(policy, v))
+    waiting = await db.read(lambda tx: tx.waiting_runs(policy, list(waits)))
+    assert {r[0] for r in waiting} == set(waits)
+    assert {r[0] for r in await db.read(lambda tx: tx.dependents_of(policy, done))} == {
+        "w-ok", "w-bad"}
+    # w-bad: a dependency ended badly; w-none: nothing to wait for; w-ok waits on "done",
+    # still queued. The broken row never settles.
+    assert set(await db.read(lambda tx: tx.settled_waiting(policy))) == {"w-bad", "w-none"}
+    n, sample = await db.read(lambda tx: tx.stuck_runs(policy, "waiting", 0.0, 0.0, 10))
+    assert n == 1 and sample[0][0] == "w-broken"
+
+
+async def test_stuck_kinds_all_answer(db: StateDB) -> None:
+    policy = await policy_of(db)
+    for kind in STUCK_KINDS:
+        n, sample = await db.read(lambda tx, k=kind: tx.stuck_runs(policy, k, 100.0, 1.0, 5))
+        assert (n, sample) == (0, [])
+    with pytest.raises(ValueError, match="unknown kind"):
+        await db.read(lambda tx: tx.stuck_runs(policy, "other", 0.0, 0.0, 1))
+
+
+async def test_schedules_and_rebuild_operations(db: StateDB) -> None:
+    policy = await policy_of(db)
+    await db.write(lambda tx: tx.ensure_schedule("s1", "nightly", 1.0))
+    await db.write(lambda tx: tx.ensure_schedule("s1", "other name", 2.0))  # no-op
+    assert await db.fetch_all("SELECT id, name FROM schedules") == [
+        {"id": "s1", "name": "nightly"}]
+    rid = await new_run(db)
+    rows = await db.read(lambda tx: list(tx.rows_in_id_order(policy)))
+    assert [r["id"] for r in rows] == [rid]
+
+    def wipe(tx: Tx) -> int:
+        tx.defer_constraints()
+        tx.delete_rows(policy)
+        return len(tx.statuses(policy, [rid]))
+
+    assert await db.write(wipe) == 0
+    await db.write(lambda tx: tx.notify_claimable())  # harmless everywhere
+    await db.write(lambda tx: tx.lock_key("h:gpu"))
+
+
+async def test_two_connections_race_one_compare_and_swap(db_target: str) -> None:
+    """Two handles (two connections, two processes' worth of isolation) move the same row
+    from the same version at once: exactly one applies, on either backend."""
+    from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
+
+    async with StateDB(db_target) as a, StateDB(db_target) as b:
+        rid = await new_run(a)
+        for attempt in range(20):
+            to = "running" if attempt % 2 == 0 else "queued"
+            frm = "queued" if to == "running" else "running"
+            patch = {"leased_by": "w", "lease_expires_at": 1.0} if to == "running" else {}
+            reason = "run.started.ok" if to == "running" else "run.queued.lease_expired"
+
+            def req(who: str, frm: str = frm, to: str = to, reason: str = reason,
+                    attempt: int = attempt) -> TransitionRequest:
+                return TransitionRequest(entity_type=RUN, entity_id=rid, from_state=frm,
+                                         to_state=to, reason=StateReason(code=reason),
+                                         actor=Actor(type="system", id=who),
+                                         idempotency_key=f"{who}-{attempt}")
+
+            results = await asyncio.gather(transition(a, req("a"), patch=patch),
+                                           transition(b, req("b"), patch=patch))
+            assert sorted(r.applied for r in results) == [False, True], (attempt, results)
+        from ledgerq.projections import verify
+
+        assert (await verify(a)).ok
