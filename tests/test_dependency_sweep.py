@@ -14,12 +14,6 @@ from ledgerq.queue import TaskApplication, promote_due, submit_task
 from ledgerq.queue.runs import move
 
 
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[StateDB]:
-    async with StateDB(tmp_path / "deps.db") as handle:
-        yield handle
-
-
 def task(**kw: Any) -> TaskApplication:
     return TaskApplication("command", {"argv": ["true"]}, "host", **kw)
 

@@ -71,10 +71,21 @@ async def test_guard_keys_that_are_not_strings_are_value_errors(db: StateDB) -> 
 async def test_exact_values_keep_row_equal_to_the_fold(db: StateDB) -> None:
     rid = await new_run(db, "running")
     res = await transition(db, request(RUN, rid, "running", "failed", "run.failed.exception"),
-                           patch={"exit_code": 2**63 - 1, "error_detail": "e\x00\u00e9",
+                           patch={"exit_code": 2**63 - 1, "error_detail": "e\u00e9\U0001f600",
                                   "ended_at": 1.5})
     assert res.applied
     assert (await verify(db)).ok
+
+
+async def test_text_with_a_nul_is_refused_on_every_backend(db: StateDB) -> None:
+    """PostgreSQL's text cannot hold NUL; SQLite's could, but the backends store alike."""
+    rid = await new_run(db, "running")
+    before = await fact_count(db)
+    for patch in ({"error_detail": "e\x00"}, {"error_detail": "\u00e9\x00"}):
+        with pytest.raises(InvalidInput, match="error_detail.*NUL"):
+            await transition(db, request(RUN, rid, "running", "failed",
+                                         "run.failed.exception"), patch=patch)
+    assert await fact_count(db) == before
 
 
 async def test_a_claim_without_a_lease_is_refused(db: StateDB) -> None:

@@ -22,12 +22,6 @@ from ledgerq.queue.worker import NO_LEASE, Executors, RunContext, claim_runs, ex
 NOW = 1_000_000.0
 
 
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[StateDB]:
-    async with StateDB(tmp_path / "fence.db") as handle:
-        yield handle
-
-
 async def test_a_returned_lease_cannot_finish_the_run_claimed_again_identically(
         db: StateDB) -> None:
     rid = await submit_task(db, TaskApplication("command", {"argv": ["true"]}, "host"), now=NOW)

@@ -35,8 +35,8 @@ NOW = 10_000.0
 
 
 @pytest.fixture
-async def qdb(tmp_path: Path) -> AsyncIterator[StateDB]:
-    async with StateDB(tmp_path / "q.db") as handle:
+async def qdb(db_target: str) -> AsyncIterator[StateDB]:
+    async with StateDB(db_target) as handle:
         yield handle
 
 

@@ -17,7 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.raw import RAW_ERRORS, raw, refusal
 from ledgerq import StateDB
+from ledgerq.errors import IntegrityViolation
 from ledgerq.codec import loads
 from ledgerq.lifecycle import Actor
 from ledgerq.projections import history, verify
@@ -40,8 +42,8 @@ OPERATOR = Actor(type="operator", id="alice")
 
 
 @pytest.fixture
-async def qdb(tmp_path: Path) -> AsyncIterator[StateDB]:
-    async with StateDB(tmp_path / "q.db") as handle:
+async def qdb(db_target: str) -> AsyncIterator[StateDB]:
+    async with StateDB(db_target) as handle:
         yield handle
 
 
@@ -286,20 +288,21 @@ async def test_ids_are_unique(qdb: StateDB) -> None:
     assert len(set(ids)) == 50
 
 
-async def test_row_and_creation_fact_commit_together(qdb: StateDB, tmp_path: Path) -> None:
+async def test_row_and_creation_fact_commit_together(qdb: StateDB) -> None:
     """If the fact cannot be written, the row is not written either."""
-    raw = sqlite3.connect(tmp_path / "q.db")
+    conn = raw(qdb.path)
+    create, undo = refusal(qdb.path, "refuse_facts", event="INSERT", message="no facts today",
+                           table="status_transitions")
     try:
-        raw.execute("CREATE TRIGGER refuse_facts BEFORE INSERT ON status_transitions "
-                    "BEGIN SELECT RAISE(ABORT, 'no facts today'); END")
-        raw.commit()
-        with pytest.raises(sqlite3.DatabaseError, match="no facts today"):
+        for statement in create:
+            conn.execute(statement)
+        with pytest.raises(IntegrityViolation, match="no facts today"):
             await submit_task(qdb, app(), now=NOW)
         assert await counts(qdb) == (0, 0)
-        raw.execute("DROP TRIGGER refuse_facts")
-        raw.commit()
+        for statement in undo:
+            conn.execute(statement)
     finally:
-        raw.close()
+        conn.close()
     await submit_task(qdb, app(), now=NOW)
     assert await counts(qdb) == (1, 1)
 
@@ -352,19 +355,18 @@ async def test_different_keys_insert_different_rows(qdb: StateDB) -> None:
     assert len({a, b, c, d}) == 4
 
 
-async def test_key_is_unique_in_the_database_itself(qdb: StateDB, tmp_path: Path) -> None:
+async def test_key_is_unique_in_the_database_itself(qdb: StateDB) -> None:
     rid = await submit_task(qdb, app(idempotency_key="k-1"), now=NOW)
-    raw = sqlite3.connect(tmp_path / "q.db")
+    conn = raw(qdb.path)
     try:
-        row = raw.execute("SELECT * FROM schedule_runs WHERE id = ?", (rid,)).fetchone()
-        cols = [d[0] for d in raw.execute("SELECT * FROM schedule_runs LIMIT 0").description]
-        values = dict(zip(cols, row, strict=True))
+        values = dict(await qdb.fetch_one("SELECT * FROM schedule_runs WHERE id = ?", (rid,))
+                      or {})
         values["id"] = str(uuid.uuid4())
-        with pytest.raises(sqlite3.IntegrityError):
-            raw.execute(f"INSERT INTO schedule_runs ({', '.join(values)}) "
-                        f"VALUES ({', '.join('?' * len(values))})", list(values.values()))
+        with pytest.raises(RAW_ERRORS, match="(?i)unique|duplicate"):
+            conn.execute(f"INSERT INTO schedule_runs ({', '.join(values)}) "
+                         f"VALUES ({', '.join('?' * len(values))})", tuple(values.values()))
     finally:
-        raw.close()
+        conn.close()
 
 
 async def test_concurrent_submitters_on_one_connection_make_one_row(qdb: StateDB) -> None:
@@ -374,8 +376,8 @@ async def test_concurrent_submitters_on_one_connection_make_one_row(qdb: StateDB
     assert await counts(qdb) == (1, 1)
 
 
-async def test_concurrent_submitters_on_two_connections_make_one_row(tmp_path: Path) -> None:
-    path = tmp_path / "q.db"
+async def test_concurrent_submitters_on_two_connections_make_one_row(db_target: str) -> None:
+    path = db_target
     async with StateDB(path) as one, StateDB(path) as two:
         for i in range(10):
             key = f"race-{i}"

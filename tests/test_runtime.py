@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from ledgerq import StateDB
+from ledgerq.store.sqltx import SqlTx
 from ledgerq.lifecycle import Actor
 from ledgerq.projections import history, rebuild, verify
 from ledgerq.queue import (
@@ -53,12 +54,12 @@ TERMINAL = {"completed", "failed", "timed_out", "skipped", "cancelled"}
 
 
 @pytest.fixture
-def rt_path(tmp_path: Path) -> Path:
-    return tmp_path / "runtime.db"
+def rt_path(db_target: str) -> str:
+    return db_target
 
 
 @pytest.fixture
-async def rdb(rt_path: Path) -> AsyncIterator[StateDB]:
+async def rdb(rt_path: str) -> AsyncIterator[StateDB]:
     async with StateDB(rt_path) as handle:
         yield handle
 
@@ -140,7 +141,7 @@ async def assert_clean(db: StateDB) -> None:
     assert report.ok, [str(d) for d in report.drift]
     doubles = await db.fetch_all(
         "SELECT entity_id, COUNT(*) AS n FROM status_transitions WHERE status IN "
-        f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING n > 1", tuple(TERMINAL))
+        f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING COUNT(*) > 1", tuple(TERMINAL))
     assert doubles == []
 
 
@@ -287,7 +288,7 @@ async def test_heartbeat_is_registered(rdb: StateDB, lock_dir: Path) -> None:
     assert "gpu" in got["advertised_capabilities"]
 
 
-async def test_in_process_submission_wakes_an_idle_worker(rdb: StateDB, rt_path: Path,
+async def test_in_process_submission_wakes_an_idle_worker(rdb: StateDB, rt_path: str,
                                                           lock_dir: Path) -> None:
     """poll_interval=5: a start within a second can only come from the wake-up."""
     rec = Recorder()
@@ -350,7 +351,7 @@ async def test_the_cooldown_never_slows_a_backlog_or_a_rested_worker(
     assert rested < 1.0, rested
 
 
-async def test_without_a_wakeup_the_worker_finds_work_by_polling(rdb: StateDB, rt_path: Path,
+async def test_without_a_wakeup_the_worker_finds_work_by_polling(rdb: StateDB, rt_path: str,
                                                                  lock_dir: Path) -> None:
     """A write the wake-up cannot see (another process) is found at the next short poll."""
     rec = Recorder()
@@ -411,7 +412,7 @@ class WorkerProcess:
 
 
 async def test_sigterm_requeues_what_does_not_finish_within_grace(
-        rdb: StateDB, rt_path: Path, lock_dir: Path, tmp_path: Path) -> None:
+        rdb: StateDB, rt_path: str, lock_dir: Path, tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     rid = await submit_task(rdb, cmd(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 30"]))
     wp = WorkerProcess(rt_path, lock_dir, "host:sigterm1", "--shutdown-grace", "0.3",
@@ -441,7 +442,7 @@ async def test_sigterm_requeues_what_does_not_finish_within_grace(
 
 
 async def test_sigterm_lets_a_short_run_finish_and_claims_nothing_more(
-        rdb: StateDB, rt_path: Path, lock_dir: Path, tmp_path: Path) -> None:
+        rdb: StateDB, rt_path: str, lock_dir: Path, tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     first = await submit_task(rdb, cmd(["sh", "-c", f"echo $$ > {pidfile}; sleep 1"]))
     wp = WorkerProcess(rt_path, lock_dir, "host:sigterm2", "--shutdown-grace", "15",
@@ -511,20 +512,19 @@ async def test_a_healthy_long_run_keeps_its_lease(rdb: StateDB, lock_dir: Path) 
     await assert_clean(rdb)
 
 
-async def test_concurrent_runs_share_one_lease_read_per_check(rdb: StateDB,
-                                                              lock_dir: Path) -> None:
+async def test_concurrent_runs_share_one_lease_read_per_check(
+        rdb: StateDB, lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """30 runs started at scattered moments still check their leases on the same
     boundaries: each check interval costs about one read for all of them, not one per
     run, and every renewal still lands before its lease would lapse."""
     lease_reads: list[int] = []
-    real = rdb.fetch_all
+    real = SqlTx.lease_rows
 
-    async def spy(sql: str, params: Any = ()) -> list[dict[str, Any]]:
-        if "lease_token FROM schedule_runs WHERE id IN" in sql:
-            lease_reads.append(len(params))
-        return await real(sql, params)
+    def spy(self: SqlTx, policy: Any, ids: Any) -> Any:
+        lease_reads.append(len(ids))
+        return real(self, policy, ids)
 
-    rdb.fetch_all = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(SqlTx, "lease_rows", spy)
     rec = Recorder()
     w = make_worker(rdb, lock_dir, execute=rec, capacity=30, lease_ttl=0.9, check_interval=0.1)
     ids = []
@@ -623,7 +623,7 @@ async def test_independent_runs_overlap(rdb: StateDB, lock_dir: Path) -> None:
     assert all(overlaps(a, b) for a in spans for b in spans)
 
 
-async def test_equal_keys_never_overlap_across_two_workers(rdb: StateDB, rt_path: Path,
+async def test_equal_keys_never_overlap_across_two_workers(rdb: StateDB, rt_path: str,
                                                            lock_dir: Path) -> None:
     rec = Recorder()
     apps = ([task(sleep=0.08, required_capabilities=[GPU]) for _ in range(6)]
@@ -654,7 +654,7 @@ async def test_equal_keys_never_overlap_across_two_workers(rdb: StateDB, rt_path
     await assert_clean(rdb)
 
 
-async def test_concurrent_claim_passes_take_one_run_per_key(rdb: StateDB, rt_path: Path) -> None:
+async def test_concurrent_claim_passes_take_one_run_per_key(rdb: StateDB, rt_path: str) -> None:
     await submit_many(rdb, [task(required_capabilities=[GPU]) for _ in range(5)], host="h")
     async with StateDB(rt_path) as other:
         passes = await asyncio.gather(

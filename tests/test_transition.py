@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from helpers import trace
 from ledgerq import StateDB
 from ledgerq.lifecycle import (
     VOCABULARY_ERROR,
@@ -35,14 +36,12 @@ DISPATCH = "dispatch"
 
 
 async def traced(db: StateDB) -> list[str]:
-    """Start recording every SQL statement the handle's connection executes."""
-    statements: list[str] = []
-    await db.run(lambda conn: conn.set_trace_callback(statements.append))
-    return statements
+    """Start recording every statement the named operations run (either backend)."""
+    return trace.start()
 
 
 async def untrace(db: StateDB) -> None:
-    await db.run(lambda conn: conn.set_trace_callback(None))
+    trace.stop()
 
 
 # ---------------------------------------------------------------- 1. validation before any read
@@ -398,8 +397,9 @@ async def test_applied_move_updates_row_and_appends_one_fact(db: StateDB) -> Non
                     lease_token=token,
                     lease_expires_at=1234.5, lease_attempts=1,
                     status_reason_code="run.started.ok", status_reason_summary="claimed",
-                    status_evidence_refs=json.dumps([{"kind": "lease", "ref": "L1"}],
-                                                    separators=(",", ":")))
+                    status_evidence_refs=after["status_evidence_refs"])
+    # JSON as the backend stores it (PostgreSQL's jsonb keeps its own spacing and order).
+    assert json.loads(after["status_evidence_refs"]) == [{"kind": "lease", "ref": "L1"}]
     assert after == expected
 
     assert await fact_count(db) == facts_before + 1

@@ -30,6 +30,9 @@ from typing import Any
 
 import pytest
 
+from helpers import trace
+from helpers.trace import count_writes
+from helpers.raw import raw, refusal
 from ledgerq import StateDB
 from ledgerq.errors import DatabaseGone
 from ledgerq.lifecycle import Actor, load_registry
@@ -68,14 +71,8 @@ REFUSAL = "refused by test trigger"
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "hard.db"
-
-
-@pytest.fixture
-async def db(path: Path) -> AsyncIterator[StateDB]:
-    async with StateDB(path) as handle:
-        yield handle
+def path(db_target: str) -> str:
+    return db_target
 
 
 def task(**kw: Any) -> TaskApplication:
@@ -90,7 +87,7 @@ async def ok(run: dict[str, Any]) -> tuple[int, str]:
     return 0, ""
 
 
-def make_worker(db: StateDB, tmp_path: Path, **kw: Any) -> Worker:
+def make_worker(db: StateDB, tmp_path: str, **kw: Any) -> Worker:
     opts: dict[str, Any] = {"poll_interval": 0.02, "shutdown_grace": 2.0, "execute": ok,
                             "lock_dir": tmp_path / "locks", "handle_signals": False}
     opts.update(kw)
@@ -129,17 +126,31 @@ async def all_in(db: StateDB, ids: list[str], state: str) -> bool:
     return all([await status(db, i) == state for i in ids])
 
 
+_UNDO: dict[str, list[str]] = {}
+
+
 async def refuse(db: StateDB, rid: str) -> str:
     """Make every UPDATE of run ``rid`` raise; returns the trigger's name (see allow())."""
     name = f"refuse_{uuid.uuid4().hex[:8]}"
-    await db.write(lambda c: c.execute(
-        f"CREATE TRIGGER {name} BEFORE UPDATE ON schedule_runs WHEN OLD.id = '{rid}' "
-        f"BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END"))
+    create, _UNDO[name] = refusal(db.path, name, event="UPDATE", message=REFUSAL, when_id=rid)
+    conn = raw(db.path)
+    try:
+        for statement in create:
+            conn.execute(statement)
+        if not conn.postgres:
+            conn.conn.commit()
+    finally:
+        conn.close()
     return name
 
 
 async def allow(db: StateDB, trigger: str) -> None:
-    await db.write(lambda c: c.execute(f"DROP TRIGGER {trigger}"))
+    conn = raw(db.path)
+    try:
+        for statement in _UNDO.pop(trigger):
+            conn.execute(statement)
+    finally:
+        conn.close()
 
 
 async def direct(db: StateDB, rid: str, src: str, dst: str, code: str,
@@ -189,7 +200,7 @@ def stuck_lines(caplog: pytest.LogCaptureFixture, rid: str) -> list[str]:
             r.getMessage()]
 
 
-def older_specs(tmp_path: Path) -> Registry:
+def older_specs(tmp_path: str) -> Registry:
     """The packaged specs without retry_wait: what an older (or trimmed) version loads."""
     spec_dir = tmp_path / "older-specs"
     shutil.copytree(packaged_specs_dir(), spec_dir)
@@ -219,7 +230,7 @@ def older_specs(tmp_path: Path) -> Registry:
 
 
 async def test_a_worker_whose_specs_lack_a_rows_state_still_claims_new_work(
-        path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        path: str, tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
     """The issue's reproduction: a due retry_wait row, and a worker whose specs lack
     retry_wait. Before, promotion raised on every tick before the claim step."""
     async with StateDB(path) as packaged:
@@ -254,11 +265,9 @@ async def test_the_reaper_skips_a_row_it_cannot_move_and_reaps_the_others(
     assert REFUSAL in stuck.rows[bad].reason
     assert len(stuck_lines(caplog, bad)) == 1
     # While it is skipped, nothing else expired: the pass does not even take the write lock.
-    statements: list[str] = []
-    await db.run(lambda c: c.set_trace_callback(statements.append))
+    writes = count_writes(db)
     assert await reap_expired_leases(db, stuck=stuck) == {"requeued": 0, "failed": 0}
-    await db.run(lambda c: c.set_trace_callback(None))
-    assert not [s for s in statements if s.startswith("BEGIN")], statements
+    assert writes == [], writes
     # Repaired and due for its retry: it is reaped, and reported as moving again.
     await allow(db, trigger)
     stuck.retry_after = 0
@@ -293,8 +302,10 @@ async def test_a_waiting_row_with_unreadable_depends_on_does_not_stop_the_sweep(
         db: StateDB) -> None:
     """json_each() on one row's bad JSON used to fail the sweep's query for every row."""
     broken = await submit_task(db, task(depends_on=[await submit_task(db, task())]))
+    # PostgreSQL's jsonb holds only JSON: there the nearest breakage is JSON that is no list.
+    garbage = "[not json" if db.dialect == "sqlite" else '{"not": "a list"}'
     await db.write(lambda c: c.execute(
-        "UPDATE schedule_runs SET depends_on = '[not json' WHERE id = ?", (broken,)))
+        "UPDATE schedule_runs SET depends_on = ? WHERE id = ?", (garbage, broken)))
     good = await settled_waiting(db)
     assert (await promote_due(db, stuck=StuckRows()))["released"] == 1
     assert (await status(db, good), await status(db, broken)) == ("queued",
@@ -358,7 +369,7 @@ async def test_a_raising_claim_one_is_logged_and_counted_lost(
 
 
 async def test_a_worker_reports_each_stuck_row_once_and_serves_everything_else(
-        db: StateDB, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        db: StateDB, tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
     """A stuck row in every pass; stuck_retry=0, so each pass tries each again and fails."""
     now = time.time()
     # Another worker, alive since before the rows fell due: its passes should have moved
@@ -393,7 +404,7 @@ async def test_a_worker_reports_each_stuck_row_once_and_serves_everything_else(
 
 
 async def test_a_failing_pass_does_not_stop_the_others_and_is_logged_once(
-        db: StateDB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        db: StateDB, tmp_path: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     calls = 0
     broken = True
@@ -456,7 +467,7 @@ def test_the_check_interval_follows_a_short_lease() -> None:
     assert 3 * check_interval_for(0.3) <= 0.3
 
 
-async def test_a_worker_with_a_one_second_lease_keeps_it(db: StateDB, tmp_path: Path) -> None:
+async def test_a_worker_with_a_one_second_lease_keeps_it(db: StateDB, tmp_path: str) -> None:
     w = make_worker(db, tmp_path, lease_ttl=1.0, execute=None)
     assert w.check_interval <= 1 / 3
     stop = asyncio.Event()
@@ -494,7 +505,7 @@ async def test_an_inconsistent_lease_and_check_interval_are_refused(
 
 
 async def test_cancel_and_timeout_log_no_asyncio_error_and_count_their_outcome(
-        db: StateDB, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        db: StateDB, tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR)
     w = make_worker(db, tmp_path, execute=None, check_interval=0.1)
     async with serving(w):
@@ -535,8 +546,9 @@ async def test_a_cancel_counts_as_cancelled_only_for_the_lease_it_ended(db: Stat
 # ---------------------------------------------------------------- 14. the database file goes away
 
 
+@pytest.mark.sqlite_only
 async def test_a_worker_stops_with_database_gone_when_its_file_is_deleted(
-        path: Path, tmp_path: Path) -> None:
+        path: str, tmp_path: str) -> None:
     pidfile = tmp_path / "child.pid"
     async with StateDB(path) as db:
         w = make_worker(db, tmp_path, execute=None, check_interval=0.1)
@@ -557,7 +569,8 @@ async def test_a_worker_stops_with_database_gone_when_its_file_is_deleted(
         await eventually(lambda: asyncio.sleep(0, not pid_alive(child)), what="child stopped")
 
 
-async def test_a_worker_stops_when_its_file_is_replaced(path: Path, tmp_path: Path) -> None:
+@pytest.mark.sqlite_only
+async def test_a_worker_stops_when_its_file_is_replaced(path: str, tmp_path: str) -> None:
     other = tmp_path / "other.db"
     async with StateDB(other):
         pass
@@ -571,8 +584,9 @@ async def test_a_worker_stops_when_its_file_is_replaced(path: Path, tmp_path: Pa
             await asyncio.wait_for(runner, 20)
 
 
+@pytest.mark.sqlite_only
 def test_ledgerq_worker_exits_nonzero_with_one_line_when_its_database_is_deleted(
-        path: Path, tmp_path: Path) -> None:
+        path: str, tmp_path: str) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ledgerq", "worker", "--db", str(path), "--quiet",
@@ -609,19 +623,17 @@ def pid_alive(pid: int) -> bool:
 
 async def test_a_limit_one_pass_over_a_deep_queue_reads_one_page(db: StateDB) -> None:
     await submit_many(db, [task()] * (10 * PAGE_SIZE))
-    pages: list[str] = []
-
-    def trace(conn: sqlite3.Connection) -> None:  # the scan runs on the read connection
-        conn.set_trace_callback(
-            lambda s: pages.append(s) if s.startswith("SELECT id, queued_at") else None)
-
-    await db.read(trace)
-    got = await claim_runs(db, worker_id="w1", limit=1, stuck=StuckRows())
-    assert len(got.claimed) == 1 and got.scanned == PAGE_SIZE
-    assert len(pages) == 1, pages
-    # With an affinity token the pass must rank every row: the same queue reads 10 pages.
-    pages.clear()
-    got = await claim_runs(db, worker_id="w1", limit=1, stuck=StuckRows(),
-                           advertised_capabilities=["warmed-cache"])
-    await db.read(lambda c: c.set_trace_callback(None))
+    statements = trace.start()
+    try:
+        got = await claim_runs(db, worker_id="w1", limit=1, stuck=StuckRows())
+        assert len(got.claimed) == 1 and got.scanned == PAGE_SIZE
+        pages = [q for q in statements if q.startswith("SELECT id, queued_at")]
+        assert len(pages) == 1, pages
+        # With an affinity token the pass must rank every row: the same queue reads 10 pages.
+        statements.clear()
+        got = await claim_runs(db, worker_id="w1", limit=1, stuck=StuckRows(),
+                               advertised_capabilities=["warmed-cache"])
+    finally:
+        trace.stop()
+    pages = [q for q in statements if q.startswith("SELECT id, queued_at")]
     assert len(got.claimed) == 1 and len(pages) == 10

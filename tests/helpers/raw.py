@@ -39,3 +39,27 @@ class Raw:
 
 def raw(target: str) -> Raw:
     return Raw(target)
+
+
+def refusal(target: str, name: str, *, event: str, message: str,
+            table: str = "schedule_runs", when_id: str | None = None
+            ) -> tuple[list[str], list[str]]:
+    """(statements that make ``event`` on ``table`` raise ``message``, statements that undo
+    it), in the target's dialect; ``when_id`` limits it to one row (UPDATE/DELETE only).
+
+    Both raise as a constraint would (SQLite's RAISE(ABORT), PostgreSQL's
+    integrity_constraint_violation), so the library sees the same error on either.
+    """
+    if target.startswith(("postgresql://", "postgres://")):
+        cond = f"OLD.id = '{when_id}'" if when_id is not None else "TRUE"
+        back = "OLD" if event == "DELETE" else "NEW"
+        return ([f"CREATE FUNCTION {name}_fn() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                 f"BEGIN IF {cond} THEN RAISE EXCEPTION '{message}' "
+                 f"USING ERRCODE = 'integrity_constraint_violation'; END IF; "
+                 f"RETURN {back}; END $$",
+                 f"CREATE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW "
+                 f"EXECUTE FUNCTION {name}_fn()"],
+                [f"DROP TRIGGER {name} ON {table}", f"DROP FUNCTION {name}_fn()"])
+    when = f" WHEN OLD.id = '{when_id}'" if when_id is not None else ""
+    return ([f"CREATE TRIGGER {name} BEFORE {event} ON {table}{when} "
+             f"BEGIN SELECT RAISE(ABORT, '{message}'); END"], [f"DROP TRIGGER {name}"])

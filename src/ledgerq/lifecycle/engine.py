@@ -54,7 +54,8 @@ def check_columns(policy: EntityPolicy, guard: dict[str, Any] | None,
             )
         for col, value in given.items():
             vtype = type(value)
-            if (value is None or vtype is bool or (vtype is str and value.isascii())
+            if (value is None or vtype is bool
+                    or (vtype is str and value.isascii() and "\x00" not in value)
                     or (vtype is int and _INT64_MIN <= value <= _INT64_MAX)):
                 continue  # the common case: a scalar that needs no further look
             problem = value_problem(value, json=col in policy.json_columns)
@@ -87,6 +88,9 @@ def value_problem(value: Any, *, json: bool) -> str | None:
             if not math.isfinite(item):
                 return f"{item!r} is not a finite number"
         elif isinstance(item, str):
+            if "\x00" in item:
+                # PostgreSQL text cannot hold NUL; refused on both backends alike.
+                return "text contains a NUL character"
             if not item.isascii():
                 try:
                     item.encode("utf-8")
@@ -223,7 +227,10 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     }
     for k, v in patch.items():
         changes[k] = to_sql(v)
-    patched = tuple(patch)
+    # Read back what the database stored of every column whose stored form may differ
+    # from what was sent (type affinity; PostgreSQL normalizes jsonb), so the fact records
+    # exactly what the row holds. Empty evidence is "[]" everywhere: not worth a column.
+    patched = (*patch, "status_evidence_refs") if reason.evidence_refs else tuple(patch)
     after = tx.update_entity(
         policy, entity_id, observed=observed, version=row[1],
         to_state=None if observed == to_state else to_state, changes=changes,
@@ -236,6 +243,8 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     # folding the log reproduces the row.
     for k in patched:
         changes[k] = after[k]
+    if whole_row:
+        changes["status_evidence_refs"] = after["status_evidence_refs"]
     version = row[1] + 1
     fact_id = new_id()
     _append_fact(tx, fact_id, policy.name, entity_id, observed, to_state, reason, actor,

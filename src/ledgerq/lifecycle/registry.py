@@ -23,7 +23,14 @@ from ledgerq.lifecycle.identifiers import (
     reason_code_problem,
 )
 from ledgerq.lifecycle.models import ActorType
-from ledgerq.lifecycle.spec import ColumnSpec, EdgeSpec, EntitySpec, SpecError, decode_spec
+from ledgerq.lifecycle.spec import (
+    ColumnSpec,
+    EdgeSpec,
+    EntitySpec,
+    SpecError,
+    SpecProblem,
+    decode_spec,
+)
 
 #: Tables ledgerq's own schema owns; no entity may project into them.
 RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invocations"})
@@ -236,10 +243,10 @@ class Registry:
 
 def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
     """Validate one decoded spec; raise SpecError naming every problem found."""
-    problems: list[str] = []
+    problems: list[SpecProblem] = []
 
     def bad(where: str, what: str) -> None:
-        problems.append(f"{source}: {where}: {what}")
+        problems.append(SpecProblem(source, where, what))
 
     states = list(spec.states)
     declared = set(states)
@@ -482,10 +489,10 @@ def load_registry(path: str | Path | None = None) -> Registry:
     elif root.is_dir():
         files = sorted(root.glob("*.toml"))
     else:
-        raise SpecError([f"{root}: no such spec file or directory"])
+        raise SpecError([SpecProblem.whole_file(root, "no such spec file or directory")])
     if not files:
-        raise SpecError([f"{root}: contains no *.toml spec files"])
-    problems: list[str] = []
+        raise SpecError([SpecProblem.whole_file(root, "contains no *.toml spec files")])
+    problems: list[SpecProblem] = []
     policies: list[EntityPolicy] = []
     for f in files:
         try:
@@ -498,38 +505,40 @@ def load_registry(path: str | Path | None = None) -> Registry:
     return Registry(policies)
 
 
-def cross_problems(policies: Iterable[EntityPolicy]) -> list[str]:
+def cross_problems(policies: Iterable[EntityPolicy]) -> list[SpecProblem]:
     """What no single spec file shows: names two specs (or ledgerq's schema) both claim.
 
     Every table and index lives in one namespace per database; ``CREATE ... IF NOT
     EXISTS`` would silently skip a second object of the same name, so a collision must
     be refused here rather than discovered as a missing index.
     """
-    problems: list[str] = []
+    problems: list[SpecProblem] = []
     policies = list(policies)
     seen_entity: dict[str, str] = {}
     owner: dict[str, str] = {n: "ledgerq's own schema" for n in RESERVED_OBJECTS}
     for p in policies:
         if p.name in seen_entity:
-            problems.append(f"{p.source}: $.entity: duplicate entity {p.name!r} "
-                            f"(also in {seen_entity[p.name]})")
+            problems.append(SpecProblem(p.source, "$.entity", f"duplicate entity {p.name!r} "
+                                        f"(also in {seen_entity[p.name]})"))
         seen_entity.setdefault(p.name, p.source)
         if p.table in owner and p.table not in RESERVED_TABLES:
-            problems.append(f"{p.source}: $.table: duplicate table {p.table!r} "
-                            f"(also in {owner[p.table]})")
+            problems.append(SpecProblem(p.source, "$.table", f"duplicate table {p.table!r} "
+                                        f"(also in {owner[p.table]})"))
         owner.setdefault(p.table, p.source)
     for p in policies:
         for i, ix in enumerate(p.indexes):
             if ix.name in owner:
-                problems.append(f"{p.source}: $.indexes[{i}].name: {ix.name!r} is already "
-                                f"a table or index name (in {owner[ix.name]})")
+                problems.append(SpecProblem(
+                    p.source, f"$.indexes[{i}].name",
+                    f"{ix.name!r} is already a table or index name (in {owner[ix.name]})"))
             owner.setdefault(ix.name, p.source)
     tables = {p.table for p in policies} | (RESERVED_TABLES - {"status_transitions", "workers"})
     for p in policies:
         for name, column in p.columns.items():
             if column.references is not None and column.references not in tables:
-                problems.append(f"{p.source}: $.columns.{name}.references: unknown table "
-                                f"{column.references!r}; known: {', '.join(sorted(tables))}")
+                problems.append(SpecProblem(
+                    p.source, f"$.columns.{name}.references",
+                    f"unknown table {column.references!r}; known: {', '.join(sorted(tables))}"))
     return problems
 
 

@@ -7,18 +7,63 @@ knows exactly which file and which item to fix.
 
 from __future__ import annotations
 
+import re
 import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
+#: msgspec puts the item after its message (``Expected `array`, got `str` - at `$.initial```)
+#: and says nothing when the item is the whole document.
+_MSGSPEC_AT = re.compile(r" - at `(\$[^`]*)`$")
+
+
+@dataclass(frozen=True, slots=True)
+class SpecProblem:
+    """One finding, kept apart so a caller (``ledgerq specs check --json``) need not parse
+    the sentence back into the file, the item and what is wrong with it.
+
+    ``path`` is a ``$``-pointer into the file; ``$`` alone when the finding is about the
+    whole file (unreadable, not TOML, no spec files at all).
+    """
+
+    file: str
+    path: str
+    message: str
+    #: The line as ``str(SpecError)`` has always worded it, when that is not
+    #: ``file: path: message`` (whole-file findings, msgspec's own sentences): callers
+    #: match on those lines.
+    wording: str | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def whole_file(cls, file: str | Path, message: str) -> SpecProblem:
+        return cls(str(file), "$", message, wording=f"{file}: {message}")
+
+    @classmethod
+    def from_msgspec(cls, file: str | Path, exc: msgspec.ValidationError) -> SpecProblem:
+        text = str(exc)
+        at = _MSGSPEC_AT.search(text)
+        path, message = (at.group(1), text[:at.start()]) if at is not None else ("$", text)
+        return cls(str(file), path, message, wording=f"{file}: {text}")
+
+    def __str__(self) -> str:
+        if self.wording is not None:
+            return self.wording
+        return f"{self.file}: {self.path}: {self.message}"
+
 
 class SpecError(ValueError):
-    """A spec file (or a set of them) is invalid; ``problems`` lists every finding."""
+    """A spec file (or a set of them) is invalid; ``problems`` lists every finding.
 
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+    The message is one line per problem, so an error that reaches a log or a traceback
+    still names every file and item.
+    """
+
+    def __init__(self, problems: Iterable[SpecProblem]) -> None:
+        self.problems: list[SpecProblem] = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
 
 
 class StateSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -80,13 +125,13 @@ def decode_spec(path: Path) -> EntitySpec:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise SpecError([f"{path}: cannot read: {exc.strerror}"]) from exc
+        raise SpecError([SpecProblem.whole_file(path, f"cannot read: {exc.strerror}")]) from exc
     try:
         # tomllib first: its errors carry line and column, msgspec's TOML errors do not.
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError([f"{path}: not valid TOML: {exc}"]) from exc
+        raise SpecError([SpecProblem.whole_file(path, f"not valid TOML: {exc}")]) from exc
     try:
         return msgspec.convert(data, type=EntitySpec)
     except msgspec.ValidationError as exc:
-        raise SpecError([f"{path}: {exc}"]) from exc
+        raise SpecError([SpecProblem.from_msgspec(path, exc)]) from exc

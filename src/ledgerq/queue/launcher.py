@@ -104,7 +104,10 @@ class _Tail:
             os.close(self.fd)
 
     def text(self) -> str:
-        return b"".join(self.chunks)[-self.limit:].decode(errors="replace")
+        # A NUL is no text either backend stores the same (PostgreSQL refuses it): it is
+        # recorded as U+FFFD, like any byte that is not UTF-8.
+        return b"".join(self.chunks)[-self.limit:].decode(errors="replace").replace(
+            "\x00", "\ufffd")
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

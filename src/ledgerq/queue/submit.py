@@ -38,6 +38,9 @@ def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
             host: str, actor: Actor) -> str:
     fingerprint = digest(app)
     if app.idempotency_key is not None:
+        # Concurrent submits of one key (other connections, other hosts) wait here for
+        # each other, so the second sees the first's row instead of colliding with it.
+        tx.lock_key(f"idempotency:{app.idempotency_key}")
         existing = tx.run_by_idempotency_key(policy, app.idempotency_key)
         if existing is not None:
             if existing["application_digest"] != fingerprint:

@@ -1,0 +1,141 @@
+"""The database (and spec set) a command runs against, and the loop it runs on.
+
+Every command opens its database through :func:`open_db` so that each way a database can
+fail (missing, unopenable, damaged, gone mid-command) ends as the same one line and the
+same exit code whichever command met it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
+
+import typer
+
+from ledgerq.cli.failures import DOMAIN_FAILURE, database_message, die
+from ledgerq.errors import DatabaseError, DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from ledgerq.lifecycle.registry import Registry
+    from ledgerq.store.db import StateDB, Synchronous
+
+T = TypeVar("T")
+
+DEFAULT_DB = "ledgerq.db"
+DB_ENV = "LEDGERQ_DB"
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", help=f"Database: a SQLite file, or a postgresql:// URL (env {DB_ENV}; "
+                 f"default ./{DEFAULT_DB}).", show_default=False),
+]
+
+
+#: aiosqlite names each connection's thread after its target function.
+_DB_THREAD_SUFFIX = "(_connection_worker_thread)"
+#: Bounds the wait for those threads (each needs one loop turn to finish; a live
+#: connection never would, and must not hang the exit).
+_DB_THREAD_GRACE = 5.0
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run``, but the loop closes only after aiosqlite's threads have finished.
+
+    A connection that fails to open (``--db`` under a missing directory) leaves its
+    thread to post one last result to the loop; when ``die()`` ended the loop first,
+    that thread died with a 24-line "Event loop is closed" traceback after our one line.
+    """
+
+    async def settled() -> T:
+        before = set(threading.enumerate())
+        try:
+            return await coro
+        finally:
+            deadline = time.monotonic() + _DB_THREAD_GRACE
+            for thread in set(threading.enumerate()) - before:
+                if not thread.name.endswith(_DB_THREAD_SUFFIX):
+                    continue
+                while thread.is_alive() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+
+    return asyncio.run(settled())
+
+
+def db_path(ctx: typer.Context, db: str | None) -> str:
+    """--db on the command, else --db before it, else $LEDGERQ_DB, else ./ledgerq.db."""
+    if db is not None:
+        return db
+    root = ctx.find_root().obj
+    if isinstance(root, dict) and root.get("db") is not None:
+        return str(root["db"])
+    return os.environ.get(DB_ENV) or DEFAULT_DB
+
+
+def root_specs(ctx: typer.Context) -> Path | None:
+    """The spec directory given before the command (``ledgerq --specs DIR ...``), if any."""
+    root = ctx.find_root().obj
+    specs = root.get("specs") if isinstance(root, dict) else None
+    return Path(specs) if specs is not None else None
+
+
+def load_specs(specs: Path | None) -> Registry:
+    from ledgerq.lifecycle.registry import default_registry, load_registry
+    from ledgerq.lifecycle.spec import SpecError
+
+    if specs is None:
+        return default_registry()
+    try:
+        return load_registry(specs)
+    except SpecError as exc:
+        die(f"{specs} is not a valid spec set ({len(exc.problems)} problem(s)); "
+            f"run `ledgerq specs check {specs}`", DOMAIN_FAILURE)
+
+
+@asynccontextmanager
+async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
+                  readonly: bool = False) -> AsyncIterator[StateDB]:
+    """Open the database with the root options: the spec directory and ``--synchronous``.
+
+    Read commands pass ``readonly=True``: the file is opened read-only and never written
+    (no schema, no WAL switch), so a user who may only read it can still run them.
+    Every database failure of a command ends here as one line: a path SQLite cannot open
+    is a usage error (exit 2); a damaged file, one without ledgerq's schema, or anything
+    failing after the open is a database failure (exit 1). Never a traceback.
+    """
+    from ledgerq.store.db import StateDB, is_postgres
+
+    if must_exist and not is_postgres(path) and path != ":memory:" and not Path(path).exists():
+        die(f"no database at {path} (pass --db or set {DB_ENV}; submit and worker create one)")
+    specs = root_specs(ctx)
+    registry = load_specs(specs) if specs is not None else None
+    root = ctx.find_root().obj
+    synchronous = (root.get("synchronous") if isinstance(root, dict) else None) or "NORMAL"
+    try:
+        # StateDB checks the value (any case) and names the accepted ones if it is wrong.
+        db = StateDB(path, registry=registry, synchronous=cast("Synchronous", synchronous),
+                     readonly=readonly)
+    except ValueError as exc:
+        die(f"--synchronous: {exc}")
+    try:
+        await db.open()
+    except DatabaseUnavailable as exc:
+        die(f"cannot open database {exc}")
+    except DatabaseError as exc:
+        die(database_message(exc, path), DOMAIN_FAILURE)
+    failure: BaseException | None = None
+    try:
+        yield db
+    except DatabaseError as exc:
+        failure = exc
+    finally:
+        try:
+            await db.close()
+        except DatabaseError as exc:
+            failure = failure or exc
+    if failure is not None:
+        die(database_message(failure, path), DOMAIN_FAILURE)

@@ -1,0 +1,89 @@
+"""How the command shows things: one escaping rule for every human-readable value, one
+JSON writer for every ``--json``.
+
+Kept in one module so a new command cannot print a stored value without the escaping
+(a run's args or error detail may hold terminal escape sequences).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+#: Off a terminal rich assumes 80 columns and squeezes tables; give them room instead.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
+#: emoji=False: a stored ":smile:" is shown as typed (values go in as Text, never markup).
+out = Console(highlight=False, width=_WIDTH, emoji=False)
+err_console = Console(stderr=True, highlight=False, emoji=False)
+
+STATUS_STYLE = {
+    "queued": "blue", "waiting_dependency": "magenta", "running": "cyan",
+    "retry_wait": "yellow", "completed": "green", "failed": "red", "timed_out": "red",
+    "skipped": "dim", "cancelled": "yellow",
+}
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+#: What a terminal may act on instead of showing: C0 controls (ESC starts a sequence that
+#: can clear the screen or retitle the window), DEL, C1 controls (CSI and OSC alone), the
+#: bidirectional overrides and isolates that reorder what is shown, line/paragraph
+#: separators, and lone surrogates (undecodable bytes; stdout cannot even encode them).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                     "\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: object) -> str:
+    """``value`` as text a terminal shows literally: every unsafe character as ``\\xNN``.
+
+    Every human-readable output runs what came from the database or a user (ids, kinds,
+    args, error details, reason summaries, actors, worker ids, spec problems) through
+    this one function; ``--json`` output keeps the exact strings (JSON escapes them).
+    """
+    return _UNSAFE.sub(_escape_char, value if isinstance(value, str) else str(value))
+
+
+def cell(value: object, style: str = "") -> Text:
+    """A value for a rich table or print: escaped, and a Text, so "[red]" is never markup."""
+    return Text(printable(value), style=style)
+
+
+def styled_status(status: str | None) -> Text:
+    return cell(status or "", STATUS_STYLE.get(status or "", ""))
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def fmt_ts(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    return f"{hours // 24}d {hours % 24}h"

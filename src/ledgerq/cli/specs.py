@@ -1,0 +1,117 @@
+"""``ledgerq specs``: check, draw and document the lifecycle spec files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ledgerq.cli.app import app
+from ledgerq.cli.db import load_specs, root_specs
+from ledgerq.cli.failures import DOMAIN_FAILURE, die
+from ledgerq.cli.render import JsonOption, emit_json, printable
+
+specs_app = typer.Typer(help="Validate, draw and document the lifecycle spec files.",
+                        no_args_is_help=True)
+app.add_typer(specs_app, name="specs")
+
+SpecsOption = Annotated[
+    Path | None,
+    typer.Option("--specs", help="Spec directory (or file) (default: the packaged specs).",
+                 show_default=False, exists=True),
+]
+
+
+@specs_app.command("check")
+def specs_check(
+    ctx: typer.Context,
+    directory: Annotated[Path | None, typer.Argument(
+        help="Spec directory or file (default: the packaged specs).", show_default=False,
+        exists=True, metavar="DIR")] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Validate spec files; every problem on its own line as FILE: $.PATH: MESSAGE (exit 1)."""
+    from ledgerq.lifecycle.registry import load_registry, packaged_specs_dir
+    from ledgerq.lifecycle.spec import SpecError
+
+    root = directory or root_specs(ctx) or packaged_specs_dir()
+    files = [str(root)] if root.is_file() else [str(f) for f in sorted(root.glob("*.toml"))]
+    try:
+        registry = load_registry(root)
+    except SpecError as exc:
+        if json_out:
+            emit_json({"ok": False, "dir": str(root), "files": files, "entities": [],
+                       "problems": [{"file": p.file, "path": p.path, "message": p.message}
+                                    for p in exc.problems]})
+        else:
+            for p in exc.problems:
+                typer.echo(printable(f"{p.file}: {p.path}: {p.message}"))
+            sys.stderr.write(f"ledgerq: error: {len(exc.problems)} problem(s) in {root}\n")
+        raise typer.Exit(DOMAIN_FAILURE) from None
+    if json_out:
+        emit_json({"ok": True, "dir": str(root), "files": files,
+                   "entities": sorted(registry.entities), "problems": []})
+    else:
+        names = ", ".join(sorted(registry.entities))
+        typer.echo(f"ok: {len(files)} file(s), {len(registry.entities)} entities ({names}) "
+                   f"in {root}")
+
+
+@specs_app.command("graph")
+def specs_graph(
+    ctx: typer.Context,
+    entity: Annotated[str, typer.Argument(help="Entity name, e.g. schedule_run.",
+                                          show_default=False, metavar="ENTITY")],
+    specs: SpecsOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Print an entity's lifecycle as a mermaid stateDiagram."""
+    from ledgerq.lifecycle.docs import ordered_edges
+
+    registry = load_specs(specs or root_specs(ctx))
+    try:
+        policy = registry.entity(entity)
+    except ValueError as exc:
+        die(str(exc))
+    if json_out:
+        emit_json({
+            "entity": policy.name, "table": policy.table, "states": list(policy.states),
+            "initial": sorted(policy.initial), "terminal": sorted(policy.terminal),
+            "edges": [{"from": a, "to": b} for a, b in ordered_edges(policy)],
+            "mermaid": policy.mermaid(),
+        })
+    else:
+        sys.stdout.write(policy.mermaid())
+
+
+@specs_app.command("docs")
+def specs_docs(
+    ctx: typer.Context,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the pages go.",
+                                          file_okay=False)] = Path("docs/lifecycles"),
+    specs: SpecsOption = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Write nothing; exit 1 if any page is missing or stale.")] = False,
+) -> None:
+    """Generate <entity>.md per entity: mermaid diagram, states, edges, reason codes."""
+    from ledgerq.lifecycle.docs import render_all, stale_pages
+
+    registry = load_specs(specs or root_specs(ctx))
+    if check:
+        stale = stale_pages(registry, out_dir)
+        for name in stale:
+            typer.echo(f"stale: {out_dir / name}")
+        if stale:
+            die(f"{len(stale)} lifecycle page(s) out of date; run `ledgerq specs docs "
+                f"--out {out_dir}`", DOMAIN_FAILURE)
+        typer.echo(f"ok: {len(registry.entities)} page(s) in {out_dir} are up to date")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in render_all(registry).items():
+        target = out_dir / name
+        changed = not target.is_file() or target.read_text(encoding="utf-8") != text
+        if changed:
+            target.write_text(text, encoding="utf-8")
+        typer.echo(f"{'wrote' if changed else 'unchanged'} {target}")

@@ -1,0 +1,372 @@
+"""The commands about individual runs: ``submit``, ``ls``, ``show`` and ``cancel``."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shlex
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from ledgerq.cli.app import app
+from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run
+from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
+from ledgerq.cli.render import (
+    JsonOption,
+    cell,
+    emit_json,
+    err_console,
+    fmt_ts,
+    out,
+    printable,
+    styled_status,
+)
+from ledgerq.projections.read_models import run_status
+
+if TYPE_CHECKING:
+    from ledgerq.store.db import StateDB
+
+RUN_ENTITY = "schedule_run"
+#: Run ids are time-ordered (UUIDv7): the random part, and so the easy short piece, is the tail.
+ID_HELP = "Run id, or a unique prefix or suffix of 4+ characters."
+
+
+def current_user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "operator"
+
+
+def parse_json(raw: str, option: str) -> Any:
+    """JSON from an option, or one usage error naming the option.
+
+    The parser recurses: JSON nested thousands of levels deep raised a bare
+    RecursionError traceback before the application's depth limit could refuse it.
+    """
+    from ledgerq.queue.application import MAX_ARGS_DEPTH
+
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        die(f"{option} is not valid JSON: {exc}")
+    except RecursionError:
+        die(f"{option} is nested too deeply to parse (args may be nested at most "
+            f"{MAX_ARGS_DEPTH} levels)")
+
+
+def parse_arg(item: str) -> tuple[str, Any]:
+    """``key=value`` (a string) or ``key:=JSON`` (any JSON value)."""
+    eq = item.find("=")
+    if eq <= 0:
+        die(f"--arg {item!r}: expected key=value or key:=JSON")
+    if item[eq - 1] == ":":
+        key, raw = item[:eq - 1], item[eq + 1:]
+        if not key:
+            die(f"--arg {item!r}: expected key=value or key:=JSON")
+        return key, parse_json(raw, f"--arg {key}:=")
+    return item[:eq], item[eq + 1:]
+
+
+def build_args(args_json: str | None, pairs: list[str], argv: list[str] | None) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    if args_json is not None:
+        parsed = parse_json(args_json, "--args")
+        if not isinstance(parsed, dict):
+            die(f"--args must be a JSON object, got {type(parsed).__name__}")
+        args.update(parsed)
+    for item in pairs:
+        key, value = parse_arg(item)
+        args[key] = value
+    if argv is not None:
+        if "argv" in args:
+            die("argv given twice: in --args/--arg and as --argv or trailing arguments")
+        args["argv"] = argv
+    return args
+
+
+@app.command()
+def submit(
+    ctx: typer.Context,
+    kind: Annotated[str, typer.Argument(
+        help="Action kind: agent, flow, fanout, play (alias playbook), flow_yaml, engine, "
+             "workflow or command.", show_default=False, metavar="KIND")],
+    command: Annotated[list[str] | None, typer.Argument(
+        help="command tasks: the argv to run, after `--` (never run through a shell).",
+        show_default=False, metavar="ARGV")] = None,
+    target: Annotated[str, typer.Option(
+        "--target", "-t", help="Execution target: host, local_worktree, daytona, "
+                               "remote_agent or process.")] = "host",
+    arg: Annotated[list[str] | None, typer.Option(
+        "--arg", "-a", help="One argument: key=value (a string) or key:=JSON. Repeatable.",
+        show_default=False)] = None,
+    args_json: Annotated[str | None, typer.Option(
+        "--args", help="All arguments as one JSON object (--arg entries override).",
+        show_default=False)] = None,
+    argv: Annotated[str | None, typer.Option(
+        "--argv", help="command tasks: the argv as one string, split like a shell would "
+                       "(shlex) but never run by one.", show_default=False)] = None,
+    cap: Annotated[list[str] | None, typer.Option(
+        "--cap", help="A required capability token. Repeatable.", show_default=False)] = None,
+    library_ref: Annotated[str | None, typer.Option(
+        "--library-ref", help="Provenance: library reference, stored verbatim.",
+        show_default=False)] = None,
+    library_hash: Annotated[str | None, typer.Option(
+        "--library-hash", help="Provenance: library content hash, stored verbatim.",
+        show_default=False)] = None,
+    idempotency_key: Annotated[str | None, typer.Option(
+        "--idempotency-key", help="Repeat-safe key: the same key and application return "
+                                  "the first run's id.", show_default=False)] = None,
+    retry_max: Annotated[int | None, typer.Option(
+        "--retry-max", help="Retry policy: attempts in total, the first run included.",
+        show_default=False)] = None,
+    retry_delay: Annotated[float | None, typer.Option(
+        "--retry-delay", help="Retry policy: seconds before the first retry (default 1).",
+        show_default=False)] = None,
+    retry_factor: Annotated[float | None, typer.Option(
+        "--retry-factor", help="Retry policy: backoff multiplier (default 2).",
+        show_default=False)] = None,
+    retry_max_delay: Annotated[float | None, typer.Option(
+        "--retry-max-delay", help="Retry policy: longest delay in seconds (default 3600).",
+        show_default=False)] = None,
+    retry_jitter: Annotated[float | None, typer.Option(
+        "--retry-jitter", help="Retry policy: ± spread as a fraction (default 0.1).",
+        show_default=False)] = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", help="Seconds the run may execute before it is killed (timed_out).",
+        show_default=False)] = None,
+    depends_on: Annotated[list[str] | None, typer.Option(
+        "--depends-on", help="A run id that must complete first. Repeatable.",
+        show_default=False)] = None,
+    db: DbOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Submit one task; prints its run id. Validated exactly like submit_task()."""
+    from ledgerq.queue.application import RetryPolicy, TaskApplication, validate
+
+    if command and argv is not None:
+        die("give the argv either as --argv or after `--`, not both")
+    argv_list: list[str] | None = list(command) if command else None
+    if argv is not None:
+        try:
+            argv_list = shlex.split(argv)
+        except ValueError as exc:
+            die(f"--argv cannot be split: {exc}")
+    if argv_list is not None and kind != "command":
+        die(f"an argv is only for command tasks, not {kind!r}; use --arg/--args")
+    args = build_args(args_json, arg or [], argv_list)
+    retry = None
+    extras = {"--retry-delay": retry_delay, "--retry-factor": retry_factor,
+              "--retry-max-delay": retry_max_delay, "--retry-jitter": retry_jitter}
+    if retry_max is None:
+        given = [name for name, value in extras.items() if value is not None]
+        if given:
+            die(f"{given[0]} needs --retry-max")
+    else:
+        fields: dict[str, Any] = {"max_attempts": retry_max,
+                                  "base_delay": 1.0 if retry_delay is None else retry_delay}
+        for name, value in (("factor", retry_factor), ("max_delay", retry_max_delay),
+                            ("jitter", retry_jitter)):
+            if value is not None:
+                fields[name] = value
+        try:
+            retry = RetryPolicy(**fields)
+        except ValueError as exc:
+            die(str(exc))
+    application = TaskApplication(
+        action_kind=kind, args=args, execution_target=target,
+        required_capabilities=list(cap or []), library_ref=library_ref,
+        library_content_hash=library_hash, idempotency_key=idempotency_key, retry=retry,
+        timeout_seconds=timeout, depends_on=tuple(depends_on or ()),
+    )
+    try:
+        validate(application)
+    except (ValueError, TypeError) as exc:
+        die(str(exc))
+    path = db_path(ctx, db)
+
+    async def go() -> tuple[str, str]:
+        from ledgerq.queue.submit import submit_task
+
+        async with open_db(ctx, path, must_exist=False) as handle:
+            try:
+                run_id = await submit_task(handle, application)
+            except ValueError as exc:
+                die(str(exc))
+            return run_id, await run_status(handle, run_id) or ""
+
+    run_id, status = run(go())
+    if json_out:
+        emit_json({"id": run_id, "status": status})
+    else:
+        typer.echo(printable(run_id))
+
+
+@app.command("ls")
+def ls(
+    ctx: typer.Context,
+    status: Annotated[list[str] | None, typer.Option(
+        "--status", "-s", help="Only runs in this status. Repeatable.",
+        show_default=False)] = None,
+    kind: Annotated[list[str] | None, typer.Option(
+        "--kind", "-k", help="Only runs of this action kind. Repeatable.",
+        show_default=False)] = None,
+    target: Annotated[list[str] | None, typer.Option(
+        "--target", "-t", help="Only runs for this execution target. Repeatable.",
+        show_default=False)] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="Page size.")] = 50,
+    offset: Annotated[int, typer.Option("--offset", min=0, help="Runs to skip.")] = 0,
+    db: DbOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """List runs, newest first."""
+    from ledgerq.projections.read_models import SUMMARY_COLUMNS, list_runs
+    from ledgerq.queue.application import ACTION_ALIASES, ACTION_KINDS, EXECUTION_TARGETS
+
+    statuses = list(status or [])
+    check_choice("status", statuses, list(load_specs(root_specs(ctx)).entity(RUN_ENTITY).states))
+    kinds = [ACTION_ALIASES.get(k, k) for k in kind or []]
+    check_choice("action kind", kinds, list(ACTION_KINDS))
+    targets = list(target or [])
+    check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
+    path = db_path(ctx, db)
+
+    async def go() -> Any:
+        async with open_db(ctx, path, readonly=True) as handle:
+            return await list_runs(handle, statuses=statuses, kinds=kinds, targets=targets,
+                                   limit=limit, offset=offset)
+
+    page = run(go())
+    if json_out:
+        emit_json({"runs": page.runs, "total": page.total, "limit": page.limit,
+                   "offset": page.offset, "columns": list(SUMMARY_COLUMNS)})
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("ID", no_wrap=True, min_width=36)
+    for name in ("STATUS", "KIND", "TARGET", "CREATED", "EXIT", "WORKER", "REASON"):
+        table.add_column(name)
+    for r in page.runs:
+        table.add_row(cell(r["id"]), styled_status(r["status"]), cell(r["action_kind"]),
+                      cell(r["execution_target"] or ""), fmt_ts(r["created_at"]),
+                      "" if r["exit_code"] is None else cell(r["exit_code"]),
+                      cell(r["leased_by"] or ""), cell(r["status_reason_code"] or ""))
+    out.print(table)
+    shown = len(page.runs)
+    first = page.offset + 1 if shown else page.offset
+    more = (f"; --offset {page.offset + shown} for more"
+            if page.offset + shown < page.total else "")
+    err_console.print(f"[dim]{first}-{page.offset + shown} of {page.total} run(s), "
+                      f"newest first{more}[/dim]")
+
+
+async def _resolve(handle: StateDB, run_id: str) -> str:
+    from ledgerq.projections.read_models import resolve_run_id
+
+    text_option(run_id, "ID")
+    try:
+        return await resolve_run_id(handle, run_id)
+    except LookupError as exc:
+        die(str(exc).strip("'\""), DOMAIN_FAILURE)
+    except ValueError as exc:
+        die(str(exc))
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help=ID_HELP,
+                                          show_default=False, metavar="ID")],
+    db: DbOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Show one run: its row and its full fact history."""
+    from ledgerq.projections.read_models import get_run, run_history
+
+    path = db_path(ctx, db)
+
+    async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with open_db(ctx, path, readonly=True) as handle:
+            full = await _resolve(handle, run_id)
+            return await get_run(handle, full), await run_history(handle, full)
+
+    row, facts = run(go())
+    if json_out:
+        emit_json({"run": row, "history": facts})
+        return
+    head = Table(box=None, show_header=False, pad_edge=False)
+    head.add_column(style="bold", no_wrap=True)
+    head.add_column()
+    for col, value in row.items():
+        if value is None or value == "" or value == [] or value == {}:
+            continue
+        if col.endswith("_at") and isinstance(value, int | float):
+            shown: Text = cell(f"{fmt_ts(value)}  ({value:.3f})")
+        elif col == "status":
+            shown = styled_status(value)
+        elif isinstance(value, dict | list):
+            # ensure_ascii=False: a non-ASCII argument reads as itself; printable() then
+            # escapes only what a terminal would act on.
+            shown = cell(json.dumps(value, sort_keys=True, ensure_ascii=False))
+        else:
+            shown = cell(value)
+        head.add_row(cell(col), shown)
+    out.print(head)
+    out.print()
+    hist = Table(title=f"history ({len(facts)} facts)", title_justify="left",
+                 header_style="bold", box=None, pad_edge=False)
+    for name in ("V", "AT", "FROM", "TO", "REASON", "ACTOR", "SUMMARY"):
+        hist.add_column(name)
+    for f in facts:
+        hist.add_row(cell(f["entity_version"]), fmt_ts(f["created_at"]),
+                     cell(f["previous_status"] or "(created)"), styled_status(f["status"]),
+                     cell(f["reason_code"]), cell(f"{f['source']}:{f['actor']}"),
+                     cell(f["reason_summary"] or ""))
+    out.print(hist)
+
+
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help=ID_HELP,
+                                          show_default=False, metavar="ID")],
+    actor: Annotated[str | None, typer.Option(
+        "--actor", help="Operator id recorded on the fact (default: your user name).",
+        show_default=False)] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Summary recorded on the fact.")] = "",
+    db: DbOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Cancel a run that has not ended (a running one is stopped by its worker).
+
+    Exit 1 when it had already ended: the cancel is a conflict and writes nothing.
+    """
+    from ledgerq.lifecycle.models import Actor
+    from ledgerq.queue.submit import cancel_task
+
+    path = db_path(ctx, db)
+    # The actor and the summary are stored on the fact: text the database can hold.
+    who = Actor(type="operator", id=text_option(actor, "--actor") if actor
+                else text_option(current_user(), "the user name (LOGNAME/USER)"))
+    text_option(reason, "--reason")
+
+    async def go() -> tuple[str, str, bool, str]:
+        async with open_db(ctx, path) as handle:
+            full = await _resolve(handle, run_id)
+            before = await run_status(handle, full) or ""
+            try:
+                done = await cancel_task(handle, full, actor=who, summary=reason)
+            except LookupError as exc:
+                die(str(exc), DOMAIN_FAILURE)
+            after = await run_status(handle, full) or ""
+            return full, before, done, after
+
+    full, before, done, after = run(go())
+    if json_out:
+        emit_json({"id": full, "cancelled": done, "previous_status": before, "status": after})
+    if not done:
+        die(f"run {full} already ended ({after}); nothing cancelled", DOMAIN_FAILURE)
+    if not json_out:
+        typer.echo(printable(f"cancelled {full} (was {before})"))

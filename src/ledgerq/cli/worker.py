@@ -1,0 +1,130 @@
+"""``ledgerq worker``: the long-running process that claims and executes runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ledgerq.cli.app import app
+from ledgerq.cli.db import DbOption, db_path, open_db, run
+from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
+from ledgerq.cli.render import printable
+from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS, runtime
+
+
+@app.command()
+def worker(
+    ctx: typer.Context,
+    capacity: Annotated[int, typer.Option("--capacity", "-c", min=1,
+                                          help="Runs executed at once.")
+    ] = runtime.DEFAULT_CAPACITY,
+    cap: Annotated[list[str] | None, typer.Option(
+        "--cap", help="An advertised capability token. Repeatable.",
+        show_default=False)] = None,
+    target: Annotated[list[str] | None, typer.Option(
+        "--target", "-t", help="An execution target served. Repeatable (default: host).",
+        show_default=False)] = None,
+    poll_interval: Annotated[float, typer.Option(
+        "--poll-interval", min=0.001, help="Seconds between claim passes when idle.")
+    ] = runtime.DEFAULT_POLL_INTERVAL,
+    lease_ttl: Annotated[float, typer.Option(
+        "--lease-ttl", min=0.1, help="Lease length in seconds; renewed every third.")
+    ] = runtime.DEFAULT_WORKER_LEASE_TTL,
+    heartbeat_ttl: Annotated[float, typer.Option(
+        "--heartbeat-ttl", min=0.1, help="A worker silent this long claims nothing.")
+    ] = DEFAULT_HEARTBEAT_TTL_SECONDS,
+    shutdown_grace: Annotated[float, typer.Option(
+        "--shutdown-grace", min=0.0,
+        help="On SIGINT/SIGTERM, seconds running runs get before being requeued.")
+    ] = runtime.DEFAULT_SHUTDOWN_GRACE,
+    worker_id: Annotated[str | None, typer.Option(
+        "--worker-id", help="Worker id (default: host:<8 hex>).", show_default=False)] = None,
+    lock_dir: Annotated[Path | None, typer.Option(
+        "--lock-dir", help="Directory of the per-concurrency-key OS lock files "
+                           "(default: <tmp>/ledgerq-locks).",
+        show_default=False, file_okay=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q",
+                                        help="No per-run lines on stderr.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v",
+                                          help="Log the worker's INFO messages.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Run a worker until SIGINT/SIGTERM: claim, execute, renew leases, reap, retry.
+
+    On a signal it stops claiming, lets running runs finish within --shutdown-grace,
+    then stops their process groups and requeues them.
+    """
+    from ledgerq.queue.application import EXECUTION_TARGETS
+
+    targets = list(target or ["host"])
+    check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
+    # Both are stored (the workers table, every fact the worker writes): UTF-8 text only.
+    if worker_id is not None:
+        text_option(worker_id, "--worker-id")
+    for i, token in enumerate(cap or []):
+        text_option(token, f"--cap[{i}]")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    path = db_path(ctx, db)
+
+    async def go() -> None:
+        from ledgerq.queue.launcher import default_execute
+        from ledgerq.queue.runtime import DEFAULT_LOCK_DIR, Worker
+
+        async with open_db(ctx, path, must_exist=False) as handle:
+            holder: dict[str, str] = {}
+
+            def say(text: str) -> None:
+                if not quiet:
+                    stamp = datetime.now().strftime("%H:%M:%S.%f")[:-3]
+                    sys.stderr.write(printable(f"{stamp} {holder.get('id', '')} {text}") + "\n")
+                    sys.stderr.flush()
+
+            async def execute(row: dict[str, Any]) -> tuple[int, str]:
+                start = time.monotonic()
+                say(f"run {row['id']} start {row['action_kind']}")
+                try:
+                    code, detail = await default_execute(row)
+                except asyncio.CancelledError:
+                    say(f"run {row['id']} stopped after {time.monotonic() - start:.2f}s")
+                    raise
+                say(f"run {row['id']} exit {code} after {time.monotonic() - start:.2f}s")
+                return code, detail
+
+            w = Worker(handle, worker_id=worker_id, capacity=capacity,
+                       poll_interval=poll_interval, lease_ttl=lease_ttl,
+                       heartbeat_ttl=heartbeat_ttl, advertised_capabilities=list(cap or []),
+                       execution_targets=targets, execute=execute,
+                       lock_dir=lock_dir if lock_dir is not None else DEFAULT_LOCK_DIR,
+                       shutdown_grace=shutdown_grace)
+            holder["id"] = w.worker_id
+            # What the connection really runs with, read back: a durability setting that
+            # did not take must not be announced as if it had.
+            durability = await handle.durability()
+            sys.stderr.write(printable(
+                f"ledgerq worker {w.worker_id} (pid {os.getpid()}): capacity {capacity}, "
+                f"targets {','.join(targets)}, capabilities {','.join(cap or []) or '-'}, "
+                f"lease {lease_ttl:g}s, {durability}, "
+                f"db {path}") + "\n")
+            sys.stderr.flush()
+            await w.run()
+            summary = ", ".join(f"{n} {k}" for k, n in sorted(w.outcomes.items())) or "no runs"
+            sys.stderr.write(printable(f"ledgerq worker {w.worker_id} stopped: {summary}")
+                             + "\n")
+
+    from ledgerq.errors import DatabaseError
+
+    try:
+        run(go())
+    except ValueError as exc:
+        die(str(exc))
+    except DatabaseError as exc:  # the file was deleted, replaced or damaged under it
+        die(str(exc), DOMAIN_FAILURE)
