@@ -19,6 +19,7 @@ the caller does next safe. Wake-ups use ``LISTEN`` on a dedicated connection (ps
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
@@ -186,6 +187,10 @@ class PostgresBackend:
                 if committing or attempt == ATTEMPTS or not _connection_lost(exc):
                     raise _translate(exc) from exc
                 log.warning("connection lost (%s); running the unit again", exc)
+                # Its idle siblings likely died with it (a restart, a mass terminate):
+                # have the pool test them now rather than hand them out one by one.
+                with contextlib.suppress(Exception):
+                    pool.check()
                 time.sleep(0.05 * attempt)
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
