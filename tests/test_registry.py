@@ -290,10 +290,16 @@ def test_broken_spec_is_refused_naming_file_and_item(fixture: str, named: str | 
     assert len(err.problems) == 1, f"fixture should break exactly one rule: {err.problems}"
     problem = err.problems[0]
     named_file = str(BROKEN / (named or fixture))
-    assert problem.startswith(named_file + ": "), problem
-    assert item in problem, problem
-    assert fragment in problem, problem
-    assert problem in str(err)
+    # Structured, for a caller that renders them (``ledgerq specs check --json``) ...
+    assert problem.file == named_file, problem
+    assert problem.path == item.strip("`"), problem
+    assert fragment in problem.message, problem
+    # ... and one line each in the message, worded as it always was.
+    line = str(problem)
+    assert line.startswith(named_file + ": "), line
+    assert item in line, line
+    assert fragment in line, line
+    assert line in str(err).splitlines()
     assert isinstance(err, ValueError)
 
 
@@ -311,8 +317,9 @@ def test_malformed_toml_names_the_file_and_line() -> None:
     with pytest.raises(SpecError) as info:
         load_registry(path)
     (problem,) = info.value.problems
-    assert problem.startswith(f"{path}: not valid TOML")
-    assert "line 2" in problem
+    assert (problem.file, problem.path) == (str(path), "$")
+    assert str(problem).startswith(f"{path}: not valid TOML")
+    assert "line 2" in problem.message
 
 
 def test_missing_spec_dir_or_empty_dir_is_refused(tmp_path: Path) -> None:
@@ -328,8 +335,10 @@ def test_every_problem_in_a_directory_is_reported(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_registry(tmp_path)
     assert len(info.value.problems) == 2
-    assert any("edge_to_undeclared_state.toml: $.edges[1].to[1]" in p for p in info.value.problems)
-    assert any("malformed_reason_code.toml: $.reason_codes" in p for p in info.value.problems)
+    lines = [str(p) for p in info.value.problems]
+    assert any("edge_to_undeclared_state.toml: $.edges[1].to[1]" in p for p in lines)
+    assert any("malformed_reason_code.toml: $.reason_codes" in p for p in lines)
+    assert str(info.value) == "\n".join(lines)
 
 
 # ---------------------------------------------------------------- schema from spec

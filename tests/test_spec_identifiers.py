@@ -119,7 +119,7 @@ def test_duplicate_errors_name_entity_and_table_paths(tmp_path: Path) -> None:
     (tmp_path / "b.toml").write_text(BASELINE)
     with pytest.raises(SpecError) as info:
         load_registry(tmp_path)
-    problems = info.value.problems
+    problems = [str(p) for p in info.value.problems]
     assert any("b.toml: $.entity: duplicate entity 'widget'" in p for p in problems)
     assert any("b.toml: $.table: duplicate table 'widgets'" in p for p in problems)
 

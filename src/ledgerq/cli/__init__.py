@@ -32,6 +32,10 @@ from ledgerq.cli import specs  # noqa: F401
 from ledgerq.cli import demo  # noqa: F401
 # isort: on
 from ledgerq.cli.app import app, main, run_cli
+
+# ``run`` and ``_DB_THREAD_SUFFIX`` are not part of the interface (not in __all__);
+# tests/test_cli_errors.py reaches them through ``ledgerq.cli`` as it did when the CLI
+# was one module.
 from ledgerq.cli.db import _DB_THREAD_SUFFIX as _DB_THREAD_SUFFIX
 from ledgerq.cli.db import run as run
 from ledgerq.cli.render import cell, printable

@@ -8,7 +8,7 @@ from ledgerq.lifecycle.registry import (
     default_registry,
     load_registry,
 )
-from ledgerq.lifecycle.spec import SpecError
+from ledgerq.lifecycle.spec import SpecError, SpecProblem
 
 __all__ = [
     "VOCABULARY_ERROR",
@@ -16,6 +16,7 @@ __all__ = [
     "EntityPolicy",
     "Registry",
     "SpecError",
+    "SpecProblem",
     "StateReason",
     "TransitionRequest",
     "TransitionResult",
