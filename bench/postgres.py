@@ -1,0 +1,293 @@
+"""Task lifecycles per second on PostgreSQL: a plain-psycopg floor, PgQueuer, Procrastinate
+and (once its PostgreSQL backend opens) ledgerq, in one run on the local server.
+
+A lifecycle is: enqueue one task, a worker claims it, the worker marks it complete. Every
+measurement gets its own scratch database ``ledgerq_bench_<pid>_<k>``, created from the
+admin ``--dsn`` and dropped right after (any left by a failure are dropped at exit); no
+other database is touched. Scenarios (bench/pg_peers/harness.py has the details):
+
+  submit single  N submits, one transaction each, from one caller
+  submit bulk    N submits in one call / transaction
+  drain 1        N pre-filled tasks claimed and completed by 1 worker process
+  drain W        the same with W worker processes (--workers, default 4)
+  end to end     W idle workers while one caller submits N one at a time: N / (first
+                 submit .. Nth completion committed)
+
+Figures are tasks per second; for the drains and end to end, lifecycles per second.
+Completion is counted in the database (polled every 5 ms), never in the worker, so
+buffered completions (PgQueuer) count only once they commit. Worker processes start,
+import and connect before the clock starts.
+
+Systems:
+
+  floor          plain psycopg 3 (sync), the fewest statements and commits: INSERT per
+                 submit (COPY for bulk); claim = SELECT ... FOR UPDATE SKIP LOCKED + UPDATE
+                 to running in one transaction, complete = a second UPDATE transaction;
+                 one task in flight per process (bench/pg_peers/floor.py)
+  floor+log      the same plus one log row per state change, in the same transaction
+                 (ledgerq writes a fact per move)
+  PgQueuer       asyncpg driver, batch_size 25, completions buffered in memory (see
+                 bench/pg_peers/pgqueuer_peer.py for what that means for durability)
+  Procrastinate  psycopg async connector, concurrency 10 per worker process
+  ledgerq        StateDB(postgresql://...), submit_task / submit_many, Worker(capacity=10)
+
+Ratios are per scenario: ledgerq over PgQueuer and over the floors (when ledgerq ran),
+PgQueuer over the floors.
+
+    .venv/bin/python bench/postgres.py                  # all systems, N=2000 (~100 s)
+    .venv/bin/python bench/postgres.py --only pgqueuer --n 500
+"""
+
+# ruff: noqa: E402  (the imports below must follow the sys.path fix)
+from __future__ import annotations
+
+import os
+import sys
+
+# Python puts a script's own directory first on sys.path, where bench/queue.py would
+# shadow the standard library's ``queue`` (which asyncio and multiprocessing import).
+# Drop that entry before importing anything else; it comes back last, for pg_peers.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import argparse
+import asyncio
+import math
+import platform
+import tempfile
+import time
+from importlib import metadata
+from multiprocessing.synchronize import Barrier, Event
+from typing import Any
+
+import psycopg
+
+sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for pg_peers
+from pg_peers import floor  # importable only after the line above
+from pg_peers.harness import SCENARIOS, Peer, Scratch, measure
+
+SYSTEMS = ["floor", "floor+log", "pgqueuer", "procrastinate", "ledgerq"]
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+# =========================================================================== ledgerq
+# LEDGERQ: the system under test. Skipped (with a printed note) until
+# ledgerq.StateDB("postgresql://...") opens; the body below is the intended benchmark,
+# built only on the public API, in the same harness and scenarios as the peers.
+
+LEDGERQ_CAPACITY = 10
+LEDGERQ_DONE_SQL = "SELECT count(*) FROM schedule_runs WHERE status = 'completed'"
+
+
+def _ledgerq_app() -> Any:
+    from ledgerq.queue import TaskApplication
+
+    return TaskApplication("command", {"argv": ["true"]}, "host")
+
+
+async def _ledgerq_install(dsn: str) -> None:
+    from ledgerq import StateDB
+
+    async with StateDB(dsn):  # opening an empty database creates the schema
+        pass
+
+
+async def _ledgerq_submit(dsn: str, n: int, bulk: bool) -> float:
+    from ledgerq import StateDB
+    from ledgerq.queue import submit_many, submit_task
+
+    app = _ledgerq_app()
+    async with StateDB(dsn) as db:
+        t0 = time.perf_counter()
+        if bulk:
+            await submit_many(db, [app] * n)
+        else:
+            for _ in range(n):
+                await submit_task(db, app)
+        return time.perf_counter() - t0
+
+
+async def _noop_execute(run: dict[str, Any]) -> tuple[int, str]:
+    return 0, ""
+
+
+async def _ledgerq_serve(dsn: str, idx: int, barrier: Barrier, stop: Event) -> None:
+    from ledgerq import StateDB
+    from ledgerq.queue import Worker
+
+    with tempfile.TemporaryDirectory(prefix="ledgerq-bench-locks-") as lock_dir:
+        async with StateDB(dsn) as db:
+            worker = Worker(db, worker_id=f"bench-{idx}-{os.getpid()}",
+                            capacity=LEDGERQ_CAPACITY, execute=_noop_execute,
+                            lock_dir=lock_dir, handle_signals=False)
+            barrier.wait()
+            task = asyncio.create_task(worker.run())
+            # The parent decides when the scenario is over: it counts completed rows.
+            while not stop.is_set() and not task.done():
+                await asyncio.sleep(0.01)
+            await worker.stop()
+            await task
+
+
+def _ledgerq_worker(dsn: str, idx: int, barrier: Barrier, stop: Event) -> None:
+    asyncio.run(_ledgerq_serve(dsn, idx, barrier, stop))
+
+
+def _ledgerq_peer() -> Peer:
+    return Peer(
+        name="ledgerq",
+        install=lambda dsn: asyncio.run(_ledgerq_install(dsn)),
+        submit_single=lambda dsn, n: asyncio.run(_ledgerq_submit(dsn, n, bulk=False)),
+        submit_bulk=lambda dsn, n: asyncio.run(_ledgerq_submit(dsn, n, bulk=True)),
+        worker=_ledgerq_worker,
+        done_sql=LEDGERQ_DONE_SQL,
+    )
+
+
+def ledgerq_available(scratch: Scratch) -> str | None:
+    """None if StateDB opens a postgresql:// URL here, else why not."""
+    try:
+        import ledgerq  # noqa: F401
+    except Exception as exc:
+        return f"import ledgerq failed: {type(exc).__name__}: {exc}"
+    name, dsn = scratch.create()
+    try:
+        asyncio.run(_ledgerq_install(dsn))
+    except Exception as exc:
+        return f"StateDB(postgresql://...) did not open: {type(exc).__name__}: {exc}"
+    finally:
+        scratch.drop(name)
+    return None
+
+
+def run_ledgerq(dsn: str, n: int, workers: int = 4,
+                scratch: Scratch | None = None) -> dict[str, float]:
+    """LEDGERQ: lifecycles/s per scenario; {} (and a printed note) until the backend opens.
+
+    ``dsn`` is the admin DSN: every scenario runs in its own scratch database.
+    """
+    own = scratch is None
+    scratch = scratch if scratch is not None else Scratch(dsn)
+    try:
+        why = ledgerq_available(scratch)
+        if why is not None:
+            print(f"  ledgerq PostgreSQL backend not available ({why}); skipped")
+            return {}
+        return measure(_ledgerq_peer(), scratch, n, workers)
+    finally:
+        if own:
+            scratch.drop_all()
+
+
+# =========================================================================== report
+
+def _peer_for(system: str) -> Peer:
+    if system == "floor":
+        return floor.peer(log=False)
+    if system == "floor+log":
+        return floor.peer(log=True)
+    if system == "pgqueuer":
+        from pg_peers import pgqueuer_peer
+        return pgqueuer_peer.peer()
+    if system == "procrastinate":
+        from pg_peers import procrastinate_peer
+        return procrastinate_peer.peer()
+    raise ValueError(system)
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def _fmt(x: float | None, ratio: bool = False) -> str:
+    if x is None:
+        return "-"
+    if math.isnan(x):
+        return "failed"
+    return f"{x:.2f}x" if ratio else f"{x:,.0f}"
+
+
+def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
+    cols = [c.replace(" W", f" {workers}") for c in SCENARIOS]
+    width = max(len(c) for c in cols) + 2
+    label_w = 26
+
+    def line(label: str, cells: list[str]) -> None:
+        print(f"{label:<{label_w}}" + "".join(f"{c:>{width}}" for c in cells))
+
+    print()
+    line("tasks or lifecycles /s", cols)
+    line("-" * (label_w - 2), ["-" * (width - 2)] * len(cols))
+    names = {"floor": "floor (psycopg)", "floor+log": "floor + log row",
+             "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "ledgerq": "ledgerq"}
+    for system, row in results.items():
+        line(names[system], [_fmt(row.get(s)) for s in SCENARIOS])
+
+    ratios = [("ledgerq / PgQueuer", "ledgerq", "pgqueuer"),
+              ("ledgerq / floor + log", "ledgerq", "floor+log"),
+              ("ledgerq / floor", "ledgerq", "floor"),
+              ("PgQueuer / floor + log", "pgqueuer", "floor+log"),
+              ("PgQueuer / floor", "pgqueuer", "floor")]
+    printed = False
+    for label, a, b in ratios:
+        if not results.get(a) or not results.get(b):
+            continue
+        if not printed:
+            print()
+            printed = True
+        line(label, [_fmt(results[a][s] / results[b][s], ratio=True)
+                     if s in results[a] and s in results[b] else "-" for s in SCENARIOS])
+    print()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--n", type=int, default=2000, help="tasks per scenario (default 2000)")
+    ap.add_argument("--dsn", default=DEFAULT_DSN,
+                    help="admin DSN, used only to CREATE/DROP the scratch databases")
+    ap.add_argument("--only", choices=SYSTEMS, help="run one system")
+    ap.add_argument("--workers", type=int, default=4,
+                    help="worker processes for 'drain W' and 'end to end' (default 4)")
+    args = ap.parse_args()
+
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        settings = dict(conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name IN ('server_version', "
+            "'fsync', 'synchronous_commit', 'wal_sync_method', 'shared_buffers')").fetchall())
+    print(f"PostgreSQL {settings.get('server_version')} (fsync={settings.get('fsync')}, "
+          f"synchronous_commit={settings.get('synchronous_commit')}, "
+          f"wal_sync_method={settings.get('wal_sync_method')}); "
+          f"Python {platform.python_version()}, {os.cpu_count()} cores; "
+          f"N={args.n}, W={args.workers}")
+    print("versions: " + ", ".join(f"{d} {_version(d)}" for d in (
+        "psycopg", "psycopg-binary", "psycopg-pool", "asyncpg", "uvloop", "pgqueuer",
+        "procrastinate", "ledgerq")))
+
+    scratch = Scratch(args.dsn)
+    results: dict[str, dict[str, float]] = {}
+    t0 = time.perf_counter()
+    try:
+        # Untimed warm-up (connections, the server's caches, the WAL files): the first
+        # figure of a run came out several times below the same figure later on.
+        name, dsn = scratch.create()
+        floor.install(dsn)
+        floor.submit_single(dsn, min(args.n, 500), log=True)
+        scratch.drop(name)
+        for system in [args.only] if args.only else SYSTEMS:
+            if system == "ledgerq":
+                row = run_ledgerq(args.dsn, args.n, args.workers, scratch)
+                if row:
+                    results[system] = row
+            else:
+                results[system] = measure(_peer_for(system), scratch, args.n, args.workers)
+    finally:
+        scratch.drop_all()
+    print_table(results, args.workers)
+    print(f"total {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
