@@ -3,8 +3,6 @@ while they merely wait (workers run it every half second)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest

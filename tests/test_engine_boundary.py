@@ -82,7 +82,7 @@ async def test_text_with_a_nul_is_refused_on_every_backend(db: StateDB) -> None:
     rid = await new_run(db, "running")
     before = await fact_count(db)
     for patch in ({"error_detail": "e\x00"}, {"error_detail": "\u00e9\x00"}):
-        with pytest.raises(InvalidInput, match="error_detail.*NUL"):
+        with pytest.raises(InvalidInput, match=r"error_detail.*NUL"):
             await transition(db, request(RUN, rid, "running", "failed",
                                          "run.failed.exception"), patch=patch)
     assert await fact_count(db) == before

@@ -178,8 +178,9 @@ async def test_run_ids_submitted_in_sequence_sort_in_submission_order(db: StateD
             await asyncio.sleep(0.001)
     assert len({id_ms(i) for i in ids}) >= 6
     assert_sorted_by_millisecond(ids)
-    # The log's fact ids, in the order the facts were appended, sort the same way
-    # (SQLite's rowid is that order; PostgreSQL keeps none, so the creation time stands in).
-    order = "rowid" if db.dialect == "sqlite" else "created_at, entity_id, entity_version"
+    # The log's fact ids, in the order the facts were appended, sort the same way. SQLite's
+    # rowid is that order; on PostgreSQL a heap nobody updates or deletes from (the log is
+    # append-only) holds its rows in insertion order, so ctid is.
+    order = "rowid" if db.dialect == "sqlite" else "ctid"
     facts = await db.fetch_all(f"SELECT id FROM status_transitions ORDER BY {order}")
     assert_sorted_by_millisecond([f["id"] for f in facts])

@@ -7,11 +7,7 @@ token tells those two leases apart.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from ledgerq import StateDB
 from ledgerq.projections import verify

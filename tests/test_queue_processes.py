@@ -70,8 +70,8 @@ def test_several_worker_processes_run_every_task_exactly_once(tmp_path: Path,
                 "host") for token in tokens])
 
     ids = asyncio.run(setup())
-    procs = start_together([[str(HELPERS / "queue_worker_proc.py"), str(db_path), f"host{n}:proc-{n}",
-                             str(go), "3"] for n in range(4)], go)
+    procs = start_together([[str(HELPERS / "queue_worker_proc.py"), str(db_path),
+                             f"host{n}:proc-{n}", str(go), "3"] for n in range(4)], go)
     reports = [json.loads(out) for out in finish(procs)]
     assert sum(r["claimed"] for r in reports) == n_tasks
 

@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import math
 import socket
-import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,8 +18,8 @@ from hypothesis import strategies as st
 
 from helpers.raw import RAW_ERRORS, raw, refusal
 from ledgerq import StateDB
-from ledgerq.errors import IntegrityViolation
 from ledgerq.codec import loads
+from ledgerq.errors import IntegrityViolation
 from ledgerq.lifecycle import Actor
 from ledgerq.projections import history, verify
 from ledgerq.queue import (
@@ -362,7 +361,7 @@ async def test_key_is_unique_in_the_database_itself(qdb: StateDB) -> None:
         values = dict(await qdb.fetch_one("SELECT * FROM schedule_runs WHERE id = ?", (rid,))
                       or {})
         values["id"] = str(uuid.uuid4())
-        with pytest.raises(RAW_ERRORS, match="(?i)unique|duplicate"):
+        with pytest.raises(RAW_ERRORS, match=r"(?i)unique|duplicate"):
             conn.execute(f"INSERT INTO schedule_runs ({', '.join(values)}) "
                          f"VALUES ({', '.join('?' * len(values))})", tuple(values.values()))
     finally:

@@ -11,7 +11,6 @@ import inspect
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from helpers.trace import count_writes
 from ledgerq import StateDB
-from ledgerq.store.sqltx import SqlTx
 from ledgerq.lifecycle import Actor
 from ledgerq.projections import history, rebuild, verify
 from ledgerq.queue import (
@@ -43,6 +43,7 @@ from ledgerq.queue import (
 )
 from ledgerq.queue.locks import lock_path
 from ledgerq.queue.worker import LEASE_CHECK_SECONDS, Executors, RunContext, execute_claimed
+from ledgerq.store.sqltx import SqlTx
 
 HELPER = Path(__file__).parent / "helpers" / "runtime_worker.py"
 OPERATOR = Actor(type="operator", id="tester")
@@ -141,7 +142,8 @@ async def assert_clean(db: StateDB) -> None:
     assert report.ok, [str(d) for d in report.drift]
     doubles = await db.fetch_all(
         "SELECT entity_id, COUNT(*) AS n FROM status_transitions WHERE status IN "
-        f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING COUNT(*) > 1", tuple(TERMINAL))
+        f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING COUNT(*) > 1",
+        tuple(TERMINAL))
     assert doubles == []
 
 
@@ -377,18 +379,16 @@ async def test_an_idle_worker_polling_an_empty_queue_takes_no_write_lock(
     """Polling must not hold other processes' writers up: an idle pass takes no write lock."""
     rec = Recorder()
     w = make_worker(rdb, lock_dir, poll_interval=0.02, execute=rec)
-    statements: list[str] = []
     async with serving(w):
         await eventually(lambda: rdb.fetch_one(
             "SELECT 1 FROM workers WHERE worker_id = ?", (w.worker_id,)), what="first pass")
         await asyncio.sleep(0.1)
-        await rdb.run(lambda conn: conn.set_trace_callback(statements.append))
+        writes = count_writes(rdb)  # a write unit is what takes the write lock
         await asyncio.sleep(0.5)  # ~25 polls, with the reaper's and promoter's probes
-        idle = list(statements)
+        idle = list(writes)
         rid = await submit_task(rdb, task())  # then a submission still gets claimed
         await wait_status(rdb, rid, "completed")
-        await rdb.run(lambda conn: conn.set_trace_callback(None))
-    assert not [s for s in idle if s.startswith("BEGIN IMMEDIATE")], idle
+    assert idle == [], idle
     assert rec.calls == [rid]
 
 

@@ -23,7 +23,6 @@ import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hypothesis import event, settings

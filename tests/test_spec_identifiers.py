@@ -124,16 +124,34 @@ def test_duplicate_errors_name_entity_and_table_paths(tmp_path: Path) -> None:
     assert any("b.toml: $.table: duplicate table 'widgets'" in p for p in problems)
 
 
-def test_reserved_objects_are_every_name_the_base_schema_takes() -> None:
+async def test_reserved_objects_are_every_name_the_base_schemas_take(
+        pg_database: str) -> None:
+    """Every name ledgerq's own schema takes, on SQLite and on PostgreSQL (whose tables,
+    indexes, triggers and functions share what a spec may name), and no other."""
+    from helpers import pg
+    from ledgerq import StateDB
     from ledgerq.lifecycle.registry import RESERVED_OBJECTS
 
     conn = sqlite3.connect(":memory:")
     create_schema(conn, load_registry())
-    spec_names = {p.table for p in load_registry().policies()} | {
-        ix.name for p in load_registry().policies() for ix in p.indexes}
-    base = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")
-            if not r[0].startswith("sqlite_autoindex")} - spec_names
-    assert base == RESERVED_OBJECTS
+    policies = load_registry().policies()
+    spec_names = {p.table for p in policies} | {ix.name for p in policies for ix in p.indexes}
+    on_sqlite = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")
+                 if not r[0].startswith("sqlite_autoindex")} - spec_names
+    url = pg.create_schema(pg_database, "reserved_names")
+    try:
+        async with StateDB(url) as db:
+            names = await db.fetch_all(
+                "SELECT relname AS name FROM pg_class WHERE relnamespace = "
+                "'reserved_names'::regnamespace UNION SELECT proname FROM pg_proc WHERE "
+                "pronamespace = 'reserved_names'::regnamespace UNION SELECT tgname FROM "
+                "pg_trigger WHERE NOT tgisinternal")
+    finally:
+        pg.drop_schema(pg_database, "reserved_names")
+    pkeys = {f"{t}_pkey" for t in {p.table for p in policies} | {
+        "status_transitions", "workers", "schedules", "invocations", "ledgerq_schema"}}
+    on_postgres = {r["name"] for r in names} - spec_names - pkeys
+    assert on_sqlite | on_postgres == RESERVED_OBJECTS
 
 
 def test_an_index_named_like_a_table_or_another_index_is_refused(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ async def test_synchronous_full_is_selectable(db_path: Path) -> None:
 
 async def test_reads_use_a_query_only_connection_that_sees_committed_writes(
         db: StateDB) -> None:
-    with pytest.raises(DatabaseError, match="readonly|read-only"):
+    with pytest.raises(DatabaseError, match=r"readonly|read-only"):
         await db.read(lambda c: c.execute("DELETE FROM schedule_runs"))
     rid = await new_run(db)
     assert (await row(db, "schedule_runs", rid) or {})["id"] == rid
@@ -81,9 +81,9 @@ def test_bad_synchronous_is_refused(db_path: Path) -> None:
 
 
 async def test_foreign_keys_are_enforced(db: StateDB) -> None:
-    with pytest.raises(IntegrityViolation, match="(?i)FOREIGN KEY"):
+    with pytest.raises(IntegrityViolation, match=r"(?i)FOREIGN KEY"):
         await new_run(db, chain_parent_id="no-such-parent")
-    with pytest.raises(IntegrityViolation, match="(?i)FOREIGN KEY"):
+    with pytest.raises(IntegrityViolation, match=r"(?i)FOREIGN KEY"):
         await db.write(lambda c: c.execute(
             "INSERT INTO workers (worker_id, last_heartbeat_at, leased_run_id) "
             "VALUES ('w', 0, 'no-such-run')"))

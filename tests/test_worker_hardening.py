@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 
 from helpers import trace
-from helpers.trace import count_writes
 from helpers.raw import raw, refusal
+from helpers.trace import count_writes
 from ledgerq import StateDB
 from ledgerq.errors import DatabaseGone
 from ledgerq.lifecycle import Actor, load_registry

@@ -37,6 +37,9 @@ RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invo
 #: Every name ledgerq's own schema takes in the database's one namespace of tables,
 #: indexes and triggers (tests/test_spec_identifiers.py checks it against the DDL).
 RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
+    # PostgreSQL's schema also takes these (its metadata table, the append-only trigger
+    # function and the TRUNCATE trigger SQLite does not have).
+    "ledgerq_schema", "status_transitions_append_only", "status_transitions_no_truncate",
     "uq_status_transitions_version", "uq_status_transitions_idempotency",
     "status_transitions_no_update", "status_transitions_no_delete", "idx_workers_leased_run",
 })
@@ -525,6 +528,10 @@ def cross_problems(policies: Iterable[EntityPolicy]) -> list[SpecProblem]:
             problems.append(SpecProblem(p.source, "$.table", f"duplicate table {p.table!r} "
                                         f"(also in {owner[p.table]})"))
         owner.setdefault(p.table, p.source)
+    # PostgreSQL names each table's primary-key index <table>_pkey in the same namespace.
+    for table, source in list(owner.items()):
+        if table in RESERVED_TABLES or table in {p.table for p in policies}:
+            owner.setdefault(f"{table}_pkey", f"{source} (its primary key's index)")
     for p in policies:
         for i, ix in enumerate(p.indexes):
             if ix.name in owner:

@@ -40,7 +40,12 @@ from ledgerq.errors import (
 )
 from ledgerq.lifecycle.registry import Registry
 from ledgerq.operations import Tx
-from ledgerq.store.postgres.schema import required_tables, schema_statements
+from ledgerq.store.postgres.schema import (
+    META_DDL,
+    fingerprint,
+    required_tables,
+    schema_statements,
+)
 from ledgerq.store.postgres.tx import QUERIES, PostgresTx, qmark_to_psycopg
 
 log = logging.getLogger("ledgerq.postgres")
@@ -126,11 +131,26 @@ class PostgresBackend:
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
         """Every statement in one transaction behind an advisory lock: many hosts may
-        open a new database at once, and each sees either no schema or all of it."""
+        open a new database at once, and each sees either no schema or all of it.
+
+        A database whose recorded fingerprint matches this registry's DDL runs none of
+        it: ``CREATE INDEX IF NOT EXISTS`` and ``CREATE OR REPLACE TRIGGER`` take table
+        locks even when nothing changes, so a worker starting beside busy writers would
+        queue behind them (and once deadlocked with one).
+        """
+        want = fingerprint(self.registry)
+        current = _recorded_fingerprint(conn)
+        conn.rollback()
+        if current == want:
+            return
         with conn.transaction():
             conn.execute(QUERIES("schema_lock"))
+            if _recorded_fingerprint(conn) == want:
+                return  # another process created it while this one waited
             for statement in schema_statements(self.registry):
                 conn.execute(statement)
+            conn.execute(META_DDL)
+            conn.execute(QUERIES("record_fingerprint"), (want,))
 
     def _require_schema(self, conn: psycopg.Connection[Any]) -> None:
         wanted = required_tables(self.registry)
@@ -273,6 +293,13 @@ class PostgresBackend:
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
                 self._listen_stop.wait(delay)
                 delay = min(delay * 2, LISTEN_BACKOFF[1])
+
+
+def _recorded_fingerprint(conn: psycopg.Connection[Any]) -> str | None:
+    if not conn.execute(QUERIES("schema_recorded")).fetchone()[0]:  # type: ignore[index]
+        return None
+    row = conn.execute(QUERIES("schema_fingerprint")).fetchone()
+    return None if row is None else str(row[0])
 
 
 def _connection_lost(exc: psycopg.OperationalError) -> bool:

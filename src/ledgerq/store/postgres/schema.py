@@ -10,6 +10,8 @@ idempotent: opening a database that has the schema changes nothing.
 
 from __future__ import annotations
 
+import hashlib
+
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry, sql_literal
 
@@ -136,6 +138,21 @@ def schema_statements(registry: Registry) -> list[str]:
     if "schedule_runs" in {p.table for p in registry.policies()}:
         parts.append(WORKERS_DDL)
     return parts
+
+
+#: One row per fact about the schema; ``ddl`` is the fingerprint of the statements that
+#: made it, so an open whose registry renders the same DDL runs none of it.
+META_DDL = """
+CREATE TABLE IF NOT EXISTS ledgerq_schema (
+  key   text PRIMARY KEY,
+  value text NOT NULL
+);
+"""
+
+
+def fingerprint(registry: Registry) -> str:
+    """A digest of the whole schema's DDL as this registry renders it."""
+    return hashlib.sha256("\n".join(schema_statements(registry)).encode()).hexdigest()
 
 
 def required_tables(registry: Registry) -> list[str]:
