@@ -61,8 +61,12 @@ def move(tx: Tx, policy: EntityPolicy, run_id: str, from_state: str | None,
     # A failure's summary carries its error text: not worth keeping around.
     shared = not metadata and len(summary) <= _CACHED_SUMMARY
     reason = _shared_reason(code, summary) if shared else _reason(code, summary, metadata)
-    return apply_move(tx, policy, run_id, from_state, to_state, reason, actor, guard=guard,
-                      patch=patch, now=now, whole_row=whole_row)
+    moved = apply_move(tx, policy, run_id, from_state, to_state, reason, actor, guard=guard,
+                       patch=patch, now=now, whole_row=whole_row)
+    if moved.applied and to_state == "queued":
+        # A requeue, a due retry, a released dependent: claimable now, on every host.
+        tx.notify_claimable()
+    return moved
 
 
 def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],

@@ -140,12 +140,16 @@ class PostgresBackend:
         """
         want = fingerprint(self.registry)
         current = _recorded_fingerprint(conn)
+        tables = required_tables(self.registry)
+        present = {r[0] for r in conn.execute(QUERIES("tables_present"), (tables,))}
         conn.rollback()
-        if current == want:
-            return
+        if current == want and present >= set(tables):
+            return  # (a table dropped by hand, to be rebuilt, makes this run the DDL)
         with conn.transaction():
             conn.execute(QUERIES("schema_lock"))
-            if _recorded_fingerprint(conn) == want:
+            if _recorded_fingerprint(conn) == want and {
+                    r[0] for r in conn.execute(QUERIES("tables_present"), (tables,))
+            } >= set(tables):
                 return  # another process created it while this one waited
             for statement in schema_statements(self.registry):
                 conn.execute(statement)
