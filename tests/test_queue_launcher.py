@@ -26,7 +26,7 @@ from ledgerq.queue import (
     worker_tick,
 )
 from ledgerq.queue import launcher as launcher_mod
-from ledgerq.queue import worker as worker_mod
+from ledgerq.queue import outcomes as outcomes_mod
 from ledgerq.queue.launcher import LaunchError, run_argv
 
 RECORD_KINDS = ("agent", "flow", "fanout", "play", "flow_yaml", "engine")
@@ -247,7 +247,7 @@ async def test_worker_runs_command_tasks_with_the_default_executor(qdb: StateDB,
     assert (rows[ok]["status"], rows[ok]["exit_code"]) == ("completed", 0)
     assert (rows[bad]["status"], rows[bad]["exit_code"]) == ("failed", 9)
     assert rows[bad]["error_detail"].endswith("tail")
-    assert len(rows[bad]["error_detail"]) <= worker_mod.DETAIL_LIMIT
+    assert len(rows[bad]["error_detail"]) <= outcomes_mod.DETAIL_LIMIT
     assert (rows[missing]["status"], rows[missing]["exit_code"]) == ("failed", 1)
     assert "no-such-program-77aa" in rows[missing]["error_detail"]
     for rid in (ok, bad, missing):

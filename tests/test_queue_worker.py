@@ -36,8 +36,10 @@ from ledgerq.queue import (
     submit_task,
     worker_tick,
 )
+from ledgerq.queue import claim as claim_mod
+from ledgerq.queue import config as config_mod
+from ledgerq.queue import outcomes as outcomes_mod
 from ledgerq.queue import runs as runs_mod
-from ledgerq.queue import worker as worker_mod
 from ledgerq.queue.worker import Executors, RunContext, claim_runs, execute_claimed
 
 NOW = 10_000.0
@@ -130,7 +132,7 @@ def test_record_constants_and_defaults() -> None:
     assert DEFAULT_LEASE_TTL_SECONDS == 300.0
     assert DEFAULT_HEARTBEAT_TTL_SECONDS == 90.0
     assert MAX_LEASE_ATTEMPTS == 3
-    assert (worker_mod.PAGE_SIZE, worker_mod.SCAN_CAP, worker_mod.DEFAULT_CLAIM_LIMIT) == \
+    assert (claim_mod.PAGE_SIZE, claim_mod.SCAN_CAP, config_mod.DEFAULT_CLAIM_LIMIT) == \
         (50, 5000, 20)
     params = inspect.signature(claim_and_execute).parameters
     assert params["lease_ttl"].default == 300.0
@@ -463,7 +465,7 @@ async def test_running_key_is_rechecked_inside_the_claim_transaction(
     g1 = await submit(qdb, now=NOW, required_capabilities=[GPU])
     g2 = await submit(qdb, now=NOW + 1, required_capabilities=[GPU])
     key = f"{HOST}:gpu-exclusive"
-    real_claim_one = worker_mod._claim_one
+    real_claim_one = claim_mod._claim_one
     raced: list[str] = []
 
     def other_worker_wins_first(conn: sqlite3.Connection, **kw: Any) -> Any:
@@ -473,7 +475,7 @@ async def test_running_key_is_rechecked_inside_the_claim_transaction(
             assert real_claim_one(conn, **{**kw, "cand": other, "worker_id": "other"})
         return real_claim_one(conn, **kw)
 
-    monkeypatch.setattr(worker_mod, "_claim_one", other_worker_wins_first)
+    monkeypatch.setattr(claim_mod, "_claim_one", other_worker_wins_first)
     got = await claim_runs(qdb, worker_id="w1", now=NOW + 2, advertised_capabilities=[GPU])
     assert raced == [g1]
     assert got.claimed == [] and got.lost == 1
@@ -532,7 +534,7 @@ async def test_a_lost_claim_is_counted_and_not_retried(qdb: StateDB,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     rid = await submit(qdb)
     policy = qdb.registry.entity("schedule_run")
-    real_claim_one = worker_mod._claim_one
+    real_claim_one = claim_mod._claim_one
     calls: list[str] = []
 
     def cancel_first(conn: sqlite3.Connection, **kw: Any) -> Any:
@@ -542,7 +544,7 @@ async def test_a_lost_claim_is_counted_and_not_retried(qdb: StateDB,
                         "run.cancelled.operator", actor=OPERATOR, now=NOW)
         return real_claim_one(conn, **kw)
 
-    monkeypatch.setattr(worker_mod, "_claim_one", cancel_first)
+    monkeypatch.setattr(claim_mod, "_claim_one", cancel_first)
     got = await claim_runs(qdb, worker_id="w1", now=NOW + 1)
     assert got.claimed == [] and got.lost == 1 and calls == [rid]
     row = await get_row(qdb, rid)
@@ -601,7 +603,7 @@ async def test_error_detail_keeps_a_bounded_tail(qdb: StateDB) -> None:
     detail = "head-" + "x" * 50_000 + "-the-real-error"
     await claim_and_execute(qdb, worker_id="w1", execute=returning(3, detail), now=NOW)
     stored = (await get_row(qdb, rid))["error_detail"]
-    assert 0 < len(stored) <= worker_mod.DETAIL_LIMIT <= 16_384
+    assert 0 < len(stored) <= outcomes_mod.DETAIL_LIMIT <= 16_384
     assert stored.endswith("-the-real-error") and detail.endswith(stored)
 
 

@@ -50,8 +50,8 @@ from ledgerq.queue import (
     submit_many,
     submit_task,
 )
+from ledgerq.queue import claim as claim_mod
 from ledgerq.queue import runtime as runtime_mod
-from ledgerq.queue import worker as worker_mod
 from ledgerq.queue.runs import move
 from ledgerq.queue.worker import (
     LEASE_CHECK_SECONDS,
@@ -353,14 +353,14 @@ async def test_a_raising_claim_one_is_logged_and_counted_lost(
         db: StateDB, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     ids = await submit_many(db, [task(), task(), task()])
-    real = worker_mod._claim_one
+    real = claim_mod._claim_one
 
     def flaky(conn: sqlite3.Connection, **kw: Any) -> Any:
         if kw["cand"]["id"] == ids[1]:
             raise RuntimeError("claim blew up")
         return real(conn, **kw)
 
-    monkeypatch.setattr(worker_mod, "_claim_one", flaky)
+    monkeypatch.setattr(claim_mod, "_claim_one", flaky)
     caplog.set_level(logging.WARNING)
     got = await claim_runs(db, worker_id="w1", limit=3, stuck=StuckRows())
     assert sorted(r["id"] for r in got.claimed) == sorted([ids[0], ids[2]])

@@ -1,7 +1,7 @@
 """Lease checks of many executing runs, read together.
 
 Every executing run checks, once per check interval, that its row still carries its
-lease (a reap, a cancel or a reclaim ends it; see ``worker._supervise_once``). Checked
+lease (a reap, a cancel or a reclaim ends it; see ``supervision._supervise_once``). Checked
 one by one, a worker with hundreds of long runs sends hundreds of reads per interval
 through the read connection's thread. Instead, runs check on the interval's common
 boundaries (:func:`until_next_check`), so their checks fall due in the same turn of the

@@ -14,6 +14,15 @@ from ledgerq.operations import Tx
 
 ENTITY = "schedule_run"
 SYSTEM = Actor(type="system", id="ledgerq")
+#: What a run that goes back to waiting holds of a lease: nothing.
+NO_LEASE: dict[str, Any] = {"leased_by": None, "lease_expires_at": None, "lease_token": None}
+
+
+@functools.lru_cache(maxsize=64)
+def worker_actor(worker_id: str) -> Actor:
+    """The actor of a worker's moves: Actor is frozen, so one per worker id, not a
+    pydantic validation per move."""
+    return Actor(type="system", id=worker_id)
 
 
 class MalformedRow(ValueError):

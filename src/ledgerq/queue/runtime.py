@@ -25,22 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq.errors import DatabaseDamaged, DatabaseError, DatabaseGone
 from ledgerq.queue import orphans, wakeup
+from ledgerq.queue.claim import claim_pass
+from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, WorkerConfig
+from ledgerq.queue.executors import Executors
+from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS, beat
 from ledgerq.queue.launcher import ExecuteFn
-from ledgerq.queue.worker import (
-    DEFAULT_CLAIM_LIMIT,
-    DEFAULT_HEARTBEAT_TTL_SECONDS,
-    STUCK_RETRY_SECONDS,
-    Authorize,
-    Executors,
-    RunContext,
-    StuckRows,
-    check_interval_for,
-    claim_runs,
-    execute_claimed,
-    promote_due,
-    reap_expired_leases,
-    register_heartbeat,
-)
+from ledgerq.queue.promotion import promote_due
+from ledgerq.queue.reaper import reap_expired_leases
+from ledgerq.queue.stuck import STUCK_RETRY_SECONDS, StuckRows
+from ledgerq.queue.supervision import Authorize, RunContext, execute_claimed
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
@@ -108,40 +101,27 @@ class Worker:
             raise ValueError(f"capacity must be >= 1, not {capacity}")
         if claim_cooldown < 0:
             raise ValueError(f"claim_cooldown must be >= 0, not {claim_cooldown}")
-        if poll_interval <= 0 or lease_ttl <= 0 or (check_interval is not None
-                                                     and check_interval <= 0):
-            raise ValueError("poll_interval, lease_ttl and check_interval must be positive")
-        if check_interval is None:
-            # A caller who asks for a short lease gets one: the checks follow the lease.
-            check_interval = check_interval_for(lease_ttl)
-        elif lease_ttl < 3 * check_interval:
-            # Renewal is due after a third of the TTL and noticed within one check:
-            # a shorter lease could lapse on a healthy worker.
-            raise ValueError(f"lease_ttl ({lease_ttl}s) must be at least 3 x check_interval "
-                             f"({check_interval}s); leave check_interval out to derive it "
-                             "from the lease")
-        self.check_interval = check_interval
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be positive, not {poll_interval}")
+        #: Who this worker is and what it serves, as every pass and run reads it.
+        self.config = WorkerConfig.build(
+            worker_id=worker_id or default_worker_id(), lease_ttl=lease_ttl,
+            heartbeat_ttl=heartbeat_ttl, claim_limit=claim_limit,
+            advertised_capabilities=advertised_capabilities,
+            # A worker given no targets (or an empty list) serves and advertises host.
+            execution_targets=execution_targets or ["host"], execute=execute,
+            adapters=adapters, authorize=authorize, lock_dir=lock_dir,
+            check_interval=check_interval)
         self.db = db
-        self.worker_id = worker_id or default_worker_id()
         self.capacity = capacity
         self.poll_interval = poll_interval
-        self.lease_ttl = lease_ttl
-        self.heartbeat_ttl = heartbeat_ttl
-        self.advertised_capabilities = list(advertised_capabilities or [])
-        self.execution_targets = list(execution_targets or ["host"])
         self.shutdown_grace = shutdown_grace
-        self.claim_limit = claim_limit
         self.claim_cooldown = claim_cooldown
         self.handle_signals = handle_signals
         #: Rows the passes could not move (skipped, reported once; see StuckRows).
         self.stuck = StuckRows(stuck_retry)
-        self.executors = Executors(execute=execute, adapters=dict(adapters or {}))
         self._stopping_runs = asyncio.Event()
-        self.context = RunContext(
-            worker_id=self.worker_id, lease_ttl=lease_ttl, executors=self.executors,
-            authorize=authorize, lock_dir=Path(lock_dir) if lock_dir is not None else None,
-            check_interval=check_interval, stopping=self._stopping_runs,
-        )
+        self.context = RunContext.from_config(self.config, stopping=self._stopping_runs)
         self.active: dict[str, asyncio.Task[str]] = {}
         self.outcomes: Counter[str] = Counter()
         self.max_active = 0
@@ -157,6 +137,18 @@ class Worker:
         self._db_identity: tuple[int, int] | None = None
         #: Why the worker stopped by itself: its file is gone or damaged.
         self._gone: DatabaseError | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    @property
+    def check_interval(self) -> float:
+        return self.config.check_interval
+
+    @property
+    def executors(self) -> Executors:
+        return self.config.executors
 
     # ------------------------------------------------------------ control
 
@@ -243,7 +235,7 @@ class Worker:
         self.request_stop()
 
     async def _loop(self) -> None:
-        heartbeat_every = max(0.05, min(self.heartbeat_ttl / 3, 5.0))
+        heartbeat_every = max(0.05, min(self.config.heartbeat_ttl / 3, 5.0))
         maintain_every = max(self.poll_interval, 0.5)
         last_heartbeat = last_maintain = float("-inf")
         while not self._stop.is_set():
@@ -252,10 +244,7 @@ class Worker:
             # Each pass is isolated: a reaper that cannot run must not keep the claim
             # pass (and so every new submission) from running, nor the other way round.
             if now - last_heartbeat >= heartbeat_every and await self._step(
-                    "heartbeat", register_heartbeat(
-                        self.db, worker_id=self.worker_id,
-                        advertised_capabilities=self.advertised_capabilities,
-                        execution_targets=self.execution_targets, now=now)):
+                    "heartbeat", beat(self.db, self.config, now=now)):
                 last_heartbeat = now
             if now - last_maintain >= maintain_every:
                 self._check_db_file()
@@ -269,7 +258,7 @@ class Worker:
                 await self._cool_down()
             free = self.capacity - len(self.active)
             if free > 0 and not self._stop.is_set():
-                await self._step("claim", self._claim(min(free, self.claim_limit)))
+                await self._step("claim", self._claim(min(free, self.config.claim_limit)))
             if self._stop.is_set():
                 break
             with contextlib.suppress(TimeoutError):
@@ -313,11 +302,7 @@ class Worker:
     async def _claim(self, limit: int) -> None:
         started = time.monotonic()
         self.claim_passes += 1
-        got = await claim_runs(
-            self.db, worker_id=self.worker_id, lease_ttl=self.lease_ttl, limit=limit,
-            advertised_capabilities=self.advertised_capabilities,
-            execution_targets=self.execution_targets, heartbeat_ttl=self.heartbeat_ttl,
-            excluded_kinds=self.executors.excluded_kinds(), stuck=self.stuck)
+        got = await claim_pass(self.db, self.config, limit=limit, stuck=self.stuck)
         for run in got.claimed:
             task = asyncio.get_running_loop().create_task(self._execute(run))
             self.active[run["id"]] = task

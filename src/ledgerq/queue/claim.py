@@ -1,0 +1,244 @@
+"""Which queued rows a worker takes, and the guarded move that gives it their leases (D4).
+
+The choice (scan, capability and target filter, affinity order, one run per
+concurrency key) reads one snapshot; each claim is then its own guarded move, so a
+row another claimant took meanwhile is simply not claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ledgerq.codec import loads
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import Tx
+from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
+from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, DEFAULT_LEASE_TTL_SECONDS, WorkerConfig
+from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS
+from ledgerq.queue.runs import ENTITY, move, worker_actor
+from ledgerq.queue.stuck import StuckRows, describe, is_database_failure, tracked
+
+if TYPE_CHECKING:
+    from ledgerq.store.db import StateDB
+
+log = logging.getLogger("ledgerq.worker")
+
+#: Candidates read per keyset page and rows scanned per pass (D4).
+PAGE_SIZE = 50
+SCAN_CAP = 5000
+
+
+@dataclass
+class ClaimPass:
+    """What a claim pass saw: rows claimed, plus rows it had to skip and why."""
+
+    claimed: list[dict[str, Any]] = field(default_factory=list)
+    scanned: int = 0
+    malformed: list[str] = field(default_factory=list)
+    #: Chosen rows not claimed: another claimant won, or the claim raised.
+    lost: int = 0
+    #: Chosen rows whose claim raised (id -> reason); each is also counted in ``lost``.
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
+                advertised: list[str], targets: set[str], result: ClaimPass,
+                enough: Callable[[dict[str, Any]], bool] | None = None,
+                skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Eligible queued rows in (queued_at, id) order, read in keyset pages up to the scan cap.
+
+    ``enough`` is offered each eligible row as it is found; when it returns True the
+    scan stops there (the caller has all it can use). Rows in ``skip`` (stuck: their
+    claim raised recently) are passed over, so they cannot take a pass's every slot.
+    """
+    eligible: list[dict[str, Any]] = []
+    cursor: tuple[float, str] = (float("-inf"), "")
+    while result.scanned < SCAN_CAP:
+        page = tx.claim_page(policy, excluded_kinds, cursor,
+                             min(PAGE_SIZE, SCAN_CAP - result.scanned))
+        if not page:
+            break
+        result.scanned += len(page)
+        cursor = (page[-1]["queued_at"], page[-1]["id"])
+        for row in page:
+            if skip and row["id"] in skip:
+                continue
+            try:
+                caps = loads(row["required_capabilities"]) or []
+                if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+                    raise ValueError("not a list of strings")
+            except Exception:
+                result.malformed.append(row["id"])
+                log.warning("skipping run %s: required_capabilities is malformed", row["id"])
+                continue
+            target = row["execution_target"]
+            if target and target not in targets:
+                continue
+            if not worker_can_serve(caps, advertised):
+                continue
+            cand = {**row, "required_capabilities": caps}
+            eligible.append(cand)
+            if enough is not None and enough(cand):
+                return eligible
+        if len(page) < PAGE_SIZE:
+            break
+    return eligible
+
+
+class _Picker:
+    """A pass's choice: candidates in the order offered, up to ``limit``, skipping any whose
+    concurrency key is already running or was picked earlier in the pass."""
+
+    def __init__(self, running_keys: set[str], limit: int) -> None:
+        self.blocked = set(running_keys)
+        self.limit = limit
+        self.chosen: list[dict[str, Any]] = []
+
+    def offer(self, cand: dict[str, Any]) -> bool:
+        """Consider one candidate; True once ``limit`` are chosen."""
+        if len(self.chosen) >= self.limit:
+            return True
+        key = cand["concurrency_key"]
+        if key is not None:
+            if key in self.blocked:
+                return False
+            self.blocked.add(key)
+        self.chosen.append(cand)
+        return len(self.chosen) >= self.limit
+
+
+def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
+            heartbeat_ttl: float, excluded_kinds: list[str], advertised: list[str],
+            targets: set[str], limit: int, result: ClaimPass,
+            skip: frozenset[str] = frozenset()) -> list[dict[str, Any]] | None:
+    """The rows a pass will try to claim, read in one snapshot; None if the worker is stale."""
+    hb = tx.worker_heartbeat(worker_id)
+    if hb is not None and now - hb > heartbeat_ttl:
+        return None
+    # Every running row is in the lease index (NULL expiries included), and there are
+    # only as many as workers run at once: cheap however deep the queue is.
+    picker = _Picker(tx.running_keys(policy), limit)
+    if not any(capability_class(t) == "affinity" for t in advertised):
+        # Every candidate scores 0, so the stable affinity sort keeps scan order and the
+        # choice is the first ``limit`` unblocked eligible rows: stop scanning there.
+        # Same rows as sorting the whole scan, without reading up to SCAN_CAP of them.
+        _candidates(tx, policy, excluded_kinds, advertised, targets, result,
+                    enough=picker.offer, skip=skip)
+        return picker.chosen
+    eligible = _candidates(tx, policy, excluded_kinds, advertised, targets, result,
+                           skip=skip)
+    # Stable: equal scores keep the oldest-first order of the scan.
+    eligible.sort(key=lambda c: -affinity_score(c["required_capabilities"], advertised))
+    for cand in eligible:
+        if picker.offer(cand):
+            break
+    return picker.chosen
+
+
+def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
+               worker_id: str, now: float, lease_ttl: float) -> dict[str, Any] | None:
+    # Another claimant's row is skipped, not waited for (PostgreSQL: SKIP LOCKED).
+    if not tx.try_lock_row(policy, cand["id"]):
+        return None
+    key = cand["concurrency_key"]
+    if key is not None:
+        tx.lock_key(key)  # two claims of one key cannot both see it free
+        if tx.key_running(policy, key):
+            return None
+    attempts = cand["lease_attempts"]
+    res = move(tx, policy, cand["id"], "queued", "running", "run.started.ok",
+               actor=worker_actor(worker_id), summary=f"claimed by {worker_id}",
+               guard={"lease_attempts": attempts, "leased_by": None},
+               patch={"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
+                      "lease_token": uuid.uuid4().hex,
+                      "lease_attempts": attempts + 1}, now=now, whole_row=True)
+    return res.row if res.applied else None
+
+
+async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = None,
+                     now: float | None = None, excluded_kinds: Iterable[str] | None = None,
+                     stuck: StuckRows | None = None) -> ClaimPass:
+    """One claim pass for ``config``'s worker: up to ``limit`` (default: its claim limit)
+    rows of every kind but ``excluded_kinds`` (default: those it has no executor for).
+
+    See :func:`claim_runs` for what a pass does.
+    """
+    ts = time.time() if now is None else now
+    tracker = tracked(stuck)
+    skip = tracker.skipping()
+    result = ClaimPass()
+    limit = config.claim_limit if limit is None else limit
+    if limit <= 0:
+        return result
+    worker_id = config.worker_id
+    advertised = list(config.advertised_capabilities)
+    targets = set(config.execution_targets or ["host"])
+    excluded = sorted(set(config.executors.excluded_kinds() if excluded_kinds is None
+                          else excluded_kinds))
+    policy = db.registry.entity(ENTITY)
+    chosen = await db.read(lambda tx: _select(
+        tx, policy, worker_id, ts, config.heartbeat_ttl, excluded, advertised, targets, limit,
+        result, skip))
+    if chosen is None:
+        log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
+        return result
+    if not chosen:
+        return result
+    outcomes = await asyncio.gather(*(
+        db.write(functools.partial(_claim_one, policy=policy, cand=c, worker_id=worker_id,
+                                   now=ts, lease_ttl=config.lease_ttl))
+        for c in chosen
+    ), return_exceptions=True)
+    tried: list[str] = []
+    for cand, got in zip(chosen, outcomes, strict=True):
+        if isinstance(got, BaseException):
+            result.lost += 1
+            if is_database_failure(got) or not isinstance(got, Exception):
+                log.warning("claim of run %s failed: %s", cand["id"], got)
+            else:
+                result.failures[cand["id"]] = describe(got)
+                tracker.report(cand["id"], "claim", describe(got))
+        else:
+            tried.append(cand["id"])
+            if got is None:
+                result.lost += 1
+            else:
+                result.claimed.append(got)
+    tracker.tried(tried)
+    return result
+
+
+async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
+                     lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
+                     limit: int = DEFAULT_CLAIM_LIMIT,
+                     advertised_capabilities: Iterable[str] | None = None,
+                     execution_targets: Iterable[str] | None = None,
+                     heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
+                     excluded_kinds: Iterable[str] = ("workflow",),
+                     stuck: StuckRows | None = None) -> ClaimPass:
+    """One claim pass (D4): scan, filter, order by affinity, claim up to ``limit`` rows.
+
+    Each claim is its own guarded queued -> running move; all of a pass's claims
+    commit together. A concurrency key already running (checked inside the claim's
+    own transaction, so across workers too) or claimed earlier in this pass blocks a
+    candidate for the rest of the pass. The heartbeat check, the running keys and the
+    scan read one snapshot. When the worker advertises no affinity token every score
+    is equal, so the scan stops once ``limit`` rows are chosen (the same rows the full
+    sort would pick); a pass then costs the same at any queue depth.
+
+    A claim that raises is logged, counted in ``lost`` and reported to ``stuck``
+    (default: the process-wide tracker), which keeps the row out of the next passes for
+    a while; the pass's other claims complete all the same.
+    """
+    config = WorkerConfig.build(
+        worker_id=worker_id, lease_ttl=lease_ttl, heartbeat_ttl=heartbeat_ttl,
+        claim_limit=limit, advertised_capabilities=advertised_capabilities,
+        execution_targets=execution_targets)
+    return await claim_pass(db, config, now=now, excluded_kinds=excluded_kinds, stuck=stuck)

@@ -1,0 +1,95 @@
+"""What a worker is: one value the record's functions and the Worker service both pass on.
+
+The claim, the heartbeat and the supervision of runs each read part of it; built
+once (and checked once) per tick or per Worker, it cannot drift between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ledgerq.queue.executors import Executors
+from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS
+from ledgerq.queue.launcher import ExecuteFn
+
+if TYPE_CHECKING:
+    from ledgerq.queue.supervision import Authorize
+
+DEFAULT_LEASE_TTL_SECONDS = 300.0
+#: Claims attempted per pass (D4).
+DEFAULT_CLAIM_LIMIT = 20
+#: How often an executing run checks that it still owns its lease (cancel / reap notice).
+LEASE_CHECK_SECONDS = 0.5
+
+
+def check_interval_for(lease_ttl: float) -> float:
+    """The lease-check interval a lease of ``lease_ttl`` seconds gets when none is given.
+
+    A renewal falls due after a third of the TTL and is noticed within one check, so a
+    check interval above a third of the lease could let it lapse on a healthy worker;
+    the usual interval is kept for every lease long enough for it.
+    """
+    return min(LEASE_CHECK_SECONDS, lease_ttl / 3)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Who the worker is, what it serves, and how it holds and checks its leases.
+
+    Build it with :meth:`build`, which checks the values; the fields are already the
+    normalized ones (tuples, a Path, a derived check interval).
+    """
+
+    worker_id: str
+    lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS
+    heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS
+    #: Most rows one claim pass takes.
+    claim_limit: int = DEFAULT_CLAIM_LIMIT
+    advertised_capabilities: tuple[str, ...] = ()
+    #: What the heartbeat advertises; a claim serves ``host`` when this is empty.
+    execution_targets: tuple[str, ...] = ("host",)
+    executors: Executors = field(default_factory=Executors)
+    authorize: Authorize | None = None
+    #: Where each concurrency key's OS lock file is held; None: no OS locks.
+    lock_dir: Path | None = None
+    check_interval: float = LEASE_CHECK_SECONDS
+
+    @classmethod
+    def build(cls, *, worker_id: str, lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
+              heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
+              claim_limit: int = DEFAULT_CLAIM_LIMIT,
+              advertised_capabilities: Iterable[str] | None = None,
+              execution_targets: Iterable[str] | None = None,
+              execute: ExecuteFn | None = None,
+              adapters: Mapping[str, ExecuteFn] | None = None,
+              authorize: Authorize | None = None,
+              lock_dir: str | Path | None = None,
+              check_interval: float | None = None) -> WorkerConfig:
+        """The config for these arguments, as the public signatures take them.
+
+        ``execution_targets`` None means ``host``; ``check_interval`` None follows the
+        lease (:func:`check_interval_for`).
+        """
+        if lease_ttl <= 0 or (check_interval is not None and check_interval <= 0):
+            raise ValueError("lease_ttl and check_interval must be positive")
+        if check_interval is None:
+            # A caller who asks for a short lease gets one: the checks follow the lease.
+            check_interval = check_interval_for(lease_ttl)
+        elif lease_ttl < 3 * check_interval:
+            # Renewal is due after a third of the TTL and noticed within one check:
+            # a shorter lease could lapse on a healthy worker.
+            raise ValueError(f"lease_ttl ({lease_ttl}s) must be at least 3 x check_interval "
+                             f"({check_interval}s); leave check_interval out to derive it "
+                             "from the lease")
+        return cls(
+            worker_id=worker_id, lease_ttl=lease_ttl, heartbeat_ttl=heartbeat_ttl,
+            claim_limit=claim_limit,
+            advertised_capabilities=tuple(advertised_capabilities or ()),
+            execution_targets=("host",) if execution_targets is None
+            else tuple(execution_targets),
+            executors=Executors(execute=execute, adapters=dict(adapters or {})),
+            authorize=authorize, lock_dir=Path(lock_dir) if lock_dir is not None else None,
+            check_interval=check_interval)

@@ -1,0 +1,34 @@
+"""A worker's row in ``workers``: what it serves and when it was last alive.
+
+Claims read it back (a worker whose heartbeat is stale claims nothing), and operators
+read it to see which workers serve which capabilities and targets.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from ledgerq.codec import dumps
+from ledgerq.operations import Tx
+
+if TYPE_CHECKING:
+    from ledgerq.queue.config import WorkerConfig
+    from ledgerq.store.db import StateDB
+
+DEFAULT_HEARTBEAT_TTL_SECONDS = 90.0
+
+
+async def beat(db: StateDB, config: WorkerConfig, now: float | None = None) -> None:
+    """Upsert this worker's row with the capabilities and targets it advertises."""
+    ts = time.time() if now is None else now
+    caps = dumps(list(config.advertised_capabilities))
+    targets = dumps(list(config.execution_targets))
+    host = socket.gethostname()
+
+    def unit(tx: Tx) -> None:
+        tx.upsert_worker(config.worker_id, caps, targets, ts, host, os.getpid())
+
+    await db.write(unit)

@@ -1,0 +1,126 @@
+"""Runs waiting on time or on other runs become claimable: due retries and settled dependencies.
+
+Settling is done in two places: right after a run ends (its dependents, inside the
+ending write) and by a sweep that catches whatever that missed, row by row.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import Tx
+from ledgerq.queue.runs import ENTITY, move, resolve_dependents
+from ledgerq.queue.stuck import StuckRows, Swept, isolated, record, tracked, unskipped
+
+if TYPE_CHECKING:
+    from ledgerq.store.db import StateDB
+
+log = logging.getLogger("ledgerq.worker")
+
+#: Waiting rows settled per resolve_dependents call (bound parameters stay under the limit).
+SWEEP_CHUNK = 500
+
+
+def settle_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
+                      now: float) -> None:
+    """Release or cancel the dependents of runs that just ended, never failing the end.
+
+    A dependent that cannot be moved must not undo its dependency's terminal write
+    (the run would stay running until its lease expired and then run again): its part
+    is rolled back alone, and the dependency sweep retries it row by row.
+    """
+    _, err = isolated(tx, functools.partial(resolve_dependents, now=now), tx, policy, run_ids)
+    if err is not None:
+        log.warning("dependents of %s not settled (%s); the dependency sweep retries them",
+                    ", ".join(run_ids), err)
+
+
+def _retry_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> bool:
+    return move(tx, policy, row["id"], "retry_wait", "queued", "run.queued.retry_due",
+                guard={"retry_due_at": row["retry_due_at"]},
+                patch={"lease_attempts": 0, "retry_due_at": None, "queued_at": now},
+                now=now).applied
+
+
+def _promote(tx: Tx, policy: EntityPolicy, now: float,
+             skip: frozenset[str] = frozenset(), *, retries: bool = True,
+             dependencies: bool = True) -> Swept:
+    swept = Swept({"retried": 0, "released": 0, "cancelled": 0})
+    if retries:
+        for row in tx.due_retries(policy, now):
+            if row["id"] in skip:
+                continue
+            applied, err = isolated(tx, _retry_one, tx, policy, row, now)
+            if err is not None:
+                swept.failures[row["id"]] = err
+                continue
+            swept.tried.append(row["id"])
+            swept.counts["retried"] += int(bool(applied))
+    if dependencies:
+        settled = [r for r in tx.settled_waiting(policy) if r not in skip]
+        for i in range(0, len(settled), SWEEP_CHUNK):
+            _sweep(tx, policy, settled[i:i + SWEEP_CHUNK], now, swept)
+    return swept
+
+
+def _sweep(tx: Tx, policy: EntityPolicy, ids: list[str], now: float,
+           swept: Swept) -> None:
+    """Settle waiting rows together; when that raises, row by row, so one row fails alone.
+
+    A row settles with its own cascade (cancelling a run cancels its dependents), so a
+    row whose cascade meets an unmovable dependent is the one reported.
+    """
+    def settle(part: list[str]) -> None:
+        got = resolve_dependents(tx, policy, part, waiting=True, now=now)
+        swept.counts["released"] += got["released"]
+        swept.counts["cancelled"] += got["cancelled"]
+
+    if isolated(tx, settle, ids)[1] is None:
+        swept.tried += ids
+        return
+    for rid in ids:
+        _, err = isolated(tx, settle, [rid])
+        if err is None:
+            swept.tried.append(rid)
+        else:
+            swept.failures[rid] = err
+
+
+def _due_ids(tx: Tx, policy: EntityPolicy, now: float, limit: int, retries: bool,
+             dependencies: bool) -> list[str]:
+    """Up to ``limit`` ids of each kind a promotion pass would move (a cheap read first)."""
+    ids = [r["id"] for r in tx.due_retries(policy, now, limit=limit)] if retries else []
+    return ids + (tx.settled_waiting(policy, limit=limit) if dependencies else [])
+
+
+async def promote_due(db: StateDB, *, now: float | None = None,
+                      stuck: StuckRows | None = None) -> dict[str, int]:
+    """Move due retries back to queued and settle waiting runs whose dependencies ended.
+
+    Specs that do not declare ``retry_wait`` (or ``waiting_dependency``) are an older
+    version of the queue's: their rows in that state are left alone (see DESIGN, spec
+    evolution). A row whose move raises is skipped and reported through ``stuck``.
+    """
+    policy = db.registry.entity(ENTITY)
+    ts = time.time() if now is None else now
+    tracker = tracked(stuck)
+    retries = "retry_wait" in policy.states
+    dependencies = "waiting_dependency" in policy.states
+    for state, ok in (("retry_wait", retries), ("waiting_dependency", dependencies)):
+        if not ok:
+            tracker.note_once(f"undeclared:{state}",
+                              "the loaded specs do not declare %s: its rows are left alone "
+                              "(ledgerq stats counts them as stuck)", state)
+    if not (retries or dependencies):
+        return {"retried": 0, "released": 0, "cancelled": 0}
+    skip = tracker.skipping()
+    due = await db.read(lambda tx: _due_ids(tx, policy, ts, len(skip) + 1, retries,
+                                            dependencies))
+    if not unskipped(due, skip):
+        return {"retried": 0, "released": 0, "cancelled": 0}
+    return record(tracker, "promotion", await db.write(lambda tx: _promote(
+        tx, policy, ts, skip, retries=retries, dependencies=dependencies)))

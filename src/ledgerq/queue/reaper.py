@@ -1,0 +1,77 @@
+"""Leases nobody renews any more: their runs go back to the queue, or fail after a few.
+
+A lease lapses when its worker died or lost the database for longer than the TTL; the
+run may have done some of its work, so it gets another worker a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import Tx
+from ledgerq.queue.promotion import settle_dependents
+from ledgerq.queue.runs import ENTITY, NO_LEASE, move
+from ledgerq.queue.stuck import StuckRows, Swept, isolated, record, tracked, unskipped
+
+if TYPE_CHECKING:
+    from ledgerq.store.db import StateDB
+
+MAX_LEASE_ATTEMPTS = 3
+
+
+def _reap(tx: Tx, policy: EntityPolicy, now: float,
+          skip: frozenset[str] = frozenset()) -> Swept:
+    swept = Swept({"requeued": 0, "failed": 0})
+    for row in tx.expired_leases(policy, now):
+        if row["id"] in skip:
+            continue
+        counted, err = isolated(tx, _reap_one, tx, policy, row, now)
+        if err is not None:
+            swept.failures[row["id"]] = err
+            continue
+        swept.tried.append(row["id"])
+        if counted:
+            swept.counts[counted] += 1
+    return swept
+
+
+def _reap_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> str:
+    """Requeue or fail one expired lease; returns the count it adds to ("" if none)."""
+    guard = {"leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"],
+             "lease_token": row["lease_token"]}
+    if row["lease_attempts"] < MAX_LEASE_ATTEMPTS:
+        res = move(tx, policy, row["id"], "running", "queued", "run.queued.lease_expired",
+                   summary=f"lease of {row['leased_by']} expired", guard=guard,
+                   patch=dict(NO_LEASE), now=now,
+                   metadata={"expired_worker": row["leased_by"]})
+        return "requeued" if res.applied else ""
+    detail = (f"lease expired {row['lease_attempts']} times "
+              f"(last holder {row['leased_by']})")
+    res = move(tx, policy, row["id"], "running", "failed",
+               "run.failed.lease_attempts_exhausted", summary=detail, guard=guard,
+               patch={"ended_at": now, "error_detail": detail}, now=now,
+               metadata={"expired_worker": row["leased_by"]})
+    if not res.applied:
+        return ""
+    settle_dependents(tx, policy, [row["id"]], now)
+    return "failed"
+
+
+async def reap_expired_leases(db: StateDB, *, now: float | None = None,
+                              stuck: StuckRows | None = None) -> dict[str, int]:
+    """Return expired leases to the queue, or fail rows whose leases expired 3 times.
+
+    A row whose move raises is skipped and reported through ``stuck`` (default: the
+    process-wide tracker); the other expired rows are reaped all the same.
+    """
+    policy = db.registry.entity(ENTITY)
+    ts = time.time() if now is None else now
+    tracker = tracked(stuck)
+    skip = tracker.skipping()
+    expired = await db.read(lambda tx: [r["id"] for r in tx.expired_leases(
+        policy, ts, limit=len(skip) + 1)])
+    if not unskipped(expired, skip):
+        return {"requeued": 0, "failed": 0}  # nothing expired: skip the write lock
+    return record(tracker, "reaper", await db.write(lambda tx: _reap(tx, policy, ts, skip)))

@@ -1,0 +1,209 @@
+"""A claimed run while it executes: its lease kept alive, its deadline kept, a cancel noticed.
+
+The executor runs as a task beside a loop that wakes every check interval: the lease
+is checked (a reap, a cancel or a reclaim stops the child and writes nothing), renewed
+once a third of its TTL has passed, and the deadline and a shutdown are honoured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.queue.config import DEFAULT_LEASE_TTL_SECONDS, LEASE_CHECK_SECONDS
+from ledgerq.queue.executors import Executors
+from ledgerq.queue.launcher import ExecuteFn
+from ledgerq.queue.leases import LeaseReads, until_next_check
+from ledgerq.queue.locks import KeyLock
+from ledgerq.queue.outcomes import Outcome, lost_outcome, record_outcome
+from ledgerq.queue.runs import ENTITY, MalformedRow, decode_run, move, worker_actor
+
+if TYPE_CHECKING:
+    from ledgerq.queue.config import WorkerConfig
+    from ledgerq.store.db import StateDB
+
+log = logging.getLogger("ledgerq.worker")
+
+#: A lease is renewed once this fraction of its TTL has passed.
+RENEW_FRACTION = 1 / 3
+#: exit_code recorded for a run killed at its deadline (the coreutils ``timeout`` convention).
+TIMEOUT_EXIT_CODE = 124
+
+Authorize = Callable[[dict[str, Any]], "bool | str | Awaitable[bool | str]"]
+
+#: A run given back to the queue because its worker is stopping (not a failed attempt).
+SHUTDOWN = Outcome("queued", "run.queued.worker_shutdown")
+
+
+@dataclass
+class RunContext:
+    """How one claimed run is supervised while it executes."""
+
+    worker_id: str
+    lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS
+    clock: Callable[[], float] = time.time
+    executors: Executors = field(default_factory=Executors)
+    authorize: Authorize | None = None
+    lock_dir: Path | None = None
+    check_interval: float = LEASE_CHECK_SECONDS
+    stopping: asyncio.Event | None = None
+    #: Shared by the runs of one worker (or one pass): their checks become one read.
+    lease_reads: LeaseReads = field(default_factory=LeaseReads)
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig, *, clock: Callable[[], float] = time.time,
+                    stopping: asyncio.Event | None = None) -> RunContext:
+        return cls(worker_id=config.worker_id, lease_ttl=config.lease_ttl, clock=clock,
+                   executors=config.executors, authorize=config.authorize,
+                   lock_dir=config.lock_dir, check_interval=config.check_interval,
+                   stopping=stopping)
+
+
+class LeaseLost(Exception):
+    """The run's lease is no longer ours (reaped, cancelled, reclaimed)."""
+
+    def __init__(self, message: str, outcome: str = "lost") -> None:
+        super().__init__(message)
+        #: How the run counts: ``cancelled`` or ``lost`` (see outcomes.lost_outcome).
+        self.outcome = outcome
+
+
+async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> str:
+    """Run one claimed row to an end and write its outcome, guarded on our lease.
+
+    Returns the state written (``completed``, ``failed``, ``retry_wait``,
+    ``timed_out``, ``queued`` on shutdown), ``cancelled`` when an operator cancelled it
+    meanwhile, or ``lost`` when the lease went away otherwise; in those two cases the
+    child is stopped and nothing is written.
+    """
+    policy = db.registry.entity(ENTITY)
+    lease = {"leased_by": ctx.worker_id, "lease_expires_at": run["lease_expires_at"],
+             "lease_token": run["lease_token"]}
+    try:
+        decoded = decode_run(policy, run)
+    except MalformedRow as exc:
+        return await record_outcome(db, policy, run, lease, ctx, Outcome(
+            "failed", "run.failed.exception", 1, str(exc)))
+    if ctx.authorize is not None:
+        try:
+            verdict = ctx.authorize(decoded)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+        except Exception as exc:  # fail closed: a broken hook denies, it does not strand the row
+            verdict = f"authorize hook raised {type(exc).__name__}: {exc}"
+        if verdict is not True:
+            why = verdict if isinstance(verdict, str) and verdict else "denied by authorize hook"
+            return await record_outcome(db, policy, run, lease, ctx, Outcome(
+                "failed", "run.failed.unauthorized", None, f"unauthorized: {why}"))
+    executor = ctx.executors.for_kind(run["action_kind"])
+    if executor is None:
+        return await record_outcome(db, policy, run, lease, ctx, Outcome(
+            "failed", "run.failed.exception", 1,
+            f"no executor for action kind {run['action_kind']!r}"))
+    key = run.get("concurrency_key")
+    lock = KeyLock(ctx.lock_dir, key) if key and ctx.lock_dir is not None else None
+    try:
+        if lock is not None:
+            next_check = 0.0
+            while not lock.try_acquire():
+                if ctx.stopping is not None and ctx.stopping.is_set():
+                    return await record_outcome(db, policy, run, lease, ctx, SHUTDOWN)
+                if time.monotonic() >= next_check:
+                    await _supervise_once(db, policy, run, lease, ctx)
+                    next_check = time.monotonic() + ctx.check_interval
+                await asyncio.sleep(0.05)
+        return await _run_supervised(db, policy, run, decoded, lease, executor, ctx)
+    except LeaseLost as exc:
+        log.info("run %s: lease lost (%s); child stopped, nothing written", run["id"], exc)
+        return exc.outcome
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+                          decoded: dict[str, Any], lease: dict[str, Any], executor: ExecuteFn,
+                          ctx: RunContext) -> str:
+    started = ctx.clock()
+    timeout = run.get("timeout_seconds")
+    deadline = started + timeout if timeout else None
+    task: asyncio.Task[tuple[int, str]] = asyncio.ensure_future(_call(executor, decoded))
+    try:
+        while True:
+            wait = until_next_check(ctx.check_interval)
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - ctx.clock()))
+            done, _ = await asyncio.wait({task}, timeout=wait)
+            if done:
+                break
+            if deadline is not None and ctx.clock() >= deadline:
+                await _stop(task)
+                return await record_outcome(db, policy, run, lease, ctx, Outcome(
+                    "timed_out", "run.timed_out.deadline", TIMEOUT_EXIT_CODE,
+                    f"timed out after {timeout:g}s; process group killed"))
+            if ctx.stopping is not None and ctx.stopping.is_set():
+                await _stop(task)
+                return await record_outcome(db, policy, run, lease, ctx, SHUTDOWN)
+            try:
+                await _supervise_once(db, policy, run, lease, ctx)
+            except LeaseLost:
+                raise
+            except Exception as exc:  # e.g. a busy database: the lease may still be ours
+                log.warning("run %s: lease check failed (%s); retrying at the next check",
+                            run["id"], exc)
+    except BaseException:
+        await _stop(task)
+        raise
+    try:
+        code, detail = task.result()
+    except Exception as exc:
+        return await record_outcome(db, policy, run, lease, ctx, Outcome(
+            "failed", "run.failed.exception", 1, f"{type(exc).__name__}: {exc}",
+            retryable=True))
+    if code == 0:
+        return await record_outcome(db, policy, run, lease, ctx, Outcome(
+            "completed", "run.completed.ok", 0))
+    return await record_outcome(db, policy, run, lease, ctx, Outcome(
+        "failed", "run.failed.exit_nonzero", code, detail or f"exit code {code}",
+        retryable=True))
+
+
+async def _call(executor: ExecuteFn, decoded: dict[str, Any]) -> tuple[int, str]:
+    """Call inside the task, so an executor raising before it awaits is a failed run too."""
+    return await executor(decoded)
+
+
+async def _stop(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+
+
+async def _supervise_once(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+                          lease: dict[str, Any], ctx: RunContext) -> None:
+    """Raise LeaseLost if the row is no longer ours; renew the lease when it is due."""
+    row = await ctx.lease_reads.lease_row(db, run["id"])
+    if (row is None or row["status"] != "running" or row["leased_by"] != lease["leased_by"]
+            or row["lease_expires_at"] != lease["lease_expires_at"]
+            or row["lease_token"] != lease["lease_token"]):
+        raise LeaseLost("row changed under us: " + (row["status"] if row else "deleted"),
+                        lost_outcome(row, lease))
+    now = ctx.clock()
+    if now < lease["lease_expires_at"] - ctx.lease_ttl * (1 - RENEW_FRACTION):
+        return
+    new_expiry = now + ctx.lease_ttl
+    applied = await db.write(lambda tx: move(
+        tx, policy, run["id"], "running", "running", "run.running.lease_renewed",
+        actor=worker_actor(ctx.worker_id), guard=dict(lease),
+        patch={"lease_expires_at": new_expiry}, now=now).applied)
+    if not applied:
+        raise LeaseLost("renewal conflicted")
+    lease["lease_expires_at"] = new_expiry
