@@ -9,6 +9,7 @@ import pytest
 
 from helpers import trace
 from ledgerq import StateDB
+from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle import (
     VOCABULARY_ERROR,
     Actor,
@@ -435,18 +436,35 @@ async def test_version_counts_facts(db: StateDB) -> None:
 
 
 async def test_patch_is_stored_as_the_row_holds_it(db: StateDB) -> None:
-    """A value the column's affinity converts is logged as stored, so the fold matches."""
+    """An integer patched into a timestamp column is logged as stored (a float), so the
+    fold matches the row on either backend."""
     from ledgerq.projections import rebuild, verify
 
     rid = await new_run(db)
     await move(db, RUN, rid, "queued", "running", "run.started.ok",
-               patch={"leased_by": 123, "lease_attempts": "2", "lease_expires_at": 7})
+               patch={"leased_by": "123", "lease_attempts": 2, "lease_expires_at": 7})
     got = await row(db, "schedule_runs", rid)
     assert got is not None
     assert (got["leased_by"], got["lease_attempts"], got["lease_expires_at"]) == ("123", 2, 7.0)
+    assert isinstance(got["lease_expires_at"], float)
     assert (await verify(db)).ok
     await rebuild(db)
     assert await row(db, "schedule_runs", rid) == got
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("leased_by", 123), ("lease_attempts", "2"), ("lease_attempts", True),
+    ("lease_expires_at", "7"), ("lease_attempts", 2.0)])
+async def test_a_value_of_another_logical_type_is_refused(db: StateDB, column: str,
+                                                          value: Any) -> None:
+    """SQLite would coerce it by column affinity and PostgreSQL refuse it: the engine
+    refuses it first, naming the column, the same on both, and writes nothing."""
+    rid = await new_run(db, "running")
+    before = await snapshot(db)
+    with pytest.raises(InvalidInput, match=f"{column} of schedule_run is "):
+        await move(db, RUN, rid, "running", "running", "run.running.lease_renewed",
+                   patch={column: value})
+    assert await snapshot(db) == before
 
 
 # ---------------------------------------------------------------- 8. idempotency

@@ -52,15 +52,38 @@ def check_columns(policy: EntityPolicy, guard: dict[str, Any] | None,
                 f"{kind} column(s) {', '.join(extra)} not allowed for {policy.name}; "
                 f"allowed: {', '.join(sorted(allowed)) or 'none'}"
             )
-        for col, value in given.items():
-            vtype = type(value)
-            if (value is None or vtype is bool
-                    or (vtype is str and value.isascii() and "\x00" not in value)
-                    or (vtype is int and _INT64_MIN <= value <= _INT64_MAX)):
-                continue  # the common case: a scalar that needs no further look
-            problem = value_problem(value, json=col in policy.json_columns)
-            if problem is not None:
-                raise InvalidInput(f"{kind} column {col} of {policy.name}: {problem}")
+        check_values(policy, kind, given)
+
+
+#: The Python types each logical column type takes (bool is no integer here, whatever
+#: Python says): SQLite would coerce a mismatch by column affinity and PostgreSQL refuse
+#: it, so the engine refuses it first, the same on both.
+_LOGICAL = {"text": (str,), "integer": (int,), "float": (int, float),
+            "timestamp": (int, float), "boolean": (bool,)}
+
+
+def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any]) -> None:
+    """Each value fits its column's logical type and can be stored exactly in the log."""
+    columns = policy.columns
+    for col, value in given.items():
+        if value is None:
+            continue
+        vtype = type(value)
+        logical = columns[col].type
+        allowed = _LOGICAL.get(logical)
+        if allowed is not None and (vtype not in allowed and not (
+                vtype is not bool and isinstance(value, allowed))):
+            hint = (" (lists and objects go only into JSON columns)"
+                    if isinstance(value, list | tuple | dict) else "")
+            raise InvalidInput(f"{kind} column {col} of {policy.name} is {logical}; "
+                               f"got {vtype.__name__} {value!r:.60}{hint}")
+        if ((vtype is str and value.isascii() and "\x00" not in value)
+                or vtype is bool
+                or (vtype is int and _INT64_MIN <= value <= _INT64_MAX)):
+            continue  # the common case: a scalar that needs no further look
+        problem = value_problem(value, json=logical == "json")
+        if problem is not None:
+            raise InvalidInput(f"{kind} column {col} of {policy.name}: {problem}")
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -183,6 +206,9 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     check_reason(policy, reason)
     check_columns(policy, guard, patch)
     if idempotency_key:
+        # Two moves under one key at once (other connections): the second waits for the
+        # first to commit, then replays it, as it would have one after the other.
+        tx.lock_key(f"transition:{policy.name}:{entity_id}:{idempotency_key}")
         repeat = _replay(tx, policy.name, entity_id, to_state, idempotency_key)
         if repeat is not None:
             return repeat
@@ -237,7 +263,11 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
         guards={c: to_sql(guard[c]) for c in guard_cols},
         returning=None if whole_row else patched)
     if after is None:
-        return _conflict(observed)
+        # Another writer moved the row between the read and the swap (possible where
+        # writers run at once: PostgreSQL's READ COMMITTED): the conflict reports the
+        # status it left, as a conflict seen at the read would have.
+        now_row = tx.entity_for_move(policy, entity_id, ())
+        return _conflict(observed if now_row is None else now_row[0])
     # The stored values (after the column's type affinity or the database's own
     # normalization of JSON), so the fact records exactly what the row holds and
     # folding the log reproduces the row.
@@ -329,6 +359,10 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
     if maintained:  # the engine writes these from the reason; a value would be dropped
         raise InvalidInput(f"{policy.name} column(s) {', '.join(maintained)} are maintained "
                            "by the engine and cannot be given at creation")
+    check_values(policy, "creation", {k: v for k, v in values.items()
+                                       if k not in ("id", "status") and
+                                       not (policy.columns[k].type == "json"
+                                            and isinstance(v, str))})
     row = {k: to_sql(v) for k, v in values.items()}
     row.setdefault("id", new_id())
     row.setdefault("created_at", ts)

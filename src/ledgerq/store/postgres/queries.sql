@@ -21,7 +21,10 @@ AND {column} IN ({marks})
 WHERE TRUE {terms}
 
 -- name: entity_for_move
-SELECT {columns} FROM {table} WHERE id = %s
+-- FOR UPDATE: a move reads the row it swaps under the row's lock, so two moves of one
+-- row run one after the other, each checking the spec against the status the other left
+-- (as under SQLite's single writer); the compare-and-swap stays as the second guard.
+SELECT {columns} FROM {table} WHERE id = %s FOR UPDATE
 
 -- name: update_entity
 UPDATE {table} SET {assignments}
