@@ -93,7 +93,7 @@ async def test_update_entity_is_a_compare_and_swap(db: StateDB) -> None:
     values = row_values(leased_by=None)
     rid = values["id"]
     await db.write(lambda tx: tx.insert_entity(policy, values))
-    assert await db.read(lambda tx: tx.entity_for_move(policy, rid, ("leased_by",))) == \
+    assert await db.write(lambda tx: tx.entity_for_move(policy, rid, ("leased_by",))) == \
         ("queued", 1, None)
 
     def swap(version: int, guard: Any) -> Any:

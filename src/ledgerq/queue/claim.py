@@ -3,6 +3,15 @@
 The choice (scan, capability and target filter, affinity order, one run per
 concurrency key) reads one snapshot; each claim is then its own guarded move, so a
 row another claimant took meanwhile is simply not claimed.
+
+Where writers run one at a time (SQLite) the pass chooses ``limit`` rows and claims
+them, each claim its own unit in one group commit. Where they run at once (PostgreSQL)
+every worker's snapshot shows the same oldest rows: the pass chooses spares as well
+(``CLAIM_SPARES`` times the limit) and claims them in order in one transaction, until
+``limit`` are claimed; a row another claimant holds is skipped at once (``SKIP
+LOCKED``), one it took already fails its compare-and-swap, and the next spare is tried.
+Only rows a pass claims are ever locked, so a worker never hides rows it cannot serve
+from one that can, and a pass that finds nothing to claim writes nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ log = logging.getLogger("ledgerq.worker")
 #: Candidates read per keyset page and rows scanned per pass (D4).
 PAGE_SIZE = 50
 SCAN_CAP = 5000
+#: Where writers run at once: candidates chosen per slot, for the claims others win.
+CLAIM_SPARES = 4
+#: An outcome slot of a spare the pass did not need to try.
+_UNTRIED = object()
 
 
 @dataclass
@@ -162,6 +175,34 @@ def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
     return res.row if res.applied else None
 
 
+def _claim_in_order(tx: Tx, chosen: list[dict[str, Any]], limit: int,
+                    claim: Callable[..., dict[str, Any] | None]) -> list[Any]:
+    """Claim candidates in order until ``limit`` slots are used, each in its own savepoint;
+    the outcome per candidate.
+
+    A claim another claimant won frees its slot for the next spare; one that raises uses
+    its slot (it is that row's failure alone, as where writers run one at a time).
+    """
+    got: list[Any] = []
+    used = 0
+    for cand in chosen:
+        if used >= limit:
+            got.append(_UNTRIED)
+            continue
+        try:
+            with tx.savepoint():
+                row = claim(tx, cand=cand)
+        except Exception as exc:
+            if tx.database_failure(exc):
+                raise
+            got.append(exc)
+            used += 1
+            continue
+        used += row is not None
+        got.append(row)
+    return got
+
+
 async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = None,
                      now: float | None = None, excluded_kinds: Iterable[str] | None = None,
                      stuck: StuckRows | None = None) -> ClaimPass:
@@ -183,21 +224,27 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
     excluded = sorted(set(config.executors.excluded_kinds() if excluded_kinds is None
                           else excluded_kinds))
     policy = db.registry.entity(ENTITY)
+    wanted = limit * CLAIM_SPARES if db.many_writers else limit
     chosen = await db.read(lambda tx: _select(
-        tx, policy, worker_id, ts, config.heartbeat_ttl, excluded, advertised, targets, limit,
-        result, skip))
+        tx, policy, worker_id, ts, config.heartbeat_ttl, excluded, advertised, targets,
+        wanted, result, skip))
     if chosen is None:
         log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
         return result
     if not chosen:
         return result
-    outcomes = await asyncio.gather(*(
-        db.write(functools.partial(_claim_one, policy=policy, cand=c, worker_id=worker_id,
-                                   now=ts, lease_ttl=config.lease_ttl))
-        for c in chosen
-    ), return_exceptions=True)
+    claim = functools.partial(_claim_one, policy=policy, worker_id=worker_id, now=ts,
+                              lease_ttl=config.lease_ttl)
+    outcomes: list[Any]
+    if db.many_writers:
+        outcomes = await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
+    else:
+        outcomes = await asyncio.gather(*(db.write(functools.partial(claim, cand=c))
+                                          for c in chosen), return_exceptions=True)
     tried: list[str] = []
     for cand, got in zip(chosen, outcomes, strict=True):
+        if got is _UNTRIED:
+            continue
         if isinstance(got, BaseException):
             result.lost += 1
             if is_database_failure(got) or not isinstance(got, Exception):

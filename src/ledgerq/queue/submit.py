@@ -185,9 +185,12 @@ async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = 
     ts = time.time() if now is None else now
 
     def unit(tx: Tx) -> bool:
-        status = tx.statuses(policy, [run_id]).get(run_id)
-        if status is None:
+        # Read as a move reads (under the row's lock where writers run at once), so a
+        # claim committing meanwhile is seen, and a running run is cancelled as such.
+        found = tx.entity_for_move(policy, run_id, ())
+        if found is None:
             raise NotFound(f"run {run_id!r} not found")
+        status = found[0]
         if not policy.allows(status, "cancelled"):
             return False
         res = move(tx, policy, run_id, status, "cancelled", "run.cancelled.operator",

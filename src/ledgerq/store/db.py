@@ -82,6 +82,12 @@ class StateDB:
         return self._backend.dialect
 
     @property
+    def many_writers(self) -> bool:
+        """Whether writers run at once (PostgreSQL), so that a claim pass must lock the
+        rows it scans, or one at a time (SQLite), so that it need not."""
+        return self.dialect != "sqlite"
+
+    @property
     def file(self) -> str | None:
         """The SQLite file this handle opened (None for ``:memory:`` and PostgreSQL)."""
         if self.dialect != "sqlite" or self.path in (":memory:", ""):
