@@ -31,9 +31,8 @@ DIALECTS = ("ledgerq.store.sqlite", "ledgerq.store.postgres")
 #: Statements only PostgreSQL needs: what SQLite's single writer makes unnecessary (row
 #: and key locks, the wake-up channel) and its connection management (schema fingerprint,
 #: read-only snapshots), where SQLite uses pragmas and its own file checks.
-POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "try_lock_row", "schema_lock",
-                 "tables_present", "durability", "read_only_snapshot", "schema_recorded",
-                 "schema_fingerprint", "record_fingerprint"}
+POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "tables_present",
+                 "durability", "schema_recorded", "schema_fingerprint", "record_fingerprint"}
 
 
 def test_both_dialects_define_the_same_query_names() -> None:
@@ -198,7 +197,8 @@ async def test_queue_scans(db: StateDB) -> None:
         "q1", "q2", "q3"]
     assert await db.read(lambda tx: tx.ids_matching(policy, "1", suffix=True, limit=5)) == [
         "q1", "r1"]
-    assert await db.write(lambda tx: tx.try_lock_row(policy, "q1"))
+    assert (await db.write(lambda tx: tx.entity_for_move(policy, "q1", (), skip_locked=True))
+            == ("queued", 1))
 
 
 async def test_dependencies_and_settling(db: StateDB) -> None:
@@ -282,3 +282,26 @@ async def test_two_connections_race_one_compare_and_swap(db_target: str) -> None
         from ledgerq.projections import verify
 
         assert (await verify(a)).ok
+
+
+async def test_a_claimants_read_skips_a_row_another_transaction_holds(db: StateDB) -> None:
+    """``skip_locked``: where writers run at once, a row another transaction holds reads as
+    absent at once (no wait); the row itself is untouched. SQLite has one writer."""
+    if db.dialect == "sqlite":
+        pytest.skip("SQLite's single writer never meets another's row lock")
+    from helpers.raw import raw
+
+    policy = await policy_of(db)
+    rid = await new_run(db)
+    holder = raw(db.path)
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT id FROM schedule_runs WHERE id = ? FOR UPDATE", (rid,))
+        got = await asyncio.wait_for(db.write(
+            lambda tx: tx.entity_for_move(policy, rid, (), skip_locked=True)), 5)
+        assert got is None
+        holder.execute("ROLLBACK")
+    finally:
+        holder.close()
+    assert await db.write(lambda tx: tx.entity_for_move(policy, rid, (), skip_locked=True)) \
+        == ("queued", 1)

@@ -57,8 +57,13 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def entity_for_move(self, policy: EntityPolicy, entity_id: str,
-                        guard_cols: tuple[str, ...]) -> tuple[Any, ...] | None:
-        """(status, version, *guard values) of one row, or None when it does not exist."""
+                        guard_cols: tuple[str, ...], *, skip_locked: bool = False
+                        ) -> tuple[Any, ...] | None:
+        """(status, version, *guard values) of one row, or None when it does not exist.
+
+        Where writers run at once the row stays locked until the transaction ends;
+        ``skip_locked`` returns None at once instead of waiting for another's lock (a
+        claimant skips a row another claimant is taking)."""
 
     @abc.abstractmethod
     def update_entity(self, policy: EntityPolicy, entity_id: str, *, observed: str,
@@ -182,11 +187,6 @@ class Tx(abc.ABC):
     def lock_key(self, key: str) -> None:
         """Serialize this transaction with every other that locks ``key`` until it ends
         (so two claims of one concurrency key cannot both see it free)."""
-
-    @abc.abstractmethod
-    def try_lock_row(self, policy: EntityPolicy, entity_id: str) -> bool:
-        """Lock one row for this transaction unless another transaction holds it (then
-        False at once: claimants skip each other's rows instead of queueing behind them)."""
 
     @abc.abstractmethod
     def lease_rows(self, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:

@@ -192,14 +192,15 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
                from_state: str | None, to_state: str, reason: StateReason, actor: Actor, *,
                guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
                now: float | None = None, idempotency_key: str = "",
-               whole_row: bool = False) -> Moved:
+               whole_row: bool = False, skip_locked: bool = False) -> Moved:
     """One guarded move inside the caller's transaction, in D3's check order.
 
     ``reason`` and ``actor`` are trusted as built (the queue makes them with
     ``model_construct``); the reason code and the column allowlists are still checked
     against the policy, so nothing the spec does not declare is ever written.
     ``whole_row`` returns the row as the UPDATE left it (``RETURNING *``), which saves a
-    claim its read-back.
+    claim its read-back. ``skip_locked`` makes a row another writer holds a conflict at
+    once instead of a wait (a claimant's move; see ``Tx.entity_for_move``).
     """
     guard = guard or {}
     patch = patch or {}
@@ -213,8 +214,10 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
         if repeat is not None:
             return repeat
     guard_cols = tuple(sorted(guard))
-    row = tx.entity_for_move(policy, entity_id, guard_cols)
+    row = tx.entity_for_move(policy, entity_id, guard_cols, skip_locked=skip_locked)
     if row is None:
+        if skip_locked:  # held by another writer (or gone): not this caller's to move
+            return _conflict(from_state or "")
         raise LookupError(f"{policy.name} {entity_id!r} not found")
     observed: str = row[0]
     if from_state is not None and observed != from_state:

@@ -157,9 +157,6 @@ def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
 
 def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
                worker_id: str, now: float, lease_ttl: float) -> dict[str, Any] | None:
-    # Another claimant's row is skipped, not waited for (PostgreSQL: SKIP LOCKED).
-    if not tx.try_lock_row(policy, cand["id"]):
-        return None
     key = cand["concurrency_key"]
     if key is not None:
         tx.lock_key(key)  # two claims of one key cannot both see it free
@@ -171,7 +168,9 @@ def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
                guard={"lease_attempts": attempts, "leased_by": None},
                patch={"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
                       "lease_token": uuid.uuid4().hex,
-                      "lease_attempts": attempts + 1}, now=now, whole_row=True)
+                      "lease_attempts": attempts + 1}, now=now, whole_row=True,
+               # Another claimant's row is skipped, not waited for (PostgreSQL: SKIP LOCKED).
+               skip_locked=True)
     return res.row if res.applied else None
 
 
@@ -181,23 +180,39 @@ def _claim_in_order(tx: Tx, chosen: list[dict[str, Any]], limit: int,
     the outcome per candidate.
 
     A claim another claimant won frees its slot for the next spare; one that raises uses
-    its slot (it is that row's failure alone, as where writers run one at a time).
+    its slot (it is that row's failure alone, as where writers run one at a time). Claims
+    rarely raise, so they first run together in one savepoint; only when one raises are
+    they run again, each in its own.
     """
+    try:
+        with tx.savepoint():
+            return _claims(tx, chosen, limit, claim, isolate=False)
+    except Exception as exc:
+        if tx.database_failure(exc):
+            raise
+    return _claims(tx, chosen, limit, claim, isolate=True)
+
+
+def _claims(tx: Tx, chosen: list[dict[str, Any]], limit: int,
+            claim: Callable[..., dict[str, Any] | None], *, isolate: bool) -> list[Any]:
     got: list[Any] = []
     used = 0
     for cand in chosen:
         if used >= limit:
             got.append(_UNTRIED)
             continue
-        try:
-            with tx.savepoint():
-                row = claim(tx, cand=cand)
-        except Exception as exc:
-            if tx.database_failure(exc):
-                raise
-            got.append(exc)
-            used += 1
-            continue
+        if not isolate:
+            row = claim(tx, cand=cand)
+        else:
+            try:
+                with tx.savepoint():
+                    row = claim(tx, cand=cand)
+            except Exception as exc:
+                if tx.database_failure(exc):
+                    raise
+                got.append(exc)
+                used += 1
+                continue
         used += row is not None
         got.append(row)
     return got

@@ -33,6 +33,10 @@ def settle_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
     (the run would stay running until its lease expired and then run again): its part
     is rolled back alone, and the dependency sweep retries it row by row.
     """
+    # Most runs have no dependents: look before opening a savepoint (the look is a read;
+    # what can fail is moving them).
+    if not any(tx.dependents_of(policy, rid) for rid in run_ids):
+        return
     _, err = isolated(tx, functools.partial(resolve_dependents, now=now), tx, policy, run_ids)
     if err is not None:
         log.warning("dependents of %s not settled (%s); the dependency sweep retries them",

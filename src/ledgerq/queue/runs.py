@@ -60,7 +60,7 @@ def move(tx: Tx, policy: EntityPolicy, run_id: str, from_state: str | None,
          to_state: str, code: str, *, actor: Actor = SYSTEM, summary: str = "",
          guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
          metadata: dict[str, Any] | None = None, now: float | None = None,
-         whole_row: bool = False) -> Moved:
+         whole_row: bool = False, skip_locked: bool = False) -> Moved:
     """One guarded move of a run inside the caller's transaction (the queue's only write path).
 
     No idempotency key: the guards make the queue's own moves safe to repeat. The reason
@@ -71,7 +71,7 @@ def move(tx: Tx, policy: EntityPolicy, run_id: str, from_state: str | None,
     shared = not metadata and len(summary) <= _CACHED_SUMMARY
     reason = _shared_reason(code, summary) if shared else _reason(code, summary, metadata)
     moved = apply_move(tx, policy, run_id, from_state, to_state, reason, actor, guard=guard,
-                       patch=patch, now=now, whole_row=whole_row)
+                       patch=patch, now=now, whole_row=whole_row, skip_locked=skip_locked)
     if moved.applied and to_state == "queued":
         # A requeue, a due retry, a released dependent: claimable now, on every host.
         tx.notify_claimable()

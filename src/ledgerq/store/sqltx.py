@@ -94,13 +94,15 @@ class SqlTx(Tx):
     # ------------------------------------------------------------ the engine
 
     def entity_for_move(self, policy: EntityPolicy, entity_id: str,
-                        guard_cols: tuple[str, ...]) -> tuple[Any, ...] | None:
-        key = ("select", policy.table, guard_cols)
+                        guard_cols: tuple[str, ...], *, skip_locked: bool = False
+                        ) -> tuple[Any, ...] | None:
+        key = ("select", policy.table, guard_cols, skip_locked)
         sql = self._texts.get(key)
         if sql is None:
             cols = ", ".join(["status", "version", *(quote(c) for c in guard_cols)])
-            sql = self._texts[key] = self.q("entity_for_move", table=self.table(policy),
-                                            columns=cols)
+            sql = self._texts[key] = self.q(
+                "entity_for_move_skip_locked" if skip_locked else "entity_for_move",
+                table=self.table(policy), columns=cols)
         row: tuple[Any, ...] | None = self.execute(sql, (entity_id,)).fetchone()
         return row
 
@@ -264,9 +266,6 @@ class SqlTx(Tx):
 
     def lock_key(self, key: str) -> None:
         return None
-
-    def try_lock_row(self, policy: EntityPolicy, entity_id: str) -> bool:
-        return True
 
     def lease_rows(self, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
         out: list[Row] = []

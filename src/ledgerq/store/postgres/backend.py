@@ -49,6 +49,7 @@ from ledgerq.store.postgres.schema import (
 from ledgerq.store.postgres.tx import QUERIES, PostgresTx, qmark_to_psycopg
 
 log = logging.getLogger("ledgerq.postgres")
+SNAPSHOT = psycopg.IsolationLevel.REPEATABLE_READ
 T = TypeVar("T")
 
 #: Connections per handle: a worker's concurrent claims, renewals and terminal writes.
@@ -199,8 +200,10 @@ class PostgresBackend:
             try:
                 with pool.connection() as conn:
                     tx = PostgresTx(conn)
-                    if readonly:
-                        conn.execute(QUERIES("read_only_snapshot"))
+                    # Sent with the BEGIN psycopg issues before the first statement: a
+                    # read is one snapshot, and costs no round trip of its own to say so.
+                    conn.isolation_level = SNAPSHOT if readonly else None
+                    conn.read_only = readonly or self.readonly
                     value = fn(tx)
                     committing = True
                     conn.commit()

@@ -26,6 +26,10 @@ WHERE TRUE {terms}
 -- (as under SQLite's single writer); the compare-and-swap stays as the second guard.
 SELECT {columns} FROM {table} WHERE id = %s FOR UPDATE
 
+-- name: entity_for_move_skip_locked
+-- A claimant's read: a row another transaction holds is skipped at once, never waited for.
+SELECT {columns} FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED
+
 -- name: update_entity
 UPDATE {table} SET {assignments}
 WHERE id = %s AND status = %s AND version = %s {guards}
@@ -143,9 +147,6 @@ SELECT 1 FROM {table} WHERE concurrency_key = %s AND status = 'running' LIMIT 1
 -- name: lock_key
 SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))
 
--- name: try_lock_row
-SELECT 1 FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED
-
 -- name: lease_rows
 SELECT {columns} FROM {table} WHERE id IN ({marks})
 
@@ -240,5 +241,3 @@ WHERE table_schema = current_schema() AND table_name = ANY(%s)
 -- name: durability
 SHOW synchronous_commit
 
--- name: read_only_snapshot
-SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY

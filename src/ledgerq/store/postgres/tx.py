@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 import psycopg
 
-from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
 
@@ -85,10 +84,6 @@ class PostgresTx(SqlTx):
 
     def lock_key(self, key: str) -> None:
         self.execute(self.q("lock_key"), (key,))
-
-    def try_lock_row(self, policy: EntityPolicy, entity_id: str) -> bool:
-        sql = self.q("try_lock_row", table=self.table(policy))
-        return self.execute(sql, (entity_id,)).fetchone() is not None
 
     def defer_constraints(self) -> None:
         self.execute(self.q("defer_constraints"))

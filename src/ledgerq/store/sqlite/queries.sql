@@ -23,6 +23,10 @@ WHERE 1 {terms}
 -- name: entity_for_move
 SELECT {columns} FROM {table} WHERE id = ?
 
+-- name: entity_for_move_skip_locked
+-- The single writer holds every row: the same read.
+SELECT {columns} FROM {table} WHERE id = ?
+
 -- name: update_entity
 UPDATE {table} SET {assignments}
 WHERE id = ? AND status = ? AND version = ? {guards}
