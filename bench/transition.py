@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import sqlite3
@@ -59,6 +60,7 @@ from ledgerq.lifecycle.engine import create_entity  # noqa: E402
 from ledgerq.store import db as store_db  # noqa: E402
 from ledgerq.store.db import BUSY_TIMEOUT_MS  # noqa: E402
 from ledgerq.store.sqlite.schema import schema_ddl  # noqa: E402
+from ledgerq.store.sqlite.tx import SqliteTx  # noqa: E402
 
 ENTITY = "schedule_run"
 WORKER = "bench-worker"
@@ -71,13 +73,15 @@ RENEW_REASON = StateReason(code="run.running.lease_renewed")
 # refuses to run if the engine's text for the move has drifted from these.
 RAW_REPLAY = ("SELECT id, previous_status, status FROM status_transitions "
               "WHERE entity_type = ? AND entity_id = ? AND idempotency_key = ?")
-RAW_SELECT = "SELECT status, version, lease_expires_at, leased_by FROM schedule_runs WHERE id = ?"
-# A same-state move does not assign status (the engine leaves it out: see _update_sql).
+RAW_SELECT = ('SELECT status, version, "lease_expires_at", "leased_by" FROM "schedule_runs" '
+              "WHERE id = ?")
+# A same-state move does not assign status (the engine leaves it out: see
+# SqlTx.update_entity).
 RAW_UPDATE = (
-    "UPDATE schedule_runs SET version = ?, updated_at = ?, status_reason_code = ?, "
-    "status_reason_summary = ?, status_evidence_refs = ?, lease_expires_at = ? "
-    "WHERE id = ? AND status = ? AND lease_expires_at IS ? AND leased_by IS ? "
-    "RETURNING lease_expires_at"
+    'UPDATE "schedule_runs" SET "version" = ?, "updated_at" = ?, "status_reason_code" = ?, '
+    '"status_reason_summary" = ?, "status_evidence_refs" = ?, "lease_expires_at" = ? '
+    'WHERE id = ? AND status = ? AND version = ? AND "lease_expires_at" IS ? '
+    'AND "leased_by" IS ? RETURNING "lease_expires_at"'
 )
 RAW_INSERT = """
 INSERT INTO status_transitions (
@@ -94,15 +98,19 @@ def check_statements() -> None:
     guard_cols = ("lease_expires_at", "leased_by")
     change_cols = ("updated_at", "status_reason_code", "status_reason_summary",
                    "status_evidence_refs", "lease_expires_at")
-    select_sql = getattr(engine, "_select_sql", None)
-    update_sql = getattr(engine, "_update_sql", None)
-    if select_sql is None or update_sql is None:
-        return  # an engine without the statement builders: nothing to compare against
+    # The dialect's own texts, rendered as the engine's move renders them.
+    policy = default_registry().entity(ENTITY)
+    tx = SqliteTx(sqlite3.connect(":memory:"))
+    seen: list[str] = []
+    tx.execute = lambda sql, params=(): seen.append(sql)  # type: ignore[method-assign]
+    with contextlib.suppress(Exception):
+        tx.entity_for_move(policy, "x", guard_cols)
+    with contextlib.suppress(Exception):
+        tx.update_entity(policy, "x", observed="running", version=1, to_state=None,
+                         changes=dict.fromkeys(change_cols), guards=dict.fromkeys(guard_cols),
+                         returning=("lease_expires_at",))
     ours = {"SELECT": RAW_SELECT, "UPDATE": RAW_UPDATE, "INSERT": RAW_INSERT}
-    theirs = {"SELECT": select_sql("schedule_runs", guard_cols),
-              "UPDATE": update_sql("schedule_runs", guard_cols, change_cols,
-                                   ("lease_expires_at",), True),
-              "INSERT": engine._FACT_INSERT}
+    theirs = {"SELECT": seen[0], "UPDATE": seen[1], "INSERT": tx.q("append_fact")}
     for name, sql in ours.items():
         if " ".join(sql.split()) != " ".join(theirs[name].split()):
             raise SystemExit(f"bench/transition.py: the engine's {name} for a lease renewal is "
@@ -133,7 +141,7 @@ def seed_rows(conn: sqlite3.Connection, registry: Registry, rows: int, t0: float
         conn.execute("BEGIN IMMEDIATE")
     for i in range(rows):
         expires = t0 + LEASE_STEP
-        rid = create_entity(conn, policy, {
+        rid = create_entity(SqliteTx(conn), policy, {
             "id": f"run-{i:06d}", "status": "running", "trigger_context": {"bench": True},
             "action_kind": "noop", "action_args": [], "fired_at": t0, "queued_at": t0,
             "leased_by": WORKER, "lease_expires_at": expires, "lease_attempts": 1,
@@ -165,7 +173,7 @@ async def run_ledgerq(path: str, registry: Registry, synchronous: str, n: int, r
                       callers: int, keys: bool) -> float:
     async with StateDB(path, registry=registry, synchronous=synchronous) as db:  # type: ignore[arg-type]
         SETTINGS["ledgerq"] = await db.run(read_pragmas)
-        seeded = await db.write(lambda conn: seed_rows(conn, registry, rows, time.time()))
+        seeded = await db.write(lambda tx: seed_rows(tx.conn, registry, rows, time.time()))
         expires = [e for _, e in seeded]
         ids = [r for r, _ in seeded]
         work = plan(seeded, n, callers)
@@ -245,7 +253,8 @@ def run_raw(path: str, registry: Registry, synchronous: str, n: int, rows: int,
                        "status_reason_summary": summary, "status_evidence_refs": evidence,
                        "lease_expires_at": new_exp}
             stored = execute(RAW_UPDATE, (version, ts, code, summary, evidence, new_exp,
-                                          rid, "running", exp, WORKER)).fetchall()
+                                          rid, "running", version - 1, exp,
+                                          WORKER)).fetchall()
             if len(stored) != 1:
                 raise SystemExit(f"raw: UPDATE matched {len(stored)} rows")
             changes["lease_expires_at"] = stored[0][0]

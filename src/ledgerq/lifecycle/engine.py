@@ -62,14 +62,24 @@ _LOGICAL = {"text": (str,), "integer": (int,), "float": (int, float),
             "timestamp": (int, float), "boolean": (bool,)}
 
 
-def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any]) -> None:
-    """Each value fits its column's logical type and can be stored exactly in the log."""
-    columns = policy.columns
+def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any], *,
+                 json_text: bool = False) -> None:
+    """Each value fits its column's logical type and can be stored exactly in the log.
+
+    ``json_text``: a str given for a JSON column is JSON text (a creation's rows), not a
+    JSON string value. Runs for every value of every move and creation, so the common
+    case (a scalar of its column's exact type) costs a dict lookup and a set test.
+    """
+    plain = _plain_types(policy, json_text)
     for col, value in given.items():
+        vtype = type(value)
+        if vtype in plain[col] and (
+                (vtype is not str or (value.isascii() and "\x00" not in value))
+                and (vtype is not int or _INT64_MIN <= value <= _INT64_MAX)):
+            continue
         if value is None:
             continue
-        vtype = type(value)
-        logical = columns[col].type
+        logical = policy.columns[col].type
         allowed = _LOGICAL.get(logical)
         if allowed is not None and (vtype not in allowed and not (
                 vtype is not bool and isinstance(value, allowed))):
@@ -77,13 +87,33 @@ def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any]) -> None
                     if isinstance(value, list | tuple | dict) else "")
             raise InvalidInput(f"{kind} column {col} of {policy.name} is {logical}; "
                                f"got {vtype.__name__} {value!r:.60}{hint}")
-        if ((vtype is str and value.isascii() and "\x00" not in value)
-                or vtype is bool
-                or (vtype is int and _INT64_MIN <= value <= _INT64_MAX)):
-            continue  # the common case: a scalar that needs no further look
+        if vtype is bool:
+            continue
         problem = value_problem(value, json=logical == "json")
         if problem is not None:
             raise InvalidInput(f"{kind} column {col} of {policy.name}: {problem}")
+
+
+_PLAIN: dict[tuple[int, bool], dict[str, frozenset[type]]] = {}
+
+
+def _plain_types(policy: EntityPolicy, json_text: bool) -> dict[str, frozenset[type]]:
+    """Per column, the exact types whose values need no further look (None included).
+
+    Keyed by the policy's identity: policies are immutable and live as long as their
+    registry, and a frozen dataclass of mappings cannot be hashed.
+    """
+    key = (id(policy), json_text)
+    found = _PLAIN.get(key)
+    if found is None:
+        found = {}
+        for col, column in policy.columns.items():
+            types: set[type] = {type(None), *_LOGICAL.get(column.type, ())}
+            if column.type == "json" and json_text:
+                types.add(str)
+            found[col] = frozenset(types)
+        _PLAIN[key] = found
+    return found
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -362,10 +392,7 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
     if maintained:  # the engine writes these from the reason; a value would be dropped
         raise InvalidInput(f"{policy.name} column(s) {', '.join(maintained)} are maintained "
                            "by the engine and cannot be given at creation")
-    check_values(policy, "creation", {k: v for k, v in values.items()
-                                       if k not in ("id", "status") and
-                                       not (policy.columns[k].type == "json"
-                                            and isinstance(v, str))})
+    check_values(policy, "creation", values, json_text=True)
     row = {k: to_sql(v) for k, v in values.items()}
     row.setdefault("id", new_id())
     row.setdefault("created_at", ts)
