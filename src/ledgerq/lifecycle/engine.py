@@ -75,7 +75,8 @@ def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any], *,
         vtype = type(value)
         if vtype in plain[col] and (
                 (vtype is not str or (value.isascii() and "\x00" not in value))
-                and (vtype is not int or _INT64_MIN <= value <= _INT64_MAX)):
+                and (vtype is not int or _INT64_MIN <= value <= _INT64_MAX)
+                and (vtype is not float or math.isfinite(value))):
             continue
         if value is None:
             continue
