@@ -147,8 +147,9 @@ async def test_two_moves_from_one_version_never_both_apply(tmp_path: Path) -> No
             # A reader that saw the row one version ago (what READ COMMITTED allows).
             real = tx.entity_for_move
 
-            def stale_read(policy: Any, entity_id: str, cols: tuple[str, ...]) -> Any:
-                got = real(policy, entity_id, cols)
+            def stale_read(policy: Any, entity_id: str, cols: tuple[str, ...],
+                           **kw: Any) -> Any:
+                got = real(policy, entity_id, cols, **kw)
                 return None if got is None else (got[0], got[1] - 1, *got[2:])
 
             tx.entity_for_move = stale_read  # type: ignore[method-assign]
