@@ -112,23 +112,24 @@ class PostgresBackend:
         self._pool, self._executor = pool, executor
 
     def _open_sync(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:
+        # One direct connection first: a server that is not there fails at once with
+        # libpq's own reason (the pool would retry quietly until its timeout), and the
+        # schema is checked or created on it before any pooled connection exists.
         try:
-            pool.open(wait=True, timeout=CONNECT_TIMEOUT)
-        except psycopg_pool.PoolTimeout as exc:
-            # The pool's own message hides libpq's; one direct try names the cause.
-            try:
-                psycopg.connect(self.url, connect_timeout=int(CONNECT_TIMEOUT)).close()
-            except psycopg.Error as direct:
-                raise DatabaseUnavailable(f"{_redacted(self.url)}: {direct}".strip()) from exc
-            raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
-        with pool.connection() as conn:
-            try:
+            with psycopg.connect(self.url, connect_timeout=int(CONNECT_TIMEOUT)) as conn:
+                self._configure(conn)
                 if self.readonly:
                     self._require_schema(conn)
                 else:
                     self._create_schema(conn)
-            except psycopg.Error as exc:
-                raise _translate(exc) from exc
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}".strip()) from exc
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        try:
+            pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+        except psycopg_pool.PoolTimeout as exc:
+            raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
         """Every statement in one transaction behind an advisory lock: many hosts may
