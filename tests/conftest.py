@@ -107,6 +107,17 @@ def db_target(backend: str, request: pytest.FixtureRequest,
 
 
 @pytest.fixture
+def pg_target(pg_database: str) -> Iterator[str]:
+    """A fresh PostgreSQL schema only, for tests of what only PostgreSQL has."""
+    schema = f"p{os.getpid()}_{next(_schemas)}"
+    url = pg.create_schema(pg_database, schema)
+    try:
+        yield url
+    finally:
+        pg.drop_schema(pg_database, schema)
+
+
+@pytest.fixture
 async def db(db_target: str) -> AsyncIterator[StateDB]:
     """An open StateDB (packaged specs) on a fresh database of each backend."""
     async with StateDB(db_target) as handle:

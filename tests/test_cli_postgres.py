@@ -14,25 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from helpers import pg
-
 LEDGERQ = str(Path(sys.executable).with_name("ledgerq"))
-
-
-@pytest.fixture
-def url(pg_database: str) -> Iterator[str]:
-    schema = f"cli_{os.getpid()}"
-    target = pg.create_schema(pg_database, schema)
-    try:
-        yield target
-    finally:
-        pg.drop_schema(pg_database, schema)
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -46,7 +31,8 @@ def ok(*args: str, **kw: Any) -> str:
     return res.stdout
 
 
-def test_the_command_runs_on_a_postgresql_url(url: str, tmp_path: Path) -> None:
+def test_the_command_runs_on_a_postgresql_url(pg_target: str, tmp_path: Path) -> None:
+    url = pg_target
     marker = tmp_path / "ran"
     first = ok("submit", "command", "--db", url, "--", "sh", "-c", f"echo done >> {marker}")
     run_id = first.strip()

@@ -14,30 +14,19 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from helpers import pg
 from ledgerq import StateDB
 from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, Worker, submit_many
 from ledgerq.queue.runs import ENTITY
 
 TERMINAL = ("completed", "failed", "timed_out", "cancelled", "skipped")
-
-
-@pytest.fixture
-def pg_target(pg_database: str) -> Iterator[str]:
-    schema = f"faults_{int(time.time() * 1000) % 10**9}"
-    url = pg.create_schema(pg_database, schema)
-    try:
-        yield url
-    finally:
-        pg.drop_schema(pg_database, schema)
 
 
 class Counting:

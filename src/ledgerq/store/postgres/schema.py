@@ -14,6 +14,7 @@ import hashlib
 
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry, sql_literal
+from ledgerq.store import ddl
 
 PG_TYPES = {"text": "text", "integer": "bigint", "float": "double precision",
             "timestamp": "double precision", "json": "jsonb", "boolean": "boolean"}
@@ -111,25 +112,7 @@ def column_ddl(column: ColumnPolicy) -> str:
 
 
 def projection_ddl(policy: EntityPolicy) -> str:
-    cols = []
-    for name, column in policy.columns.items():
-        decl = column_ddl(column)
-        if name == "status":
-            decl = f"{decl} {policy.status_check()}"
-        cols.append(f"  {quote(name)} {decl}")
-    table = quote(policy.table)
-    stmts = [f"CREATE TABLE IF NOT EXISTS {table} (\n" + ",\n".join(cols) + "\n);"]
-    for ix in policy.indexes:
-        unique = "UNIQUE " if ix.unique else ""
-        terms = [f"{quote(c)} IS NOT NULL" for c in ix.not_null]
-        if ix.status_in is not None:
-            terms.append(f"status IN ({', '.join(sql_literal(s) for s in ix.status_in)})")
-        where = f" WHERE {' AND '.join(terms)}" if terms else ""
-        stmts.append(
-            f"CREATE {unique}INDEX IF NOT EXISTS {quote(ix.name)} "
-            f"ON {table}({', '.join(quote(c) for c in ix.columns)}){where};"
-        )
-    return "\n".join(stmts)
+    return ddl.projection_ddl(policy, column_ddl)
 
 
 def schema_statements(registry: Registry) -> list[str]:

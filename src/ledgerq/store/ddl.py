@@ -1,0 +1,36 @@
+"""The projection tables' DDL in the standard SQL both dialects accept.
+
+``CREATE TABLE IF NOT EXISTS`` with the spec's columns and the status ``CHECK``, and its
+partial indexes, are the same statements on SQLite and PostgreSQL; what differs is each
+column's type and clauses, which the dialect renders (``store/<dialect>/schema.py``
+passes its ``column_ddl``). Every name is a registry-validated identifier, quoted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ledgerq.lifecycle.identifiers import quote
+from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, sql_literal
+
+
+def projection_ddl(policy: EntityPolicy, column_ddl: Callable[[ColumnPolicy], str]) -> str:
+    cols = []
+    for name, column in policy.columns.items():
+        decl = column_ddl(column)
+        if name == "status":
+            decl = f"{decl} {policy.status_check()}"
+        cols.append(f"  {quote(name)} {decl}")
+    table = quote(policy.table)
+    stmts = [f"CREATE TABLE IF NOT EXISTS {table} (\n" + ",\n".join(cols) + "\n);"]
+    for ix in policy.indexes:
+        unique = "UNIQUE " if ix.unique else ""
+        terms = [f"{quote(c)} IS NOT NULL" for c in ix.not_null]
+        if ix.status_in is not None:
+            terms.append(f"status IN ({', '.join(sql_literal(s) for s in ix.status_in)})")
+        where = f" WHERE {' AND '.join(terms)}" if terms else ""
+        stmts.append(
+            f"CREATE {unique}INDEX IF NOT EXISTS {quote(ix.name)} "
+            f"ON {table}({', '.join(quote(c) for c in ix.columns)}){where};"
+        )
+    return "\n".join(stmts)
