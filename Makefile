@@ -26,3 +26,5 @@ bench: install
 	$(BIN)/python bench/queue.py
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/rebuild.py
+	$(BIN)/python bench/postgres.py   # PostgreSQL on 127.0.0.1:5432 (scratch databases)
+	$(BIN)/python bench/pg_scaling.py
