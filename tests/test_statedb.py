@@ -314,3 +314,10 @@ async def test_concurrent_writes_from_several_processes(db_path: Path, processes
         facts = await db.fetch_one("SELECT count(*) AS n FROM status_transitions")
         assert facts == {"n": 25 * 2 + 30 * processes * 3}
         assert (await verify(db)).ok
+
+
+def test_bad_synchronous_is_refused_for_a_postgresql_url_too() -> None:
+    """The setting is SQLite's, but a typo must not pass because the target is a URL."""
+    with pytest.raises(ValueError, match="synchronous"):
+        StateDB("postgresql://nobody@127.0.0.1:1/none",
+                synchronous="SOMETIMES")  # type: ignore[arg-type]

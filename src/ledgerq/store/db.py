@@ -55,6 +55,10 @@ class StateDB:
     def __init__(self, path: str | Path, *, registry: Registry | None = None,
                  synchronous: Synchronous = "NORMAL", readonly: bool = False,
                  busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        if str(synchronous).upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            # Checked for either backend: a typo must not pass because the target is a URL.
+            raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not "
+                             f"{synchronous!r}")
         #: The target as given: a SQLite path, or a PostgreSQL URL.
         self.path = str(path)
         self.registry = registry if registry is not None else default_registry()
