@@ -35,7 +35,7 @@ from rich.text import Text
 
 from ledgerq.lifecycle.models import Actor
 from ledgerq.projections.log import verify
-from ledgerq.projections.read_models import queue_stats, run_history
+from ledgerq.projections.read_models import get_runs, queue_stats, run_history
 from ledgerq.queue.application import RetryPolicy, TaskApplication
 from ledgerq.queue.submit import cancel_task, submit_task
 from ledgerq.store.db import StateDB
@@ -205,8 +205,7 @@ async def _drive(db: StateDB, path: Path, workdir: Path, tasks: list[DemoTask],
 
         say("started worker-a (capacity 1): it claims the oldest task, [bold]long[/bold]")
         while True:
-            rows = {r["id"]: r for r in await db.fetch_all(
-                "SELECT id, status, leased_by FROM schedule_runs")}
+            rows = await get_runs(db, [t.run_id for t in tasks])
             for t in tasks:
                 row = rows[t.run_id]
                 state = f"{row['status']}@{row['leased_by'] or ''}"
@@ -261,7 +260,7 @@ async def _report(db: StateDB, path: Path, tasks: list[DemoTask], long: DemoTask
                   victim: str | None, recovered_by: str | None, survivor_rc: int | None,
                   ok: bool, procs: dict[str, tuple[subprocess.Popen[bytes], Path]],
                   t0: float, console: Console) -> int:
-    rows = {r["id"]: r for r in await db.fetch_all("SELECT * FROM schedule_runs")}
+    rows = await get_runs(db, [t.run_id for t in tasks])
     summary = Table(title="tasks", title_justify="left", header_style="bold")
     for name in ("TASK", "WHAT", "STATUS", "EXPECTED", "RUNS", "EXIT", "REASON", "ID"):
         summary.add_column(name, no_wrap=name == "ID")

@@ -126,6 +126,14 @@ async def get_run(db: StateDB, run_id: str) -> dict[str, Any]:
     return decode_run_row(db, row)
 
 
+async def get_runs(db: StateDB, run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """id -> full row (JSON decoded) of the runs that exist among ``run_ids``, in one read."""
+    policy = db.registry.entity(RUN_ENTITY)
+    ids = list(dict.fromkeys(run_ids))
+    rows = await db.read(lambda tx: tx.entities_by_id(policy, ids)) if ids else []
+    return {r["id"]: decode_run_row(db, r) for r in rows}
+
+
 async def run_status(db: StateDB, run_id: str) -> str | None:
     """The run's status now, or None when there is no such run."""
     policy = db.registry.entity(RUN_ENTITY)
@@ -268,6 +276,7 @@ __all__ = [
     "decode_run_row",
     "fact_count",
     "get_run",
+    "get_runs",
     "list_runs",
     "queue_stats",
     "resolve_run_id",
