@@ -92,18 +92,11 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def db_target(backend: str, request: pytest.FixtureRequest,
-              tmp_path: Path) -> Iterator[str]:
+              tmp_path: Path) -> str:
     """Where a test's database lives: a fresh SQLite file, or a fresh PostgreSQL schema."""
     if backend == "sqlite":
-        yield str(tmp_path / "state.db")
-        return
-    base = request.getfixturevalue("pg_database")
-    schema = f"t{os.getpid()}_{next(_schemas)}"
-    url = pg.create_schema(base, schema)
-    try:
-        yield url
-    finally:
-        pg.drop_schema(base, schema)
+        return str(tmp_path / "state.db")
+    return str(request.getfixturevalue("pg_target"))
 
 
 @pytest.fixture

@@ -8,10 +8,43 @@ passes its ``column_ddl``). Every name is a registry-validated identifier, quote
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, sql_literal
+
+_ON_DELETE = {"cascade": "CASCADE", "set_null": "SET NULL", "restrict": "RESTRICT"}
+
+
+def column_ddl(column: ColumnPolicy, *, types: Mapping[str, str],
+               booleans: tuple[str, str], reference_suffix: str = "") -> str:
+    """One column's type and constraints, rendered from the closed vocabulary only.
+
+    ``types`` maps each logical type to the dialect's, ``booleans`` spells true and false
+    in a default, ``reference_suffix`` follows every REFERENCES clause (PostgreSQL's
+    ``DEFERRABLE``)."""
+    parts = [types[column.type]]
+    if column.primary_key:
+        parts.append("PRIMARY KEY")
+    if column.not_null:
+        parts.append("NOT NULL")
+    if column.default is not None:
+        parts.append(f"DEFAULT {_literal(column.default, booleans)}")
+    if column.references is not None:
+        parts.append(f"REFERENCES {quote(column.references)}(id)")
+        if column.on_delete is not None:
+            parts.append(f"ON DELETE {_ON_DELETE[column.on_delete]}")
+        if reference_suffix:
+            parts.append(reference_suffix)
+    return " ".join(parts)
+
+
+def _literal(value: bool | int | float | str, booleans: tuple[str, str]) -> str:
+    if isinstance(value, bool):
+        return booleans[0] if value else booleans[1]
+    if isinstance(value, int | float):
+        return repr(value)
+    return sql_literal(value)
 
 
 def projection_ddl(policy: EntityPolicy, column_ddl: Callable[[ColumnPolicy], str]) -> str:

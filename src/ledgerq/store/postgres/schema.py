@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import hashlib
 
-from ledgerq.lifecycle.identifiers import quote
-from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry, sql_literal
+from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry
 from ledgerq.store import ddl
 
 PG_TYPES = {"text": "text", "integer": "bigint", "float": "double precision",
             "timestamp": "double precision", "json": "jsonb", "boolean": "boolean"}
-_ON_DELETE = {"cascade": "CASCADE", "set_null": "SET NULL", "restrict": "RESTRICT"}
 
 BASE_DDL = """
 CREATE TABLE IF NOT EXISTS schedules (
@@ -86,29 +84,10 @@ CREATE INDEX IF NOT EXISTS idx_workers_leased_run
 """
 
 
-def _literal(value: bool | int | float | str) -> str:
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, int | float):
-        return repr(value)
-    return sql_literal(value)
-
-
 def column_ddl(column: ColumnPolicy) -> str:
-    """One column's type and constraints, rendered from the closed vocabulary only."""
-    parts = [PG_TYPES[column.type]]
-    if column.primary_key:
-        parts.append("PRIMARY KEY")
-    if column.not_null:
-        parts.append("NOT NULL")
-    if column.default is not None:
-        parts.append(f"DEFAULT {_literal(column.default)}")
-    if column.references is not None:
-        parts.append(f"REFERENCES {quote(column.references)}(id)")
-        if column.on_delete is not None:
-            parts.append(f"ON DELETE {_ON_DELETE[column.on_delete]}")
-        parts.append("DEFERRABLE INITIALLY IMMEDIATE")
-    return " ".join(parts)
+    """One column's PostgreSQL type and constraints; references are deferrable."""
+    return ddl.column_ddl(column, types=PG_TYPES, booleans=("TRUE", "FALSE"),
+                          reference_suffix="DEFERRABLE INITIALLY IMMEDIATE")
 
 
 def projection_ddl(policy: EntityPolicy) -> str:

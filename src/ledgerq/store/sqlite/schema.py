@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from ledgerq.lifecycle.identifiers import quote
-from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry, sql_literal
+from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry
 from ledgerq.store import ddl
 
 SCHEMA_VERSION = 1
@@ -76,31 +75,11 @@ CREATE INDEX IF NOT EXISTS idx_workers_leased_run
 #: databases created before logical types have it); timestamps are epoch-second REALs.
 SQLITE_TYPES = {"text": "TEXT", "integer": "INTEGER", "float": "REAL", "timestamp": "REAL",
                 "json": "JSON", "boolean": "INTEGER"}
-_ON_DELETE = {"cascade": "CASCADE", "set_null": "SET NULL", "restrict": "RESTRICT"}
 
 
 def column_ddl(column: ColumnPolicy) -> str:
-    """One column's type and constraints, rendered from the closed vocabulary only."""
-    parts = [SQLITE_TYPES[column.type]]
-    if column.primary_key:
-        parts.append("PRIMARY KEY")
-    if column.not_null:
-        parts.append("NOT NULL")
-    if column.default is not None:
-        parts.append(f"DEFAULT {_literal(column.default)}")
-    if column.references is not None:
-        parts.append(f"REFERENCES {quote(column.references)}(id)")
-        if column.on_delete is not None:
-            parts.append(f"ON DELETE {_ON_DELETE[column.on_delete]}")
-    return " ".join(parts)
-
-
-def _literal(value: bool | int | float | str) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int | float):
-        return repr(value)
-    return sql_literal(value)
+    """One column's SQLite type and constraints (see :func:`ledgerq.store.ddl.column_ddl`)."""
+    return ddl.column_ddl(column, types=SQLITE_TYPES, booleans=("1", "0"))
 
 
 def projection_ddl(policy: EntityPolicy) -> str:
