@@ -362,18 +362,22 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
     row = _creation_row(policy, values, reason, ts)
     stored = tx.insert_entity(policy, row)
     _append_fact(tx, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
-                 ts, 1, _initial_patch(stored), idempotency_key)
+                 ts, 1, _initial_patch(stored, policy), idempotency_key)
     return str(row["id"])
 
 
-def _initial_patch(stored: dict[str, Any]) -> dict[str, Any]:
-    """A creation fact's patch: every non-NULL column of the stored row.
+def _initial_patch(stored: dict[str, Any], policy: EntityPolicy) -> dict[str, Any]:
+    """A creation fact's patch: every non-NULL column of the stored row, and every NULL
+    one that has a default.
 
-    A column it does not name is NULL (:func:`fold` starts from an all-NULL row); leaving
-    the NULLs out halves a typical creation fact, and the log's pages are written by
-    every submit's commit.
+    A column it does not name is its default (:func:`fold` starts from the columns'
+    defaults: a column a migration adds later gives older rows its default); leaving
+    the other NULLs out halves a typical creation fact, and the log's pages are written
+    by every submit's commit.
     """
-    return {k: v for k, v in stored.items() if v is not None and k not in ("status", "version")}
+    defaults = policy.defaulted
+    return {k: v for k, v in stored.items()
+            if (v is not None or k in defaults) and k not in ("status", "version")}
 
 
 def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateReason,
@@ -441,7 +445,7 @@ def create_entities(tx: Tx, policy: EntityPolicy,
             rid = row["id"]
             facts.append((new_id(), policy.name, rid, None, row["status"], reason.code,
                           reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
-                          dumps(_initial_patch(stored[rid])), None))
+                          dumps(_initial_patch(stored[rid], policy)), None))
     tx.append_facts(facts)
     return [str(r["id"]) for r in rows]
 
@@ -457,7 +461,7 @@ async def create(db: Database, entity_type: str, values: dict[str, Any], *, reas
 
 def fold(facts: list[dict[str, Any]], policy: EntityPolicy) -> dict[str, Any]:
     """The projection row a sequence of one entity's facts (in version order) implies."""
-    row: dict[str, Any] = dict.fromkeys(policy.columns)
+    row: dict[str, Any] = {c: col.default for c, col in policy.columns.items()}
     for fact in facts:
         row.update(loads(fact["patch"]))
         row["status"] = fact["status"]

@@ -39,7 +39,8 @@ RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invo
 RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
     # PostgreSQL's schema also takes these (its metadata table, the append-only trigger
     # function and the TRUNCATE trigger SQLite does not have).
-    "ledgerq_schema", "status_transitions_append_only", "status_transitions_no_truncate",
+    "ledgerq_schema", "ledgerq_specs", "ledgerq_spec_versions", "ledgerq_rebuild",
+    "status_transitions_append_only", "status_transitions_no_truncate",
     "uq_status_transitions_version", "uq_status_transitions_idempotency",
     "status_transitions_no_update", "status_transitions_no_delete", "idx_workers_leased_run",
 })
@@ -140,16 +141,23 @@ class EntityPolicy:
     reason_codes: Mapping[str, str]
     columns: Mapping[str, ColumnPolicy]
     indexes: tuple[IndexPolicy, ...]
+    #: The decoded spec this policy was built from: what a database records of it
+    #: (``ledgerq.lifecycle.evolution.normalize``), so a later diff needs no old file.
+    spec: EntitySpec | None = field(default=None, compare=False, repr=False)
 
     #: Columns declared ``JSON``: stored as text, decoded on the way out. Derived once
     #: here, not per call: every run a worker executes asks for it.
     json_columns: tuple[str, ...] = field(init=False, default=())
     #: Index name -> the states a status-partial index covers (its ``where_status``).
     index_states: Mapping[str, tuple[str, ...]] = field(init=False, default_factory=dict)
+    #: Columns with a default: what a row holds in them when no fact names them.
+    defaulted: frozenset[str] = field(init=False, default=frozenset())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "json_columns", tuple(
             c for c, col in self.columns.items() if col.type == "json"))
+        object.__setattr__(self, "defaulted", frozenset(
+            c for c, col in self.columns.items() if col.default is not None))
         object.__setattr__(self, "index_states", MappingProxyType(
             {ix.name: ix.status_in for ix in self.indexes if ix.status_in is not None}))
 
@@ -375,6 +383,7 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
         reason_codes=MappingProxyType(dict(spec.reason_codes)),
         columns=MappingProxyType(columns),
         indexes=tuple(indexes),
+        spec=spec,
     )
 
 

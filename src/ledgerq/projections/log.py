@@ -79,7 +79,11 @@ def _fact_groups(tx: Tx, policy: EntityPolicy, counter: list[int],
 
 def fold_rows(facts: list[Any], policy: EntityPolicy) -> dict[str, Any]:
     """:func:`fold` over raw (entity_id, status, entity_version, patch) tuples."""
-    row: dict[str, Any] = dict.fromkeys(policy.columns)
+    # A column no fact names holds its default: the creation fact names every column
+    # set at insert (NULL included where a default exists), so only a column added by a
+    # migration after the row was created goes unnamed, and the migration gave the row
+    # its default.
+    row: dict[str, Any] = {c: col.default for c, col in policy.columns.items()}
     for fact in facts:
         row.update(loads(fact[3]))
     last = facts[-1]
@@ -154,7 +158,7 @@ async def verify(db: StateDB, *, progress: Progress | None = None) -> VerifyRepo
     if problems:
         return VerifyReport(ok=False, drift=[
             Drift("database", db.path, f"damaged: {p}") for p in problems])
-    policies = db.registry.policies()
+    policies = db.log_policies()
     return await db.read(lambda tx: _verify(tx, policies, progress))
 
 
@@ -198,5 +202,5 @@ async def rebuild(db: StateDB, *, progress: Progress | None = None) -> RebuildRe
     Linear in the log: facts stream in index order and fold entity by entity into one
     ``executemany``. ``progress`` is called as :func:`verify` calls it.
     """
-    policies = db.registry.policies()
+    policies = db.log_policies()
     return await db.write(lambda tx: _rebuild(tx, policies, progress))

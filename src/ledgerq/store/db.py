@@ -13,7 +13,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
 
-from ledgerq.lifecycle.registry import Registry, default_registry
+from ledgerq.lifecycle import evolution
+from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
+from ledgerq.lifecycle.registry import EntityPolicy, Registry, default_registry
 from ledgerq.operations import Tx
 
 T = TypeVar("T")
@@ -47,6 +49,11 @@ class Backend(Protocol):
     async def durability(self) -> str: ...
     async def listen(self, key: str, on_wake: Callable[[], None]) -> None: ...
     async def unlisten(self) -> None: ...
+    async def migrate(self, mappings: Sequence[StateMapping], *, dry_run: bool) -> Plan: ...
+    @property
+    def migration(self) -> Plan | None: ...
+    @property
+    def recorded(self) -> dict[str, Normal]: ...
 
 
 class StateDB:
@@ -64,6 +71,7 @@ class StateDB:
         self.registry = registry if registry is not None else default_registry()
         self.readonly = bool(readonly)
         self.busy_timeout_ms = busy_timeout_ms
+        self._log_policies: tuple[tuple[str, ...], list[EntityPolicy]] | None = None
         self._backend: Backend
         if is_postgres(path):
             from ledgerq.store.postgres.backend import PostgresBackend
@@ -146,6 +154,43 @@ class StateDB:
                         ) -> list[dict[str, Any]]:
         """Every row of a query in the backend's own dialect, as dicts (read-only)."""
         return await self._backend.fetch_all(sql, params)
+
+    @property
+    def migration(self) -> Plan | None:
+        """What opening this handle migrated: None when the database already recorded
+        these specs; else the plan carried out (new states, columns, indexes, entities)."""
+        return self._backend.migration
+
+    def log_policies(self) -> list[EntityPolicy]:
+        """The entities as the database records them: what ``verify`` and ``rebuild``
+        fold the log into. During a rolling upgrade the database may know more states,
+        columns or entities than this process's specs; folding with the process's own
+        would call a newer column drift, and a rebuild would drop its values."""
+        key = tuple(sorted(evolution.spec_hash(n) for n in self._backend.recorded.values()))
+        if self._log_policies is None or self._log_policies[0] != key:
+            mine = {p.name: p for p in self.registry.policies()}
+            policies = []
+            for entity, normal in self._backend.recorded.items():
+                own = mine.pop(entity, None)
+                if own is not None and evolution.policy_normal(own) == normal:
+                    policies.append(own)
+                else:
+                    policies.append(evolution.to_policy(normal, f"<{entity} as recorded>"))
+            self._log_policies = (key, [*policies, *mine.values()])
+        return list(self._log_policies[1])
+
+    async def migrate(self, mappings: Sequence[StateMapping] = (), *,
+                      dry_run: bool = False) -> Plan:
+        """Make the database's recorded specs exactly this handle's (``ledgerq migrate``).
+
+        Unlike opening, this removes what the specs no longer declare: states (refused
+        while rows are in them unless ``mappings`` move those rows, each with a fact),
+        edges, reason codes, columns (refused while rows hold values), indexes and
+        entities (refused while their table has rows). A refused plan raises
+        :class:`~ledgerq.errors.MigrationRefused` and changes nothing; ``dry_run``
+        returns the plan, refusals included, and changes nothing either.
+        """
+        return await self._backend.migrate(list(mappings), dry_run=dry_run)
 
     async def check_integrity(self) -> list[str]:
         """The database's own consistency check: [] when sound, else its findings."""

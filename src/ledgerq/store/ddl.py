@@ -29,7 +29,7 @@ def column_ddl(column: ColumnPolicy, *, types: Mapping[str, str],
     if column.not_null:
         parts.append("NOT NULL")
     if column.default is not None:
-        parts.append(f"DEFAULT {_literal(column.default, booleans)}")
+        parts.append(f"DEFAULT {literal(column.default, booleans)}")
     if column.references is not None:
         parts.append(f"REFERENCES {quote(column.references)}(id)")
         if column.on_delete is not None:
@@ -39,7 +39,7 @@ def column_ddl(column: ColumnPolicy, *, types: Mapping[str, str],
     return " ".join(parts)
 
 
-def _literal(value: bool | int | float | str, booleans: tuple[str, str]) -> str:
+def literal(value: bool | int | float | str, booleans: tuple[str, str]) -> str:
     if isinstance(value, bool):
         return booleans[0] if value else booleans[1]
     if isinstance(value, int | float):
@@ -48,22 +48,35 @@ def _literal(value: bool | int | float | str, booleans: tuple[str, str]) -> str:
 
 
 def projection_ddl(policy: EntityPolicy, column_ddl: Callable[[ColumnPolicy], str]) -> str:
+    return "\n".join([table_statement(policy, column_ddl), *index_statements(policy).values()])
+
+
+def table_statement(policy: EntityPolicy, column_ddl: Callable[[ColumnPolicy], str], *,
+                    name: str | None = None) -> str:
+    """The projection table's CREATE TABLE; ``name`` creates it under another name (a
+    SQLite table rebuild's new table), references still naming the real tables."""
     cols = []
-    for name, column in policy.columns.items():
+    for column_name, column in policy.columns.items():
         decl = column_ddl(column)
-        if name == "status":
+        if column_name == "status":
             decl = f"{decl} {policy.status_check()}"
-        cols.append(f"  {quote(name)} {decl}")
+        cols.append(f"  {quote(column_name)} {decl}")
+    table = quote(name or policy.table)
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n" + ",\n".join(cols) + "\n);"
+
+
+def index_statements(policy: EntityPolicy) -> dict[str, str]:
+    """Each index's CREATE INDEX, by index name."""
     table = quote(policy.table)
-    stmts = [f"CREATE TABLE IF NOT EXISTS {table} (\n" + ",\n".join(cols) + "\n);"]
+    out = {}
     for ix in policy.indexes:
         unique = "UNIQUE " if ix.unique else ""
         terms = [f"{quote(c)} IS NOT NULL" for c in ix.not_null]
         if ix.status_in is not None:
             terms.append(f"status IN ({', '.join(sql_literal(s) for s in ix.status_in)})")
         where = f" WHERE {' AND '.join(terms)}" if terms else ""
-        stmts.append(
+        out[ix.name] = (
             f"CREATE {unique}INDEX IF NOT EXISTS {quote(ix.name)} "
             f"ON {table}({', '.join(quote(c) for c in ix.columns)}){where};"
         )
-    return "\n".join(stmts)
+    return out

@@ -38,14 +38,11 @@ from ledgerq.errors import (
     IntegrityViolation,
     SchemaMissing,
 )
+from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import Registry
 from ledgerq.operations import Tx
-from ledgerq.store.postgres.schema import (
-    META_DDL,
-    fingerprint,
-    required_tables,
-    schema_statements,
-)
+from ledgerq.store.postgres.catalog import read_recorded
+from ledgerq.store.postgres.schema import apply_specs, open_schema, required_tables
 from ledgerq.store.postgres.tx import QUERIES, PostgresTx, qmark_to_psycopg
 
 log = logging.getLogger("ledgerq.postgres")
@@ -73,6 +70,10 @@ class PostgresBackend:
         self.readonly = readonly
         self.pool_size = pool_size
         self.damaged: str | None = None
+        #: What opening migrated (None: the database was already at these specs).
+        self.migration: Plan | None = None
+        #: The specs the database records, as of opening (or the last migrate).
+        self.recorded: dict[str, Normal] = {}
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._listeners = 0
@@ -132,35 +133,31 @@ class PostgresBackend:
             raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
-        """Every statement in one transaction behind an advisory lock: many hosts may
-        open a new database at once, and each sees either no schema or all of it.
-
-        A database whose recorded fingerprint matches this registry's DDL runs none of
-        it: ``CREATE INDEX IF NOT EXISTS`` and ``CREATE OR REPLACE TRIGGER`` take table
-        locks even when nothing changes, so a worker starting beside busy writers would
-        queue behind them (and once deadlocked with one).
-        """
-        want = fingerprint(self.registry)
-        current = _recorded_fingerprint(conn)
-        tables = required_tables(self.registry)
-        present = {r[0] for r in conn.execute(QUERIES("tables_present"), (tables,))}
+        self.migration = open_schema(conn, self.registry)
+        self.recorded = read_recorded(conn)
         conn.rollback()
-        if current == want and present >= set(tables):
-            return  # (a table dropped by hand, to be rebuilt, makes this run the DDL)
-        with conn.transaction():
-            conn.execute(QUERIES("schema_lock"))
-            if _recorded_fingerprint(conn) == want and {
-                    r[0] for r in conn.execute(QUERIES("tables_present"), (tables,))
-            } >= set(tables):
-                return  # another process created it while this one waited
-            for statement in schema_statements(self.registry):
-                conn.execute(statement)
-            conn.execute(META_DDL)
-            conn.execute(QUERIES("record_fingerprint"), (want,))
+
+    async def migrate(self, mappings: Sequence[StateMapping], *, dry_run: bool) -> Plan:
+        """``ledgerq migrate``, on one pooled connection behind the schema lock."""
+        def unit() -> Plan:
+            assert self._pool is not None
+            try:
+                with self._pool.connection() as conn:
+                    conn.isolation_level = None
+                    conn.read_only = False
+                    plan = apply_specs(conn, self.registry, mappings, dry_run=dry_run)
+                    self.recorded = read_recorded(conn)
+                    conn.rollback()
+                    return plan
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+
+        return await self._submit(unit)
 
     def _require_schema(self, conn: psycopg.Connection[Any]) -> None:
         wanted = required_tables(self.registry)
         have = {r[0] for r in conn.execute(QUERIES("tables_present"), (wanted,))}
+        self.recorded = read_recorded(conn)
         conn.rollback()
         missing = [t for t in wanted if t not in have]
         if missing:
@@ -301,13 +298,6 @@ class PostgresBackend:
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
                 self._listen_stop.wait(delay)
                 delay = min(delay * 2, LISTEN_BACKOFF[1])
-
-
-def _recorded_fingerprint(conn: psycopg.Connection[Any]) -> str | None:
-    if not conn.execute(QUERIES("schema_recorded")).fetchone()[0]:  # type: ignore[index]
-        return None
-    row = conn.execute(QUERIES("schema_fingerprint")).fetchone()
-    return None if row is None else str(row[0])
 
 
 def _connection_lost(exc: psycopg.OperationalError) -> bool:

@@ -224,14 +224,8 @@ SELECT COUNT(*) FROM ({inner}) AS inner_rows
 -- One creator at a time, however many hosts start at once (released at commit).
 SELECT pg_advisory_xact_lock(hashtextextended('ledgerq schema', 0))
 
--- name: schema_recorded
-SELECT to_regclass('ledgerq_schema') IS NOT NULL
-
--- name: schema_fingerprint
-SELECT value FROM ledgerq_schema WHERE key = 'ddl'
-
--- name: record_fingerprint
-INSERT INTO ledgerq_schema (key, value) VALUES ('ddl', %s)
+-- name: record_schema_version
+INSERT INTO ledgerq_schema (key, value) VALUES ('schema_version', %s)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value
 
 -- name: tables_present

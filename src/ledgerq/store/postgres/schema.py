@@ -10,10 +10,21 @@ idempotent: opening a database that has the schema changes nothing.
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import psycopg
+
+from ledgerq.lifecycle.evolution import SCHEMA_VERSION, Plan, StateMapping
 from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry
-from ledgerq.store import ddl
+from ledgerq.store import ddl, migrate
+from ledgerq.store.postgres.catalog import (
+    META_DDL,
+    PostgresCatalog,
+    read_recorded,
+    schema_version,
+)
+from ledgerq.store.postgres.tx import QUERIES, PostgresTx
 
 PG_TYPES = {"text": "text", "integer": "bigint", "float": "double precision",
             "timestamp": "double precision", "json": "jsonb", "boolean": "boolean"}
@@ -95,27 +106,67 @@ def projection_ddl(policy: EntityPolicy) -> str:
 
 
 def schema_statements(registry: Registry) -> list[str]:
-    """The whole schema as statements; workers come last (they reference schedule_runs)."""
-    parts = [BASE_DDL, *(projection_ddl(p) for p in registry.policies())]
+    """The whole schema of a new database as statements (the migration creates it the
+    same way, entity by entity); workers come last (they reference schedule_runs)."""
+    parts = [BASE_DDL, META_DDL, *(projection_ddl(p) for p in registry.policies())]
     if "schedule_runs" in {p.table for p in registry.policies()}:
         parts.append(WORKERS_DDL)
     return parts
 
 
-#: One row per fact about the schema; ``ddl`` is the fingerprint of the statements that
-#: made it, so an open whose registry renders the same DDL runs none of it.
-META_DDL = """
-CREATE TABLE IF NOT EXISTS ledgerq_schema (
-  key   text PRIMARY KEY,
-  value text NOT NULL
-);
-"""
-
-
-def fingerprint(registry: Registry) -> str:
-    """A digest of the whole schema's DDL as this registry renders it."""
-    return hashlib.sha256("\n".join(schema_statements(registry)).encode()).hexdigest()
-
-
 def required_tables(registry: Registry) -> list[str]:
     return ["status_transitions", *(p.table for p in registry.policies())]
+
+
+def is_current(conn: psycopg.Connection[Any], registry: Registry) -> bool:
+    """Whether the database records exactly these specs at this schema version, with
+    every table present: then opening runs no DDL at all. ``CREATE ... IF NOT EXISTS``
+    and ``CREATE OR REPLACE TRIGGER`` take table locks even when they change nothing, so
+    a worker starting beside busy writers would queue behind them."""
+    tables = required_tables(registry)
+    present = {r[0] for r in conn.execute(QUERIES("tables_present"), (tables,))}
+    current = schema_version(conn) == SCHEMA_VERSION and present >= set(tables) and \
+        migrate.quick_current(read_recorded(conn), registry)
+    conn.rollback()
+    return current
+
+
+def open_schema(conn: psycopg.Connection[Any], registry: Registry) -> Plan | None:
+    """Create the schema, or migrate it to what these specs add, behind an advisory
+    lock: many hosts may open one database at once; exactly one migrates, and the
+    others find it current once the lock is theirs."""
+    if is_current(conn, registry):
+        return None
+    return _in_migration(conn, registry, lambda cat: migrate.on_open(cat, registry))
+
+
+def apply_specs(conn: psycopg.Connection[Any], registry: Registry,
+                mappings: Sequence[StateMapping] = (), *, dry_run: bool = False) -> Plan:
+    return _in_migration(conn, registry, lambda cat: migrate.apply(
+        cat, registry, mappings, dry_run=dry_run), rollback=dry_run)
+
+
+class _Rollback(Exception):
+    pass
+
+
+def _in_migration(conn: psycopg.Connection[Any], registry: Registry,
+                  step: Callable[[PostgresCatalog], Plan], *, rollback: bool = False) -> Plan:
+    plan: Plan | None = None
+    try:
+        with conn.transaction():
+            conn.execute(QUERIES("schema_lock"))
+            conn.execute(BASE_DDL)
+            conn.execute(META_DDL)
+            # Rebuilds and mapped moves may delete and re-add referenced rows' columns.
+            conn.execute("SET CONSTRAINTS ALL DEFERRED")
+            plan = step(PostgresCatalog(conn, column_ddl, PostgresTx(conn)))
+            if "schedule_runs" in {p.table for p in registry.policies()}:
+                conn.execute(WORKERS_DDL)
+            conn.execute(QUERIES("record_schema_version"), (str(SCHEMA_VERSION),))
+            if rollback:
+                raise _Rollback
+    except _Rollback:
+        pass
+    assert plan is not None
+    return plan

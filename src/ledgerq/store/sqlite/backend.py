@@ -37,11 +37,13 @@ from ledgerq.errors import (
     IntegrityViolation,
     SchemaMissing,
 )
+from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import Registry
 from ledgerq.operations import Tx
 from ledgerq.store.db import BUSY_TIMEOUT_MS
 from ledgerq.store.sqlite import integrity
-from ledgerq.store.sqlite.schema import create_schema, missing_tables
+from ledgerq.store.sqlite.catalog import read_recorded
+from ledgerq.store.sqlite.schema import apply_specs, missing_tables, open_schema
 from ledgerq.store.sqlite.tx import CONSTRAINT_CODE, FAILURE_CODES, SqliteTx
 
 T = TypeVar("T")
@@ -73,6 +75,10 @@ class SqliteBackend:
         self.readonly = bool(readonly)
         #: Why this handle refuses writes, once SQLite has reported the file damaged.
         self.damaged: str | None = None
+        #: What opening migrated (None: the database was already at these specs).
+        self.migration: Plan | None = None
+        #: The specs the database records, as of opening (or the last migrate).
+        self.recorded: dict[str, Normal] = {}
         self._writer_lock: integrity.WriterLock | None = None
         self._conn: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -205,11 +211,13 @@ class SqliteBackend:
         # temp files a claim or terminal move cost ~210 us in-thread, in memory ~70 us
         # (a direct sqlite3 micro-measurement; see docs/performance.md).
         conn.execute("PRAGMA temp_store = MEMORY")
-        create_schema(conn, self.registry)
+        self.migration = open_schema(conn, self.registry)
+        self.recorded = read_recorded(conn)
 
     def _configure_readonly(self, conn: sqlite3.Connection) -> None:
         self._configure_reader(conn)
         missing = missing_tables(conn, self.registry)
+        self.recorded = read_recorded(conn)
         if missing:
             raise SchemaMissing(
                 f"{self.path} has no ledgerq schema (missing table(s) {', '.join(missing)}); "
@@ -265,6 +273,17 @@ class SqliteBackend:
         """
         conn = self._require()
         return await self._call(conn, fn, raw=True)
+
+    async def migrate(self, mappings: Sequence[StateMapping], *, dry_run: bool) -> Plan:
+        """``ledgerq migrate``: on the write connection, so no write of this handle is
+        interleaved, in one transaction (the twelve-step rebuild needs foreign keys off,
+        which only a connection outside a transaction can switch)."""
+        def unit(conn: sqlite3.Connection) -> Plan:
+            plan = apply_specs(conn, self.registry, mappings, dry_run=dry_run)
+            self.recorded = read_recorded(conn)
+            return plan
+
+        return await self.run(unit)
 
     async def _query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         self._require()

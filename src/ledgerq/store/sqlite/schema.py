@@ -7,11 +7,19 @@ CHECK constraint), so a contributor who adds a state or an entity edits one file
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Iterator, Sequence
 
+from ledgerq.lifecycle.evolution import SCHEMA_VERSION, Plan, StateMapping
 from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry
-from ledgerq.store import ddl
-
-SCHEMA_VERSION = 1
+from ledgerq.store import ddl, migrate
+from ledgerq.store.sqlite.catalog import (
+    META_DDL,
+    SqliteCatalog,
+    check_foreign_keys,
+    read_recorded,
+    schema_version,
+)
+from ledgerq.store.sqlite.tx import SqliteTx
 
 BASE_DDL = """
 CREATE TABLE IF NOT EXISTS schedules (
@@ -102,6 +110,73 @@ def missing_tables(conn: sqlite3.Connection, registry: Registry) -> list[str]:
     return [t for t in wanted if t not in have]
 
 
+def statements(script: str) -> Iterator[str]:
+    """A script's statements one by one (a trigger's body holds semicolons), so they can
+    run inside the caller's transaction: ``executescript`` would commit it first."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            if pending.strip():
+                yield pending
+            pending = ""
+    if pending.strip():
+        yield pending
+
+
+def open_schema(conn: sqlite3.Connection, registry: Registry) -> Plan | None:
+    """Create the schema, or migrate it to what these specs add (see ``store/migrate``).
+
+    A database already at these specs is only read: opening it takes no write lock.
+    """
+    if schema_version(conn) == SCHEMA_VERSION and migrate.quick_current(
+            read_recorded(conn), registry):
+        return None
+    return _in_migration(conn, registry, lambda cat: migrate.on_open(cat, registry))
+
+
+def apply_specs(conn: sqlite3.Connection, registry: Registry,
+                mappings: Sequence[StateMapping] = (), *, dry_run: bool = False) -> Plan:
+    """``ledgerq migrate``: make the recorded specs exactly ``registry``'s (or, with
+    ``dry_run``, say what that would do and roll back)."""
+    return _in_migration(conn, registry, lambda cat: migrate.apply(
+        cat, registry, mappings, dry_run=dry_run), rollback=dry_run)
+
+
+def _in_migration(conn: sqlite3.Connection, registry: Registry,
+                  step: Callable[[SqliteCatalog], Plan], *, rollback: bool = False) -> Plan:
+    # Foreign keys off for the table rebuilds (it can only change outside a transaction);
+    # every reference is checked before COMMIT instead.
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in statements(BASE_DDL + META_DDL):
+                conn.execute(statement)
+            catalog = SqliteCatalog(conn, column_ddl, SqliteTx(conn))
+            plan = step(catalog)
+            if "schedule_runs" in {p.table for p in registry.policies()}:
+                for statement in statements(WORKERS_DDL):
+                    conn.execute(statement)
+            check_foreign_keys(catalog)
+            conn.execute("INSERT INTO ledgerq_schema (key, value) VALUES ('schema_version', ?) "
+                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                         (str(SCHEMA_VERSION),))
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("ROLLBACK" if rollback else "COMMIT")
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON")
+    return plan
+
+
 def create_schema(conn: sqlite3.Connection, registry: Registry) -> None:
-    conn.executescript("BEGIN IMMEDIATE;\n" + schema_ddl(registry) +
-                       f"\nPRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;")
+    """Create (or migrate) the schema on a raw connection: tests and tools use it.
+
+    Like ``executescript``, it first commits whatever the connection has pending (a
+    connection in Python's default transaction mode opens one at the first INSERT)."""
+    if conn.in_transaction:
+        conn.commit()
+    open_schema(conn, registry)

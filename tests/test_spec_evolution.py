@@ -1,0 +1,297 @@
+"""Spec evolution on live databases, both backends: additive changes migrate on open,
+older openers keep working, conflicts are refused changing nothing, and
+``migrate --apply`` removes deliberately.
+
+Every database here is first created with the previous release's spec files
+(tests/specs_v1, saved as they shipped) and filled, as a user's would be.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evolution_support import SPECS_V1, SpecDir, snapshot
+from ledgerq import StateDB
+from ledgerq.errors import IntegrityViolation, MigrationRefused
+from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
+from ledgerq.lifecycle.evolution import StateMapping
+from ledgerq.lifecycle.registry import load_registry
+from ledgerq.projections import history, verify
+from ledgerq.queue import TaskApplication, submit_task
+from ledgerq.queue.claim import claim_runs
+
+OPERATOR = Actor(type="operator", id="alice")
+APP = TaskApplication(action_kind="agent", args={"prompt": "hi"}, execution_target="host")
+
+
+def _key() -> str:
+    return uuid.uuid4().hex
+
+
+async def _fill(db: StateDB) -> dict[str, list[str]]:
+    """Three queued runs, two of them claimed (running), one cancelled: a live queue."""
+    ids = [await submit_task(db, APP) for _ in range(4)]
+    claimed = await claim_runs(db, worker_id="w1", limit=2)
+    running = [c["id"] for c in claimed.claimed]
+    cancelled = next(i for i in ids if i not in running)
+    await transition(db, TransitionRequest(
+        entity_type="schedule_run", entity_id=cancelled, from_state="queued",
+        to_state="cancelled", reason=StateReason(code="run.cancelled.operator"),
+        actor=OPERATOR, idempotency_key=_key()))
+    return {"all": ids, "running": running, "cancelled": [cancelled]}
+
+
+@pytest.fixture
+async def v1(db_target: str) -> AsyncIterator[tuple[str, dict[str, list[str]]]]:
+    async with StateDB(db_target, registry=load_registry(SPECS_V1)) as db:
+        rows = await _fill(db)
+    yield db_target, rows
+
+
+async def _facts(db: StateDB, ids: list[str]) -> list[list[dict[str, Any]]]:
+    return [await history(db, "schedule_run", i) for i in ids]
+
+
+async def test_a_new_state_migrates_on_open(v1: tuple[str, dict[str, list[str]]],
+                                            tmp_path: Path) -> None:
+    target, rows = v1
+    async with StateDB(target, registry=load_registry(SPECS_V1)) as old:
+        before = await _facts(old, rows["all"])
+        versions = {r["id"]: r["version"] for r in await old.fetch_all(
+            "SELECT id, version FROM schedule_runs")}
+    specs = SpecDir(tmp_path / "specs").paused()
+    async with StateDB(target, registry=load_registry(specs.path)) as db:
+        assert db.migration is not None and not db.migration.empty
+        run = rows["running"][0]
+        moved = await transition(db, TransitionRequest(
+            entity_type="schedule_run", entity_id=run, from_state="running",
+            to_state="paused", reason=StateReason(code="run.paused.operator"),
+            actor=OPERATOR, idempotency_key=_key()))
+        assert moved.applied and moved.current_state == "paused"
+        report = await verify(db)
+        assert report.ok, report.drift
+        # The history of every row is unchanged; only the new move was appended.
+        after = await _facts(db, rows["all"])
+        assert [a[: len(b)] for a, b in zip(after, before, strict=True)] == before
+        assert {r["id"]: r["version"] for r in await db.fetch_all(
+            "SELECT id, version FROM schedule_runs")} == {
+                **versions, run: versions[run] + 1}
+        # The log is still append-only, and the database still refuses undeclared states.
+        with pytest.raises(IntegrityViolation):
+            await db.write(lambda tx: tx.execute("DELETE FROM status_transitions"))
+        with pytest.raises(IntegrityViolation):
+            await db.write(lambda tx: tx.execute(
+                "UPDATE schedule_runs SET status = 'nowhere' WHERE id = ?", [run]))
+        recorded = await db.fetch_one(
+            "SELECT spec_hash FROM ledgerq_specs WHERE entity = 'schedule_run'")
+        assert recorded is not None
+    # Reopening with the same specs migrates nothing.
+    async with StateDB(target, registry=load_registry(specs.path)) as again:
+        assert again.migration is None
+
+
+async def test_every_additive_kind_migrates(v1: tuple[str, dict[str, list[str]]],
+                                            tmp_path: Path) -> None:
+    target, rows = v1
+    specs = SpecDir(tmp_path / "specs").paused()
+    specs.replace("[columns]\n", '[columns]\npriority = { type = "integer", default = 5 }\n'
+                  'owner_team = "text"\nlabels = "json"\n')
+    specs.replace('patch_columns = [\n', 'patch_columns = [\n  "owner_team", "priority",\n')
+    specs.append('''
+[[indexes]]
+name = "idx_schedule_runs_owner_team"
+columns = ["owner_team"]
+where_not_null = ["owner_team"]
+''')
+    specs.replace('"dispatch.expired.ttl" = "Its time to live passed."',
+                  '"dispatch.expired.ttl" = "Its time to live passed."\n'
+                  '"dispatch.pending.deferred" = "Deferred by its sender."',
+                  "dispatch.toml")
+    async with StateDB(target, registry=load_registry(specs.path)) as db:
+        stored = await db.fetch_all("SELECT id, priority, owner_team FROM schedule_runs")
+        assert {r["priority"] for r in stored} == {5}
+        assert {r["owner_team"] for r in stored} == {None}
+        run = rows["running"][0]
+        result = await transition(db, TransitionRequest(
+            entity_type="schedule_run", entity_id=run, from_state="running",
+            to_state="paused", reason=StateReason(code="run.paused.operator"),
+            actor=OPERATOR, idempotency_key=_key()),
+            patch={"owner_team": "infra", "priority": 1})
+        assert result.applied, result
+        row = await db.fetch_one("SELECT owner_team, priority FROM schedule_runs WHERE id = ?",
+                                 [run])
+        assert row == {"owner_team": "infra", "priority": 1}
+        if db.dialect == "sqlite":
+            names = {r["name"] for r in await db.fetch_all(
+                "SELECT name FROM sqlite_master WHERE type = 'index'")}
+        else:
+            names = {r["indexname"] for r in await db.fetch_all(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")}
+        assert "idx_schedule_runs_owner_team" in names
+        assert "idx_schedule_runs_claim" in names
+        assert (await verify(db)).ok
+
+
+async def test_an_older_opener_neither_fails_nor_downgrades(
+        v1: tuple[str, dict[str, list[str]]], tmp_path: Path) -> None:
+    target, rows = v1
+    specs = SpecDir(tmp_path / "specs").paused()
+    async with StateDB(target, registry=load_registry(specs.path)) as new:
+        await transition(new, TransitionRequest(
+            entity_type="schedule_run", entity_id=rows["running"][0], from_state="running",
+            to_state="paused", reason=StateReason(code="run.paused.operator"),
+            actor=OPERATOR, idempotency_key=_key()))
+        recorded = await new.fetch_all("SELECT entity, spec_hash FROM ledgerq_specs")
+    async with StateDB(target, registry=load_registry(SPECS_V1)) as old:
+        assert old.migration is None or old.migration.empty
+        assert old.migration is None or any(
+            "paused" in str(c) for e in old.migration.entities for c in e.kept)
+        assert await old.fetch_all("SELECT entity, spec_hash FROM ledgerq_specs") == recorded
+        # It serves the states it knows...
+        moved = await transition(old, TransitionRequest(
+            entity_type="schedule_run", entity_id=rows["running"][1], from_state="running",
+            to_state="completed", reason=StateReason(code="run.completed.ok"),
+            actor=OPERATOR, idempotency_key=_key()))
+        assert moved.applied
+    # ...and the newer process still can move what the older does not know.
+    async with StateDB(target, registry=load_registry(specs.path)) as new:
+        assert new.migration is None
+        moved = await transition(new, TransitionRequest(
+            entity_type="schedule_run", entity_id=rows["running"][0], from_state="paused",
+            to_state="queued", reason=StateReason(code="run.queued.resumed"),
+            actor=OPERATOR, idempotency_key=_key()))
+        assert moved.applied
+
+
+async def test_a_newer_and_an_older_change_merge(v1: tuple[str, dict[str, list[str]]],
+                                                 tmp_path: Path) -> None:
+    """Two branches of one release: each adds its own state; the database takes both."""
+    target, _ = v1
+    a = SpecDir(tmp_path / "a").paused()
+    b = SpecDir(tmp_path / "b").append('''
+[states.held]
+description = "Held for review."
+
+[[edges]]
+from = "queued"
+to = ["held"]
+
+[[edges]]
+from = "held"
+to = ["queued"]
+''').codes({"run.held.review": "Held for review."})
+    async with StateDB(target, registry=load_registry(a.path)):
+        pass
+    async with StateDB(target, registry=load_registry(b.path)) as db:
+        assert db.migration is not None
+        spec = await db.fetch_one(
+            "SELECT spec FROM ledgerq_specs WHERE entity = 'schedule_run'")
+        assert spec is not None and '"paused"' in spec["spec"] and '"held"' in spec["spec"]
+
+
+@pytest.mark.parametrize("edit, blocks", [
+    pytest.param(lambda s: s.append('''
+[[edges]]
+from = "cancelled"
+to = ["queued"]
+''').replace('terminal = ["completed", "failed", "timed_out", "skipped", "cancelled"]',
+             'terminal = ["completed", "failed", "timed_out", "skipped"]'),
+        "'cancelled'", id="terminal-given-edges"),
+    pytest.param(lambda s: s.replace('exit_code = "integer"', 'exit_code = "json"'),
+                 "exit_code", id="column-retyped-with-data"),
+    pytest.param(lambda s: s.replace("[columns]\n",
+                                     '[columns]\nteam = { type = "text", not_null = true }\n'),
+                 "team", id="not-null-without-default"),
+    pytest.param(lambda s: s.file().write_text(
+        s.file().read_text().replace('"schedule_runs"', '"runs"')), "renamed",
+        id="table-renamed"),
+])
+async def test_conflicts_are_refused_changing_nothing(
+        v1: tuple[str, dict[str, list[str]]], tmp_path: Path, edit: Any, blocks: str) -> None:
+    target, rows = v1
+    if blocks == "exit_code":
+        async with StateDB(target, registry=load_registry(SPECS_V1)) as db:
+            await db.write(lambda tx: tx.execute(
+                "UPDATE schedule_runs SET exit_code = 3 WHERE id = ?", [rows["cancelled"][0]]))
+    async with StateDB(target, registry=load_registry(SPECS_V1)) as db:
+        before = await snapshot(db)
+    specs = SpecDir(tmp_path / "specs")
+    edit(specs)
+    registry = load_registry(specs.path)
+    with pytest.raises(MigrationRefused) as caught:
+        async with StateDB(target, registry=registry):
+            pass
+    message = str(caught.value)
+    assert blocks in message and "nothing was changed" in message
+    if blocks == "'cancelled'":
+        assert "1 row" in message and rows["cancelled"][0] in message
+    if blocks == "exit_code":
+        assert rows["cancelled"][0] in message
+    async with StateDB(target, registry=load_registry(SPECS_V1)) as db:
+        assert await snapshot(db) == before
+
+
+async def test_apply_removes_a_state_only_with_its_rows_mapped(
+        v1: tuple[str, dict[str, list[str]]], tmp_path: Path) -> None:
+    target, rows = v1
+    paused = SpecDir(tmp_path / "paused").paused()
+    async with StateDB(target, registry=load_registry(paused.path)) as db:
+        for run in rows["running"]:
+            await transition(db, TransitionRequest(
+                entity_type="schedule_run", entity_id=run, from_state="running",
+                to_state="paused", reason=StateReason(code="run.paused.operator"),
+                actor=OPERATOR, idempotency_key=_key()))
+    # Back to the old graph, with a reason code for the rows the mapping moves.
+    back = SpecDir(tmp_path / "back", SPECS_V1).codes(
+        {"run.queued.migrated": "Moved by a migration out of a removed state."})
+    async with StateDB(target, registry=load_registry(back.path)) as db:
+        before = await snapshot(db)
+        plan = await db.migrate(dry_run=True)
+        assert any("refused" in line and "paused" in line and "2 rows" in line
+                   for line in plan.lines()), plan.lines()
+        with pytest.raises(MigrationRefused) as caught:
+            await db.migrate()
+        assert "--map-state schedule_run:paused=STATE" in str(caught.value)
+        assert await snapshot(db) == before
+        plan = await db.migrate([StateMapping.parse("schedule_run:paused=queued")])
+        assert not plan.refusals
+        for run in rows["running"]:
+            facts = await history(db, "schedule_run", run)
+            assert (facts[-1]["previous_status"], facts[-1]["status"],
+                    facts[-1]["reason_code"]) == ("paused", "queued", "run.queued.migrated")
+        assert (await verify(db)).ok
+        with pytest.raises(IntegrityViolation):
+            await db.write(lambda tx: tx.execute(
+                "UPDATE schedule_runs SET status = 'paused' WHERE id = ?", [rows["all"][0]]))
+        spec = await db.fetch_one(
+            "SELECT spec FROM ledgerq_specs WHERE entity = 'schedule_run'")
+        assert spec is not None and '"paused"' not in spec["spec"]
+        # Every version the database was migrated to is kept: the log's old facts are
+        # explained by the spec that was in force when they were appended.
+        versions = await db.fetch_all(
+            "SELECT spec FROM ledgerq_spec_versions WHERE entity = 'schedule_run'")
+        # v1; v1 with paused; that with the migration's reason code (opening `back`);
+        # `back` itself, applied.
+        assert len(versions) == 4 and any('"paused"' in v["spec"] for v in versions)
+
+
+async def test_a_database_from_before_recorded_specs_is_adopted(
+        v1: tuple[str, dict[str, list[str]]], tmp_path: Path) -> None:
+    target, rows = v1
+    async with StateDB(target, registry=load_registry(SPECS_V1)) as db:
+        for table in ("ledgerq_specs", "ledgerq_spec_versions", "ledgerq_schema"):
+            await db.write(lambda tx, t=table: tx.execute(f"DROP TABLE {t}"))
+    specs = SpecDir(tmp_path / "specs").paused()
+    async with StateDB(target, registry=load_registry(specs.path)) as db:
+        await transition(db, TransitionRequest(
+            entity_type="schedule_run", entity_id=rows["running"][0], from_state="running",
+            to_state="paused", reason=StateReason(code="run.paused.operator"),
+            actor=OPERATOR, idempotency_key=_key()))
+        assert (await verify(db)).ok
+        assert await db.fetch_one("SELECT spec_hash FROM ledgerq_specs WHERE entity = "
+                                  "'schedule_run'") is not None
