@@ -30,6 +30,7 @@ from ledgerq.cli import log  # noqa: F401
 from ledgerq.cli import stats  # noqa: F401
 from ledgerq.cli import specs  # noqa: F401
 from ledgerq.cli import demo  # noqa: F401
+from ledgerq.cli import migrate  # noqa: F401
 # isort: on
 from ledgerq.cli.app import app, main, run_cli
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 import typer
 
 from ledgerq.cli.failures import DOMAIN_FAILURE, database_message, die
-from ledgerq.errors import DatabaseError, DatabaseUnavailable
+from ledgerq.errors import DatabaseError, DatabaseUnavailable, MigrationRefused
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import Registry
@@ -98,7 +98,8 @@ def load_specs(specs: Path | None) -> Registry:
 
 @asynccontextmanager
 async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
-                  readonly: bool = False) -> AsyncIterator[StateDB]:
+                  readonly: bool = False, registry: Registry | None = None,
+                  migrate_on_open: bool = True) -> AsyncIterator[StateDB]:
     """Open the database with the root options: the spec directory and ``--synchronous``.
 
     Read commands pass ``readonly=True``: the file is opened read-only and never written
@@ -111,20 +112,23 @@ async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
 
     if must_exist and not is_postgres(path) and path != ":memory:" and not Path(path).exists():
         die(f"no database at {path} (pass --db or set {DB_ENV}; submit and worker create one)")
-    specs = root_specs(ctx)
-    registry = load_specs(specs) if specs is not None else None
+    if registry is None:
+        specs = root_specs(ctx)
+        registry = load_specs(specs) if specs is not None else None
     root = ctx.find_root().obj
     synchronous = (root.get("synchronous") if isinstance(root, dict) else None) or "NORMAL"
     try:
         # StateDB checks the value (any case) and names the accepted ones if it is wrong.
         db = StateDB(path, registry=registry, synchronous=cast("Synchronous", synchronous),
-                     readonly=readonly)
+                     readonly=readonly, migrate_on_open=migrate_on_open)
     except ValueError as exc:
         die(f"--synchronous: {exc}")
     try:
         await db.open()
     except DatabaseUnavailable as exc:
         die(f"cannot open database {exc}")
+    except MigrationRefused as exc:
+        die(f"{path}: {exc}", DOMAIN_FAILURE)
     except DatabaseError as exc:
         die(database_message(exc, path), DOMAIN_FAILURE)
     failure: BaseException | None = None

@@ -57,11 +57,17 @@ class Backend(Protocol):
 
 
 class StateDB:
-    """The database handle every ledgerq function takes (SQLite or PostgreSQL)."""
+    """The database handle every ledgerq function takes (SQLite or PostgreSQL).
+
+    Opening creates the schema of a new database, and migrates an existing one to what
+    its specs add (see docs/specs.md, "Changing a spec on a live database"); with
+    ``migrate_on_open=False`` it changes no schema (``ledgerq migrate`` plans first) and
+    requires the schema to exist.
+    """
 
     def __init__(self, path: str | Path, *, registry: Registry | None = None,
                  synchronous: Synchronous = "NORMAL", readonly: bool = False,
-                 busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+                 busy_timeout_ms: int = BUSY_TIMEOUT_MS, migrate_on_open: bool = True) -> None:
         if str(synchronous).upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             # Checked for either backend: a typo must not pass because the target is a URL.
             raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not "
@@ -77,14 +83,16 @@ class StateDB:
             from ledgerq.store.postgres.backend import PostgresBackend
 
             self._backend = PostgresBackend(self.path, registry=self.registry,
-                                            readonly=self.readonly)
+                                            readonly=self.readonly,
+                                            migrate_on_open=migrate_on_open)
             self.synchronous = "FULL"
         else:
             from ledgerq.store.sqlite.backend import SqliteBackend
 
             backend = SqliteBackend(self.path, registry=self.registry,
                                     synchronous=synchronous, readonly=self.readonly,
-                                    busy_timeout_ms=busy_timeout_ms)
+                                    busy_timeout_ms=busy_timeout_ms,
+                                    migrate_on_open=migrate_on_open)
             self.synchronous = backend.synchronous
             self._backend = backend
 
@@ -160,6 +168,12 @@ class StateDB:
         """What opening this handle migrated: None when the database already recorded
         these specs; else the plan carried out (new states, columns, indexes, entities)."""
         return self._backend.migration
+
+    @property
+    def recorded(self) -> dict[str, Normal]:
+        """The normalized spec the database records per entity (as of opening, or the
+        last :meth:`migrate`): ``ledgerq specs diff`` compares it with a directory."""
+        return self._backend.recorded
 
     def log_policies(self) -> list[EntityPolicy]:
         """The entities as the database records them: what ``verify`` and ``rebuild``

@@ -64,7 +64,9 @@ class SqliteBackend:
     dialect = "sqlite"
 
     def __init__(self, path: str, *, registry: Registry, synchronous: str = "NORMAL",
-                 readonly: bool = False, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+                 readonly: bool = False, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+                 migrate_on_open: bool = True) -> None:
+        self.migrate_on_open = migrate_on_open
         sync = str(synchronous).upper()
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not {synchronous!r}")
@@ -211,13 +213,21 @@ class SqliteBackend:
         # temp files a claim or terminal move cost ~210 us in-thread, in memory ~70 us
         # (a direct sqlite3 micro-measurement; see docs/performance.md).
         conn.execute("PRAGMA temp_store = MEMORY")
-        self.migration = open_schema(conn, self.registry)
+        if self.migrate_on_open:
+            self.migration = open_schema(conn, self.registry)
+        elif "status_transitions" in missing_tables(conn, self.registry):
+            # The log is what must exist; the specs' new entities are the migration's.
+            raise SchemaMissing(f"{self.path} has no ledgerq schema; `ledgerq migrate` "
+                                "works on an existing database")
         self.recorded = read_recorded(conn)
 
     def _configure_readonly(self, conn: sqlite3.Connection) -> None:
         self._configure_reader(conn)
-        missing = missing_tables(conn, self.registry)
         self.recorded = read_recorded(conn)
+        self._no_schema(conn)
+
+    def _no_schema(self, conn: sqlite3.Connection) -> None:
+        missing = missing_tables(conn, self.registry)
         if missing:
             raise SchemaMissing(
                 f"{self.path} has no ledgerq schema (missing table(s) {', '.join(missing)}); "
