@@ -381,16 +381,16 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
                                    tuple(ix.where_not_null)))
 
     outcomes: dict[str, str] = {}
-    for name, state in spec.states.items():
-        if state.outcome is None:
+    for name, decl in spec.states.items():
+        if decl.outcome is None:
             continue
         where = f"$.states.{name}.outcome"
         if name not in terminal:
             bad(where, f"state {name!r} is not terminal; only a terminal state has an outcome")
-        elif state.outcome not in OUTCOMES:
-            bad(where, f"unknown outcome {state.outcome!r}; known: {', '.join(OUTCOMES)}")
+        elif decl.outcome not in OUTCOMES:
+            bad(where, f"unknown outcome {decl.outcome!r}; known: {', '.join(OUTCOMES)}")
         else:
-            outcomes[name] = state.outcome
+            outcomes[name] = decl.outcome
 
     groups: dict[str, tuple[str, ...]] = {}
     for name, cols in spec.column_groups.items():
