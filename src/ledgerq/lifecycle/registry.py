@@ -381,16 +381,16 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
                                    tuple(ix.where_not_null)))
 
     outcomes: dict[str, str] = {}
-    for name, decl in spec.states.items():
-        if decl.outcome is None:
+    for name, state_spec in spec.states.items():
+        if state_spec.outcome is None:
             continue
         where = f"$.states.{name}.outcome"
         if name not in terminal:
             bad(where, f"state {name!r} is not terminal; only a terminal state has an outcome")
-        elif decl.outcome not in OUTCOMES:
-            bad(where, f"unknown outcome {decl.outcome!r}; known: {', '.join(OUTCOMES)}")
+        elif state_spec.outcome not in OUTCOMES:
+            bad(where, f"unknown outcome {state_spec.outcome!r}; known: {', '.join(OUTCOMES)}")
         else:
-            outcomes[name] = decl.outcome
+            outcomes[name] = state_spec.outcome
 
     groups: dict[str, tuple[str, ...]] = {}
     for name, cols in spec.column_groups.items():
