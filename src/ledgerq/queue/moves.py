@@ -102,27 +102,30 @@ def policy_problems(policy: EntityPolicy) -> list[SpecProblem]:
     def bad(where: str, what: str) -> None:
         problems.append(SpecProblem(policy.source, where, what))
 
-    missing_states: set[str] = set()
-    for m in MOVES:
-        if not m.offered_by(policy):
-            continue
+    wanted = [m for m in MOVES if m.offered_by(policy)]
+    # One finding per missing state or edge, naming every move that needs it.
+    states: dict[str, list[Move]] = {}
+    edges: dict[tuple[str, str], list[Move]] = {}
+    for m in wanted:
         for state in (m.source, m.target):
-            if state not in (None, ANY) and state not in policy.states \
-                    and state not in missing_states:
-                missing_states.add(state)
-                bad("$.states", f"state {state!r} is not declared; the queue needs it for "
-                    f"{m.purpose} ({m})")
+            if state not in (None, ANY) and state not in policy.states:
+                states.setdefault(state, []).append(m)
+        if m.source not in (None, ANY) and m.source in policy.states \
+                and m.target in policy.states and not policy.allows(m.source, m.target):
+            edges.setdefault((m.source, m.target), []).append(m)
+    for state, needing in states.items():
+        bad("$.states", f"state {state!r} is not declared; the queue needs it for "
+            f"{_uses(needing)}")
+    for (src, dst), needing in edges.items():
+        bad("$.edges", f"edge {src} -> {dst} is not declared; the queue needs it for "
+            f"{_uses(needing)}")
+    for m in wanted:
         if m.code not in policy.reason_codes:
             bad("$.reason_codes", f"reason code {m.code!r} is not declared; the queue writes "
                 f"it for {m.purpose} ({m})")
-        if m.source is None:
-            if m.target in policy.states and m.target not in policy.initial:
-                bad("$.initial", f"state {m.target!r} is not initial; the queue creates "
-                    f"rows there for {m.purpose}")
-        elif m.source != ANY and m.source in policy.states and m.target in policy.states \
-                and not policy.allows(m.source, m.target):
-            bad("$.edges", f"edge {m.source} -> {m.target} is not declared; the queue "
-                f"needs it for {m.purpose} ({m.code})")
+        if m.source is None and m.target in policy.states and m.target not in policy.initial:
+            bad("$.initial", f"state {m.target!r} is not initial; the queue creates rows "
+                f"there for {m.purpose}")
     for state in sorted(policy.terminal):
         if policy.outcome(state) is None:
             bad(f"$.states.{state}", f"terminal state {state!r} declares no outcome; the "
@@ -146,6 +149,10 @@ def policy_problems(policy: EntityPolicy) -> list[SpecProblem]:
                     bad(f"$.column_groups.{LEASE}", f"lease column {col!r} is not in "
                         f"{name}; the queue guards on and clears the whole lease")
     return problems
+
+
+def _uses(needing: list[Move]) -> str:
+    return "; ".join(f"{m.purpose} ({m.code})" for m in needing)
 
 
 def problems(registry: Registry) -> list[SpecProblem]:
