@@ -145,9 +145,11 @@ def database_thread_ceiling(path: Path, n: int, group: int = 64) -> float:
     import sqlite3
 
     from ledgerq.lifecycle import default_registry
+    from ledgerq.queue import moves
     from ledgerq.queue.application import validate
     from ledgerq.queue.claim import _claim_one
     from ledgerq.queue.outcomes import Outcome, _finish
+    from ledgerq.queue.runs import lease_of
     from ledgerq.queue.submit import SUBMITTER, _insert_all
     from ledgerq.store.sqlite.backend import STATEMENT_CACHE, _run_group
     from ledgerq.store.sqlite.schema import create_schema
@@ -170,9 +172,9 @@ def database_thread_ceiling(path: Path, n: int, group: int = 64) -> float:
         return _claim_one(c, policy, cand, "bench", now, 30.0)
 
     def finish(c: sqlite3.Connection, run: dict[str, Any], now: float) -> bool:
-        lease = {k: run[k] for k in ("leased_by", "lease_expires_at", "lease_token")}
+        lease = lease_of(policy, run)
         patch = {"ended_at": now, "exit_code": 0, "error_detail": None, "run_attempts": 1}
-        completed = Outcome("completed", "run.completed.ok", 0)
+        completed = Outcome(moves.EXITED_ZERO, 0)
         return _finish(c, policy, run, completed, lease, patch, now, "bench")
 
     start = time.perf_counter()

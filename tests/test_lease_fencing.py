@@ -12,8 +12,8 @@ from typing import Any
 from ledgerq import StateDB
 from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, submit_task
-from ledgerq.queue.runs import move
-from ledgerq.queue.worker import NO_LEASE, Executors, RunContext, claim_runs, execute_claimed
+from ledgerq.queue.runs import move, no_lease
+from ledgerq.queue.worker import Executors, RunContext, claim_runs, execute_claimed
 
 NOW = 1_000_000.0
 
@@ -26,7 +26,7 @@ async def test_a_returned_lease_cannot_finish_the_run_claimed_again_identically(
     back = await db.write(lambda conn: move(
         conn, policy, rid, "running", "queued", "run.queued.worker_shutdown",
         guard={"leased_by": "w1", "lease_expires_at": first["lease_expires_at"]},
-        patch=dict(NO_LEASE), now=NOW))
+        patch=no_lease(policy), now=NOW))
     assert back.applied
     (second,) = (await claim_runs(db, worker_id="w1", now=NOW, lease_ttl=10)).claimed
     # Same owner, same expiry: only the token differs.

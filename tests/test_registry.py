@@ -189,6 +189,57 @@ def test_mermaid_contains_every_edge() -> None:
     assert "dead_letter --> pending: actor operator" in dispatch
 
 
+def test_outcomes_and_column_groups_of_the_packaged_specs() -> None:
+    run = default_registry().entity("schedule_run")
+    assert dict(run.outcomes) == {"completed": "succeeded", "failed": "failed",
+                                  "timed_out": "failed", "skipped": "skipped",
+                                  "cancelled": "cancelled"}
+    assert set(run.outcomes) == run.terminal, "every terminal state of a run says how it ended"
+    assert run.outcome("completed") == "succeeded"
+    assert run.outcome("running") is None and run.outcome("no_such_state") is None
+    assert run.states_with_outcome("succeeded") == {"completed"}
+    assert run.states_with_outcome("failed", "cancelled") == {"failed", "timed_out", "cancelled"}
+    assert run.column_group("lease") == ("leased_by", "lease_expires_at", "lease_token")
+    with pytest.raises(ValueError, match="declares no column group 'nope'; known: lease"):
+        run.column_group("nope")
+    dispatch = default_registry().entity("dispatch")
+    assert dispatch.states_with_outcome("succeeded") == {"delivered", "acked"}
+    with pytest.raises(ValueError, match="known: none"):
+        dispatch.column_group("lease")
+    with pytest.raises(TypeError):
+        run.outcomes["queued"] = "succeeded"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        run.column_groups["lease"] = ()  # type: ignore[index]
+
+
+def test_outcomes_and_groups_are_optional_and_every_bad_one_is_named(tmp_path: Path) -> None:
+    """The baseline declares neither (an entity the queue does not run needs none); a file
+    with several bad ones gets one finding each."""
+    f = tmp_path / "widget.toml"
+    f.write_text(BASELINE)
+    plain = load_registry(f).entity("widget")
+    assert dict(plain.outcomes) == {} and dict(plain.column_groups) == {}
+    f.write_text(BASELINE.replace(
+        '[states.new]\ndescription = "Just made."\n',
+        '[states.new]\ndescription = "Just made."\noutcome = "failed"\n').replace(
+        '[states.done]\ndescription = "Finished."\n',
+        '[states.done]\ndescription = "Finished."\noutcome = "ok"\n')
+        + '\n[column_groups]\nempty = []\nboth = ["owner", "owner", "nope"]\n"Bad" = ["note"]\n')
+    with pytest.raises(SpecError) as info:
+        load_registry(f)
+    assert [(p.path, p.message) for p in info.value.problems] == [
+        ("$.states.new.outcome", "state 'new' is not terminal; only a terminal state has an "
+                                 "outcome"),
+        ("$.states.done.outcome", "unknown outcome 'ok'; known: succeeded, failed, cancelled, "
+                                  "skipped"),
+        ("$.column_groups.empty", "a column group needs at least one column"),
+        ("$.column_groups.both[1]", "column 'owner' is listed twice"),
+        ("$.column_groups.both[2]", "column 'nope' is not a column of table 'widgets'"),
+        ("$.column_groups.'Bad'", "column group names must be lower_snake_case identifiers"),
+    ]
+    assert all(p.file == str(f) for p in info.value.problems)
+
+
 # ---------------------------------------------------------------- immutability
 
 
@@ -270,6 +321,12 @@ REFUSALS = [
     ("duplicate_edge.toml", None, "$.edges[2].to[0]", "declared twice"),
     ("unknown_actor_type.toml", None, "$.edges[1].actors[0]", "unknown actor type 'robot'"),
     ("undeclared_initial_state.toml", None, "$.initial[1]", "undeclared state 'fresh'"),
+    ("outcome_on_non_terminal_state.toml", None, "$.states.busy.outcome",
+     "only a terminal state has an outcome"),
+    ("unknown_outcome.toml", None, "$.states.done.outcome",
+     "unknown outcome 'great'; known: succeeded, failed, cancelled, skipped"),
+    ("column_group_unknown_column.toml", None, "$.column_groups.claim[1]",
+     "'colour' is not a column of table 'widgets'"),
     ("duplicate_entity", "duplicate_entity/b_widget_again.toml", "$.entity",
      "duplicate entity 'widget'"),
     ("duplicate_table", "duplicate_table/b_gadget.toml", "$.table", "duplicate table 'widgets'"),

@@ -19,7 +19,13 @@ from ledgerq import StateDB
 from ledgerq.codec import dumps, loads
 from ledgerq.errors import IntegrityViolation
 from ledgerq.lifecycle.engine import new_id
-from ledgerq.operations import CANDIDATE_COLUMNS, EXPIRED_COLUMNS, LEASE_COLUMNS, STUCK_KINDS, Tx
+from ledgerq.operations import (
+    CANDIDATE_COLUMNS,
+    STUCK_KINDS,
+    Tx,
+    expired_columns,
+    lease_columns,
+)
 from ledgerq.store.postgres.tx import PostgresTx
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqlite.tx import SqliteTx
@@ -176,7 +182,7 @@ async def test_queue_scans(db: StateDB) -> None:
     page = await db.read(lambda tx: tx.claim_page(policy, [], (1.0, "q1"), 1))
     assert [r["id"] for r in page] == ["q2"]
     expired = await db.read(lambda tx: tx.expired_leases(policy, 10.0))
-    assert [r["id"] for r in expired] == ["r1"] and set(expired[0]) == set(EXPIRED_COLUMNS)
+    assert [r["id"] for r in expired] == ["r1"] and set(expired[0]) == set(expired_columns(policy))
     assert await db.read(lambda tx: tx.expired_leases(policy, 100.0, limit=1)) != []
     assert [r["id"] for r in await db.read(lambda tx: tx.due_retries(policy, 4.0))] == ["rw"]
     assert await db.read(lambda tx: tx.due_retries(policy, 3.9)) == []
@@ -185,7 +191,8 @@ async def test_queue_scans(db: StateDB) -> None:
     assert not await db.read(lambda tx: tx.key_running(policy, "h:other"))
     leases = await db.read(lambda tx: tx.lease_rows(policy, ["r1", "q1"]))
     assert {r["id"]: r["leased_by"] for r in leases} == {"r1": "w1", "q1": None}
-    assert set(leases[0]) == set(LEASE_COLUMNS)
+    assert set(leases[0]) == set(lease_columns(policy)) == {
+        "id", "status", "leased_by", "lease_expires_at", "lease_token"}
     assert await db.read(lambda tx: tx.running_by_worker(policy)) == {"w1": 1, "w2": 1}
     assert await db.read(lambda tx: tx.oldest_queued_at(policy)) == 1.0
     assert (await db.read(lambda tx: tx.status_counts(policy))) == {

@@ -36,13 +36,21 @@ FACT_COLUMNS = (
     "reason_summary", "evidence_refs", "source", "actor", "created_at", "metadata",
     "entity_version", "patch", "idempotency_key",
 )
-#: What a lease check reads of a run.
-LEASE_COLUMNS = ("id", "status", "leased_by", "lease_expires_at", "lease_token")
+#: The run spec's column group that makes a lease (``[column_groups] lease = [...]``).
+LEASE_GROUP = "lease"
 #: What a claim pass reads of a candidate.
 CANDIDATE_COLUMNS = ("id", "queued_at", "required_capabilities", "execution_target",
                      "concurrency_key", "lease_attempts")
-#: What the reaper reads of an expired lease.
-EXPIRED_COLUMNS = ("id", "leased_by", "lease_expires_at", "lease_token", "lease_attempts")
+
+
+def lease_columns(policy: EntityPolicy) -> tuple[str, ...]:
+    """What a lease check reads of a run: its status and its lease, as the spec groups it."""
+    return ("id", "status", *policy.column_group(LEASE_GROUP))
+
+
+def expired_columns(policy: EntityPolicy) -> tuple[str, ...]:
+    """What the reaper reads of an expired lease: the lease, and how often it expired."""
+    return ("id", *policy.column_group(LEASE_GROUP), "lease_attempts")
 #: Kinds of stuck run :meth:`Tx.stuck_runs` finds.
 STUCK_KINDS = ("undeclared", "lease", "retry", "waiting")
 
@@ -157,7 +165,7 @@ class Tx(abc.ABC):
     @abc.abstractmethod
     def expired_leases(self, policy: EntityPolicy, now: float,
                        limit: int | None = None) -> list[Row]:
-        """Running rows whose lease expired before ``now`` (:data:`EXPIRED_COLUMNS`)."""
+        """Running rows whose lease expired before ``now`` (:func:`expired_columns`)."""
 
     @abc.abstractmethod
     def due_retries(self, policy: EntityPolicy, now: float,
@@ -166,8 +174,9 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def settled_waiting(self, policy: EntityPolicy, limit: int | None = None) -> list[str]:
-        """Ids of waiting runs that can move now: a dependency ended other than completed,
-        or every one completed. A depends_on that is not a JSON list never settles."""
+        """Ids of waiting runs that can move now: a dependency ended in a terminal state
+        whose outcome is not ``succeeded``, or every one ended in one whose outcome is
+        (outcomes are the spec's). A depends_on that is not a JSON list never settles."""
 
     @abc.abstractmethod
     def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str],
@@ -190,7 +199,7 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def lease_rows(self, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
-        """:data:`LEASE_COLUMNS` of the given runs."""
+        """:func:`lease_columns` of the given runs."""
 
     # ------------------------------------------------------------ the log
 

@@ -84,13 +84,14 @@ def root_specs(ctx: typer.Context) -> Path | None:
 
 
 def load_specs(specs: Path | None) -> Registry:
+    """The registry of ``specs`` (None: the packaged specs), refused like ``ledgerq specs
+    check`` refuses it: also when it lacks a move the queue makes (queue/moves.py)."""
     from ledgerq.lifecycle.registry import default_registry, load_registry
     from ledgerq.lifecycle.spec import SpecError
+    from ledgerq.queue.moves import check
 
-    if specs is None:
-        return default_registry()
     try:
-        return load_registry(specs)
+        return check(default_registry() if specs is None else load_registry(specs))
     except SpecError as exc:
         die(f"{specs} is not a valid spec set ({len(exc.problems)} problem(s)); "
             f"run `ledgerq specs check {specs}`", DOMAIN_FAILURE)

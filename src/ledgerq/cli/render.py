@@ -12,11 +12,14 @@ import os
 import re
 import sys
 from datetime import datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from ledgerq.lifecycle.registry import EntityPolicy
 
 #: Off a terminal rich assumes 80 columns and squeezes tables; give them room instead.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
@@ -24,11 +27,13 @@ _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
 out = Console(highlight=False, width=_WIDTH, emoji=False)
 err_console = Console(stderr=True, highlight=False, emoji=False)
 
-STATUS_STYLE = {
-    "queued": "blue", "waiting_dependency": "magenta", "running": "cyan",
-    "retry_wait": "yellow", "completed": "green", "failed": "red", "timed_out": "red",
-    "skipped": "dim", "cancelled": "yellow",
-}
+#: A terminal state's colour, by the outcome its spec declares (the registry's closed
+#: vocabulary): a state added to a spec is coloured by what it means, with no edit here.
+OUTCOME_STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "skipped": "dim"}
+#: A state a row has not ended in: still waiting or working.
+LIVE_STYLE = "cyan"
+#: A terminal state that declares no outcome: ended, meaning unknown.
+ENDED_STYLE = "bold"
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
@@ -61,8 +66,18 @@ def cell(value: object, style: str = "") -> Text:
     return Text(printable(value), style=style)
 
 
-def styled_status(status: str | None) -> Text:
-    return cell(status or "", STATUS_STYLE.get(status or "", ""))
+def status_style(policy: EntityPolicy, status: str | None) -> str:
+    """A status's colour, from the spec: its outcome when it is an end, else "live". A
+    state the loaded specs do not declare (written by a newer spec) stays plain."""
+    if status is None or status not in policy.states:
+        return ""
+    if status in policy.terminal:
+        return OUTCOME_STYLE.get(policy.outcome(status) or "", ENDED_STYLE)
+    return LIVE_STYLE
+
+
+def styled_status(policy: EntityPolicy, status: str | None) -> Text:
+    return cell(status or "", status_style(policy, status))
 
 
 def emit_json(value: Any) -> None:

@@ -30,16 +30,20 @@ def specs_check(
     directory: Annotated[Path | None, typer.Argument(
         help="Spec directory or file (default: the packaged specs).", show_default=False,
         exists=True, metavar="DIR")] = None,
+    specs: SpecsOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Validate spec files; every problem on its own line as FILE: $.PATH: MESSAGE (exit 1)."""
+    """Validate spec files, and that they allow every move the queue makes; every problem
+    on its own line as FILE: $.PATH: MESSAGE (exit 1)."""
     from ledgerq.lifecycle.registry import load_registry, packaged_specs_dir
     from ledgerq.lifecycle.spec import SpecError
+    from ledgerq.queue.moves import check
 
-    root = directory or root_specs(ctx) or packaged_specs_dir()
+    root = directory or specs or root_specs(ctx) or packaged_specs_dir()
     files = [str(root)] if root.is_file() else [str(f) for f in sorted(root.glob("*.toml"))]
     try:
-        registry = load_registry(root)
+        # The queue's own moves are checked only once the files are valid on their own.
+        registry = check(load_registry(root))
     except SpecError as exc:
         if json_out:
             emit_json({"ok": False, "dir": str(root), "files": files, "entities": [],

@@ -9,14 +9,14 @@ from rich.table import Table
 from rich.text import Text
 
 from ledgerq.cli.app import app
-from ledgerq.cli.db import DbOption, db_path, open_db, run
+from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run
 from ledgerq.cli.render import JsonOption, cell, emit_json, fmt_age, fmt_ts, out, styled_status
 
 
 @app.command()
 def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False) -> None:
     """Counts per status, the oldest queued run's age, and what each worker is running."""
-    from ledgerq.projections.read_models import queue_stats
+    from ledgerq.projections.read_models import RUN_ENTITY, queue_stats
 
     path = db_path(ctx, db)
 
@@ -31,8 +31,9 @@ def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False)
     counts = Table(box=None, header_style="bold", pad_edge=False)
     counts.add_column("STATUS")
     counts.add_column("RUNS", justify="right")
+    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
     for status, n in s.counts.items():
-        counts.add_row(styled_status(status), cell(n))
+        counts.add_row(styled_status(policy, status), cell(n))
     counts.add_row(Text("total", style="bold"), Text(str(s.total), style="bold"))
     out.print(counts)
     out.print(f"\noldest queued: {fmt_age(s.oldest_queued_age_seconds)}"

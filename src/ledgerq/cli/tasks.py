@@ -227,7 +227,8 @@ def ls(
     from ledgerq.queue.application import ACTION_ALIASES, ACTION_KINDS, EXECUTION_TARGETS
 
     statuses = list(status or [])
-    check_choice("status", statuses, list(load_specs(root_specs(ctx)).entity(RUN_ENTITY).states))
+    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
+    check_choice("status", statuses, list(policy.states))
     kinds = [ACTION_ALIASES.get(k, k) for k in kind or []]
     check_choice("action kind", kinds, list(ACTION_KINDS))
     targets = list(target or [])
@@ -249,7 +250,7 @@ def ls(
     for name in ("STATUS", "KIND", "TARGET", "CREATED", "EXIT", "WORKER", "REASON"):
         table.add_column(name)
     for r in page.runs:
-        table.add_row(cell(r["id"]), styled_status(r["status"]), cell(r["action_kind"]),
+        table.add_row(cell(r["id"]), styled_status(policy, r["status"]), cell(r["action_kind"]),
                       cell(r["execution_target"] or ""), fmt_ts(r["created_at"]),
                       "" if r["exit_code"] is None else cell(r["exit_code"]),
                       cell(r["leased_by"] or ""), cell(r["status_reason_code"] or ""))
@@ -296,6 +297,7 @@ def show(
     if json_out:
         emit_json({"run": row, "history": facts})
         return
+    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
     head = Table(box=None, show_header=False, pad_edge=False)
     head.add_column(style="bold", no_wrap=True)
     head.add_column()
@@ -305,7 +307,7 @@ def show(
         if col.endswith("_at") and isinstance(value, int | float):
             shown: Text = cell(f"{fmt_ts(value)}  ({value:.3f})")
         elif col == "status":
-            shown = styled_status(value)
+            shown = styled_status(policy, value)
         elif isinstance(value, dict | list):
             # ensure_ascii=False: a non-ASCII argument reads as itself; printable() then
             # escapes only what a terminal would act on.
@@ -321,7 +323,8 @@ def show(
         hist.add_column(name)
     for f in facts:
         hist.add_row(cell(f["entity_version"]), fmt_ts(f["created_at"]),
-                     cell(f["previous_status"] or "(created)"), styled_status(f["status"]),
+                     cell(f["previous_status"] or "(created)"),
+                     styled_status(policy, f["status"]),
                      cell(f["reason_code"]), cell(f"{f['source']}:{f['actor']}"),
                      cell(f["reason_summary"] or ""))
     out.print(hist)

@@ -49,14 +49,16 @@ def render_markdown(policy: EntityPolicy) -> str:
         "",
         "## States",
         "",
-        "| State | Initial | Terminal | Allowed next states | Description |",
-        "|---|---|---|---|---|",
+        "| State | Initial | Terminal | Outcome | Allowed next states | Description |",
+        "|---|---|---|---|---|---|",
     ]
     for state, desc in policy.states.items():
         nxt = _codes(policy.edges.get(state, frozenset()), "none")
+        outcome = policy.outcome(state)
         lines.append(
             f"| `{state}` | {'yes' if state in policy.initial else ''} | "
-            f"{'yes' if state in policy.terminal else ''} | {nxt} | {_cell(desc)} |")
+            f"{'yes' if state in policy.terminal else ''} | "
+            f"{f'`{outcome}`' if outcome else ''} | {nxt} | {_cell(desc)} |")
     lines += [
         "",
         "## Edges",
@@ -89,6 +91,10 @@ def render_markdown(policy: EntityPolicy) -> str:
         "",
         f"Patch allowlist: {_codes(policy.patch_columns, 'none')}.",
         "",
+    ]
+    lines += [f"Column group `{name}`: {', '.join(f'`{c}`' for c in cols)}.\n"
+              for name, cols in policy.column_groups.items()]
+    lines += [
         "| Column | Declaration | Maintained by |",
         "|---|---|---|",
     ]

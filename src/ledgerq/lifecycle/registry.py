@@ -50,6 +50,10 @@ ACTOR_TYPES: frozenset[str] = frozenset(get_args(ActorType))
 COLUMN_TYPES = ("text", "integer", "float", "timestamp", "json", "boolean")
 #: What ``on_delete`` of a reference may say.
 ON_DELETE = ("cascade", "set_null", "restrict")
+#: How a row can have ended: the closed vocabulary of a terminal state's ``outcome``.
+#: Closed, so code asking "did it succeed?" and a reader of a spec agree on the words.
+SUCCEEDED = "succeeded"
+OUTCOMES = (SUCCEEDED, "failed", "cancelled", "skipped")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,12 @@ class EntityPolicy:
     index_states: Mapping[str, tuple[str, ...]] = field(init=False, default_factory=dict)
     #: Columns with a default: what a row holds in them when no fact names them.
     defaulted: frozenset[str] = field(init=False, default=frozenset())
+    #: Terminal state -> its declared outcome (one of :data:`OUTCOMES`); terminal states
+    #: that declare none are absent.
+    outcomes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Group name -> its columns, in spec order (``[column_groups]``).
+    column_groups: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "json_columns", tuple(
@@ -169,6 +179,25 @@ class EntityPolicy:
 
     def rule(self, from_state: str, to_state: str) -> EdgeRule:
         return self.edge_rules[(from_state, to_state)]
+
+    def outcome(self, state: str) -> str | None:
+        """How a row in ``state`` ended; None for a state that is not (or not declared as)
+        an end. A state the spec does not know is None too: a row in it (written by a
+        newer spec) has not ended as far as this process can tell."""
+        return self.outcomes.get(state)
+
+    def states_with_outcome(self, *outcomes: str) -> frozenset[str]:
+        """The terminal states whose outcome is one of ``outcomes``."""
+        return frozenset(s for s, o in self.outcomes.items() if o in outcomes)
+
+    def column_group(self, name: str) -> tuple[str, ...]:
+        """The columns of a declared group; ValueError naming the groups the spec has."""
+        try:
+            return self.column_groups[name]
+        except KeyError:
+            known = ", ".join(sorted(self.column_groups)) or "none"
+            raise ValueError(f"entity {self.name!r} declares no column group {name!r}; "
+                             f"known: {known}") from None
 
     def status_check(self) -> str:
         """The CHECK clause of the table's status column, so schema and spec cannot drift."""
@@ -359,6 +388,35 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
                                    tuple(ix.where_status) if ix.where_status else None,
                                    tuple(ix.where_not_null)))
 
+    outcomes: dict[str, str] = {}
+    for name, state_spec in spec.states.items():
+        if state_spec.outcome is None:
+            continue
+        where = f"$.states.{name}.outcome"
+        if name not in terminal:
+            bad(where, f"state {name!r} is not terminal; only a terminal state has an outcome")
+        elif state_spec.outcome not in OUTCOMES:
+            bad(where, f"unknown outcome {state_spec.outcome!r}; known: {', '.join(OUTCOMES)}")
+        else:
+            outcomes[name] = state_spec.outcome
+
+    groups: dict[str, tuple[str, ...]] = {}
+    for name, cols in spec.column_groups.items():
+        # A group's name never reaches SQL (its columns do, as validated columns).
+        if not IDENTIFIER.match(name):
+            bad(f"$.column_groups.{name!r}",
+                "column group names must be lower_snake_case identifiers")
+            continue
+        if not cols:
+            bad(f"$.column_groups.{name}", "a column group needs at least one column")
+        for j, col in enumerate(cols):
+            if col not in columns:
+                bad(f"$.column_groups.{name}[{j}]",
+                    f"column {col!r} is not a column of table {spec.table!r}")
+            elif col in cols[:j]:
+                bad(f"$.column_groups.{name}[{j}]", f"column {col!r} is listed twice")
+        groups[name] = tuple(cols)
+
     if spec.table in RESERVED_TABLES:
         bad("$.table", f"table {spec.table!r} is reserved by ledgerq's own schema")
     for where, name in (("$.entity", spec.entity), ("$.table", spec.table)):
@@ -384,6 +442,8 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
         columns=MappingProxyType(columns),
         indexes=tuple(indexes),
         spec=spec,
+        outcomes=MappingProxyType(outcomes),
+        column_groups=MappingProxyType(groups),
     )
 
 

@@ -68,6 +68,9 @@ class SpecError(ValueError):
 
 class StateSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     description: str
+    #: How a row that ends here ended (terminal states only): ``succeeded``, ``failed``,
+    #: ``cancelled`` or ``skipped``. What "a dependency is met" and a status's colour mean.
+    outcome: str | None = None
 
 
 class EdgeSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -118,6 +121,9 @@ class EntitySpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     patch_columns: list[str] = []
     columns: dict[str, ColumnSpec | str] = {}
     indexes: list[IndexSpec] = []
+    #: Named sets of columns code acts on together (the lease a requeue clears and a
+    #: renewal guards on), so no caller lists them again.
+    column_groups: dict[str, list[str]] = {}
 
 
 def decode_spec(path: Path) -> EntitySpec:

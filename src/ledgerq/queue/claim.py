@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 from ledgerq.codec import loads
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
+from ledgerq.queue import moves
 from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
 from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, DEFAULT_LEASE_TTL_SECONDS, WorkerConfig
 from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS
-from ledgerq.queue.runs import ENTITY, move, worker_actor
+from ledgerq.queue.runs import perform, run_policy, worker_actor
 from ledgerq.queue.stuck import StuckRows, describe, is_database_failure, tracked
 
 if TYPE_CHECKING:
@@ -163,14 +164,15 @@ def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
         if tx.key_running(policy, key):
             return None
     attempts = cand["lease_attempts"]
-    res = move(tx, policy, cand["id"], "queued", "running", "run.started.ok",
-               actor=worker_actor(worker_id), summary=f"claimed by {worker_id}",
-               guard={"lease_attempts": attempts, "leased_by": None},
-               patch={"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
-                      "lease_token": uuid.uuid4().hex,
-                      "lease_attempts": attempts + 1}, now=now, whole_row=True,
-               # Another claimant's row is skipped, not waited for (PostgreSQL: SKIP LOCKED).
-               skip_locked=True)
+    res = perform(tx, policy, cand["id"], moves.CLAIM,
+                  actor=worker_actor(worker_id), summary=f"claimed by {worker_id}",
+                  guard={"lease_attempts": attempts, "leased_by": None},
+                  patch={"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
+                         "lease_token": uuid.uuid4().hex,
+                         "lease_attempts": attempts + 1}, now=now, whole_row=True,
+                  # Another claimant's row is skipped, not waited for (PostgreSQL: SKIP
+                  # LOCKED).
+                  skip_locked=True)
     return res.row if res.applied else None
 
 
@@ -238,7 +240,7 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
     targets = set(config.execution_targets or ["host"])
     excluded = sorted(set(config.executors.excluded_kinds() if excluded_kinds is None
                           else excluded_kinds))
-    policy = db.registry.entity(ENTITY)
+    policy = run_policy(db)
     wanted = limit * CLAIM_SPARES if db.many_writers else limit
     chosen = await db.read(lambda tx: _select(
         tx, policy, worker_id, ts, config.heartbeat_ttl, excluded, advertised, targets,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from ledgerq.queue.runs import ENTITY
+from ledgerq.queue.runs import run_policy
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
@@ -39,7 +39,8 @@ class LeaseReads:
         self._flushes: set[asyncio.Task[None]] = set()
 
     async def lease_row(self, db: StateDB, run_id: str) -> dict[str, Any] | None:
-        """The run's lease columns and status as committed now; None if the row is gone."""
+        """The run's lease columns (the spec's lease group) and status as committed now;
+        None if the row is gone."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[dict[str, Any] | None] = loop.create_future()
         waiting = self._waiting.get(db)
@@ -61,7 +62,7 @@ class LeaseReads:
         ids = list(waiting)
         rows: dict[str, dict[str, Any]] = {}
         try:
-            policy = db.registry.entity(ENTITY)
+            policy = run_policy(db)
             found = await db.read(lambda tx: tx.lease_rows(policy, ids))
             rows.update((r["id"], r) for r in found)
         except Exception as exc:  # each run treats it as a failed check and tries again

@@ -17,9 +17,11 @@ from ledgerq.codec import loads
 from ledgerq.errors import DatabaseUnavailable
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
+from ledgerq.queue import moves
 from ledgerq.queue.application import RetryPolicy
+from ledgerq.queue.moves import Move
 from ledgerq.queue.promotion import settle_dependents
-from ledgerq.queue.runs import ENTITY, NO_LEASE, move, worker_actor
+from ledgerq.queue.runs import no_lease, perform, run_policy, worker_actor
 
 if TYPE_CHECKING:
     from ledgerq.queue.supervision import RunContext
@@ -33,13 +35,12 @@ DETAIL_LIMIT = 4096
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a run ended, as its write records it.
+    """How a run ended, as its write records it: one of the queue's moves off ``running``.
 
-    ``to_state`` need not be terminal: a run given back on shutdown goes to ``queued``.
+    Its target need not be terminal: a run given back on shutdown goes to ``queued``.
     """
 
-    to_state: str
-    code: str
+    move: Move
     exit_code: int | None = None
     detail: str | None = None
     #: The task itself failed (it exited non-zero or raised), so its retry policy may
@@ -47,6 +48,10 @@ class Outcome:
     retryable: bool = False
     #: The fact's summary; None: the detail.
     summary: str | None = None
+
+    @property
+    def to_state(self) -> str:
+        return self.move.target
 
 
 def lost_outcome(row: dict[str, Any] | None, lease: dict[str, Any]) -> str:
@@ -57,9 +62,10 @@ def lost_outcome(row: dict[str, Any] | None, lease: dict[str, Any]) -> str:
     reclaimed, deleted; or cancelled under a later lease) is ``lost``: whatever the row
     says now was not done to this run.
     """
-    if row is not None and row["status"] == "cancelled" \
+    cancelled = moves.CANCELLED.target
+    if row is not None and row["status"] == cancelled \
             and row["lease_token"] == lease["lease_token"]:
-        return "cancelled"
+        return cancelled
     return "lost"
 
 
@@ -67,9 +73,8 @@ def _finish(tx: Tx, policy: EntityPolicy, run: dict[str, Any], outcome: Outcome,
             guard: dict[str, Any], patch: dict[str, Any], now: float,
             worker_id: str) -> bool:
     summary = outcome.summary if outcome.summary is not None else outcome.detail or ""
-    res = move(tx, policy, run["id"], "running", outcome.to_state, outcome.code,
-               actor=worker_actor(worker_id), summary=summary, guard=guard, patch=patch,
-               now=now)
+    res = perform(tx, policy, run["id"], outcome.move, actor=worker_actor(worker_id),
+                  summary=summary, guard=guard, patch=patch, now=now)
     if res.applied and outcome.to_state in policy.terminal:
         settle_dependents(tx, policy, [run["id"]], now)
     return res.applied
@@ -86,7 +91,8 @@ async def record_outcome(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
 
 async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: dict[str, Any],
                 ctx: RunContext, outcome: Outcome) -> str:
-    """A failed run goes to retry_wait while its retry policy has attempts left."""
+    """A failed run goes to retry_wait while its retry policy has attempts left (and the
+    loaded specs have retries at all: older ones fail it plainly)."""
     raw = run.get("retry_policy")
     detail = outcome.detail or ""
     try:
@@ -96,17 +102,18 @@ async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: d
         detail = f"{detail} (retry_policy unreadable: {exc})"
         outcome = dataclasses.replace(outcome, detail=detail)
     runs_done = int(run.get("run_attempts") or 0) + 1
-    if policy_ is not None and runs_done < policy_.max_attempts:
+    if policy_ is not None and runs_done < policy_.max_attempts \
+            and moves.BACKOFF.offered_by(policy):
         now = ctx.clock()
         due = now + policy_.delay(runs_done)
-        patch = {**NO_LEASE, "retry_due_at": due,
+        patch = {**no_lease(policy), "retry_due_at": due,
                  "run_attempts": runs_done, "exit_code": outcome.exit_code,
                  "error_detail": detail[-DETAIL_LIMIT:]}
-        retry = Outcome("retry_wait", "run.retry_wait.backoff", outcome.exit_code, detail,
+        retry = Outcome(moves.BACKOFF, outcome.exit_code, detail,
                         summary=f"attempt {runs_done} of {policy_.max_attempts} failed")
         applied = await _write_outcome(db, lambda tx: _finish(
             tx, policy, run, retry, dict(lease), patch, now, ctx.worker_id))
-        return "retry_wait" if applied else await _conflicted(db, run, lease, "retry_wait")
+        return retry.to_state if applied else await _conflicted(db, run, lease, retry.to_state)
     return await _end(db, policy, run, lease, ctx, outcome)
 
 
@@ -135,7 +142,7 @@ async def _end(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: di
     detail = outcome.detail
     if outcome.to_state not in policy.terminal:
         # graceful shutdown: not a failed attempt, give it back
-        patch: dict[str, Any] = {**NO_LEASE,
+        patch: dict[str, Any] = {**no_lease(policy),
                                  "lease_attempts": max(0, int(run["lease_attempts"]) - 1)}
     else:
         patch = {"ended_at": now, "exit_code": outcome.exit_code,
@@ -153,7 +160,7 @@ async def _conflicted(db: StateDB, run: dict[str, Any], lease: dict[str, Any],
     """The outcome of a run whose final write found the lease gone (see lost_outcome)."""
     log.info("run %s: write of %s conflicted (lease no longer ours)", run["id"], to_state)
     try:
-        policy = db.registry.entity(ENTITY)
+        policy = run_policy(db)
         rows = await db.read(lambda tx: tx.lease_rows(policy, [run["id"]]))
         row = rows[0] if rows else None
     except Exception:  # only the count depends on it: lost is the safe answer

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
-from ledgerq.queue.runs import ENTITY, move, resolve_dependents
+from ledgerq.queue import moves
+from ledgerq.queue.runs import perform, resolve_dependents, run_policy
 from ledgerq.queue.stuck import StuckRows, Swept, isolated, record, tracked, unskipped
 
 if TYPE_CHECKING:
@@ -44,10 +45,10 @@ def settle_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
 
 
 def _retry_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> bool:
-    return move(tx, policy, row["id"], "retry_wait", "queued", "run.queued.retry_due",
-                guard={"retry_due_at": row["retry_due_at"]},
-                patch={"lease_attempts": 0, "retry_due_at": None, "queued_at": now},
-                now=now).applied
+    return perform(tx, policy, row["id"], moves.RETRY_DUE,
+                   guard={"retry_due_at": row["retry_due_at"]},
+                   patch={"lease_attempts": 0, "retry_due_at": None, "queued_at": now},
+                   now=now).applied
 
 
 def _promote(tx: Tx, policy: EntityPolicy, now: float,
@@ -109,16 +110,16 @@ async def promote_due(db: StateDB, *, now: float | None = None,
     version of the queue's: their rows in that state are left alone (see DESIGN, spec
     evolution). A row whose move raises is skipped and reported through ``stuck``.
     """
-    policy = db.registry.entity(ENTITY)
+    policy = run_policy(db)
     ts = time.time() if now is None else now
     tracker = tracked(stuck)
-    retries = "retry_wait" in policy.states
-    dependencies = "waiting_dependency" in policy.states
-    for state, ok in (("retry_wait", retries), ("waiting_dependency", dependencies)):
+    retries = moves.RETRY_DUE.offered_by(policy)
+    dependencies = moves.DEPENDENCIES_MET.offered_by(policy)
+    for feature, ok in ((moves.RETRY_DUE, retries), (moves.DEPENDENCIES_MET, dependencies)):
         if not ok:
-            tracker.note_once(f"undeclared:{state}",
+            tracker.note_once(f"undeclared:{feature.feature}",
                               "the loaded specs do not declare %s: its rows are left alone "
-                              "(ledgerq stats counts them as stuck)", state)
+                              "(ledgerq stats counts them as stuck)", feature.feature)
     if not (retries or dependencies):
         return {"retried": 0, "released": 0, "cancelled": 0}
     skip = tracker.skipping()

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
+from ledgerq.queue import moves
 from ledgerq.queue.promotion import settle_dependents
-from ledgerq.queue.runs import ENTITY, NO_LEASE, move
+from ledgerq.queue.runs import lease_of, no_lease, perform, run_policy
 from ledgerq.queue.stuck import StuckRows, Swept, isolated, record, tracked, unskipped
 
 if TYPE_CHECKING:
@@ -39,20 +40,18 @@ def _reap(tx: Tx, policy: EntityPolicy, now: float,
 
 def _reap_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> str:
     """Requeue or fail one expired lease; returns the count it adds to ("" if none)."""
-    guard = {"leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"],
-             "lease_token": row["lease_token"]}
+    guard = lease_of(policy, row)
     if row["lease_attempts"] < MAX_LEASE_ATTEMPTS:
-        res = move(tx, policy, row["id"], "running", "queued", "run.queued.lease_expired",
-                   summary=f"lease of {row['leased_by']} expired", guard=guard,
-                   patch=dict(NO_LEASE), now=now,
-                   metadata={"expired_worker": row["leased_by"]})
+        res = perform(tx, policy, row["id"], moves.LEASE_EXPIRED,
+                      summary=f"lease of {row['leased_by']} expired", guard=guard,
+                      patch=no_lease(policy), now=now,
+                      metadata={"expired_worker": row["leased_by"]})
         return "requeued" if res.applied else ""
     detail = (f"lease expired {row['lease_attempts']} times "
               f"(last holder {row['leased_by']})")
-    res = move(tx, policy, row["id"], "running", "failed",
-               "run.failed.lease_attempts_exhausted", summary=detail, guard=guard,
-               patch={"ended_at": now, "error_detail": detail}, now=now,
-               metadata={"expired_worker": row["leased_by"]})
+    res = perform(tx, policy, row["id"], moves.LEASES_EXHAUSTED, summary=detail, guard=guard,
+                  patch={"ended_at": now, "error_detail": detail}, now=now,
+                  metadata={"expired_worker": row["leased_by"]})
     if not res.applied:
         return ""
     settle_dependents(tx, policy, [row["id"]], now)
@@ -66,7 +65,7 @@ async def reap_expired_leases(db: StateDB, *, now: float | None = None,
     A row whose move raises is skipped and reported through ``stuck`` (default: the
     process-wide tracker); the other expired rows are reaped all the same.
     """
-    policy = db.registry.entity(ENTITY)
+    policy = run_policy(db)
     ts = time.time() if now is None else now
     tracker = tracked(stuck)
     skip = tracker.skipping()

@@ -4,18 +4,40 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import loads
 from ledgerq.lifecycle.engine import Moved, apply_move
 from ledgerq.lifecycle.models import Actor, StateReason
-from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.operations import Tx
+from ledgerq.queue import moves
+from ledgerq.queue.moves import ENTITY, LEASE, Move
 
-ENTITY = "schedule_run"
+if TYPE_CHECKING:
+    from ledgerq.operations import Database
+
+__all__ = ["ENTITY", "SYSTEM", "MalformedRow", "decode_run", "lease_of", "move", "no_lease",
+           "perform", "resolve_dependents", "run_policy", "worker_actor"]
+
 SYSTEM = Actor(type="system", id="ledgerq")
-#: What a run that goes back to waiting holds of a lease: nothing.
-NO_LEASE: dict[str, Any] = {"leased_by": None, "lease_expires_at": None, "lease_token": None}
+
+
+def run_policy(db: Database) -> EntityPolicy:
+    """The run entity's policy, once its registry is known to allow every move the queue
+    makes (:func:`ledgerq.queue.moves.check`): every queue entry point starts here, so a
+    spec set missing an edge the queue needs is refused before anything is written."""
+    return moves.check(db.registry).entity(ENTITY)
+
+
+def no_lease(policy: EntityPolicy) -> dict[str, Any]:
+    """What a run that goes back to waiting holds of a lease: nothing (the spec's group)."""
+    return dict.fromkeys(policy.column_group(LEASE))
+
+
+def lease_of(policy: EntityPolicy, row: dict[str, Any]) -> dict[str, Any]:
+    """The lease a row holds, as the guard of a move that must still find it."""
+    return {c: row.get(c) for c in policy.column_group(LEASE)}
 
 
 @functools.lru_cache(maxsize=64)
@@ -72,10 +94,21 @@ def move(tx: Tx, policy: EntityPolicy, run_id: str, from_state: str | None,
     reason = _shared_reason(code, summary) if shared else _reason(code, summary, metadata)
     moved = apply_move(tx, policy, run_id, from_state, to_state, reason, actor, guard=guard,
                        patch=patch, now=now, whole_row=whole_row, skip_locked=skip_locked)
-    if moved.applied and to_state == "queued":
+    if moved.applied and to_state == moves.CLAIM.source:
         # A requeue, a due retry, a released dependent: claimable now, on every host.
         tx.notify_claimable()
     return moved
+
+
+def perform(tx: Tx, policy: EntityPolicy, run_id: str, which: Move, *,
+            from_state: str | None = None, **options: Any) -> Moved:
+    """One of the queue's own moves (:mod:`ledgerq.queue.moves`), through :func:`move`.
+
+    ``from_state`` is the observed state for a move from :data:`~ledgerq.queue.moves.ANY`
+    state (a cancel); other moves start where the table says.
+    """
+    source = from_state if which.source == moves.ANY else which.source
+    return move(tx, policy, run_id, source, which.target, which.code, **options)
 
 
 def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
@@ -83,9 +116,12 @@ def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
     """Release or cancel waiting runs whose dependencies have all ended (in-transaction).
 
     ``run_ids`` are runs that just ended (their dependents are checked) or, with
-    ``waiting=True``, waiting runs to check themselves. Cancelling a dependent can end
-    its own dependents, so the work list grows until nothing more resolves.
+    ``waiting=True``, waiting runs to check themselves. A dependency is met when its state's
+    outcome (declared in the spec) is ``succeeded``; one that ended otherwise cancels the
+    dependent. Cancelling a dependent can end its own dependents, so the work list grows
+    until nothing more resolves.
     """
+    met = policy.states_with_outcome(SUCCEEDED)
     ts = time.time() if now is None else now
     counts = {"released": 0, "cancelled": 0}
     if waiting:
@@ -104,18 +140,17 @@ def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
             continue  # a hand-written row; verify() reports it, the queue leaves it alone
         statuses = tx.statuses(policy, deps) if deps else {}
         ended_badly = [d for d in deps
-                       if statuses.get(d) in policy.terminal and statuses[d] != "completed"]
+                       if statuses.get(d) in policy.terminal and statuses[d] not in met]
         if ended_badly:
             d = ended_badly[0]
             why = f"dependency {d} ended {statuses[d]}"
-            res = move(tx, policy, rid, "waiting_dependency", "cancelled",
-                       "run.cancelled.dependency_failed", summary=why,
-                       patch={"ended_at": ts, "error_detail": why}, now=ts)
+            res = perform(tx, policy, rid, moves.DEPENDENCY_FAILED, summary=why,
+                          patch={"ended_at": ts, "error_detail": why}, now=ts)
             if res.applied:
                 counts["cancelled"] += 1
                 todo += tx.dependents_of(policy, rid)
-        elif all(statuses.get(d) == "completed" for d in deps):
-            res = move(tx, policy, rid, "waiting_dependency", "queued",
-                       "run.queued.dependencies_met", patch={"queued_at": ts}, now=ts)
+        elif all(statuses.get(d) in met for d in deps):
+            res = perform(tx, policy, rid, moves.DEPENDENCIES_MET, patch={"queued_at": ts},
+                          now=ts)
             counts["released"] += int(res.applied)
     return counts

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.errors import DatabaseDamaged, DatabaseError, DatabaseGone
-from ledgerq.queue import orphans, wakeup
+from ledgerq.queue import moves, orphans, wakeup
 from ledgerq.queue.claim import claim_pass
 from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, WorkerConfig
 from ledgerq.queue.executors import Executors
@@ -103,6 +103,8 @@ class Worker:
             raise ValueError(f"claim_cooldown must be >= 0, not {claim_cooldown}")
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, not {poll_interval}")
+        # Refused here, naming what is missing, not at the first claim or exit code.
+        moves.check(db.registry)
         #: Who this worker is and what it serves, as every pass and run reads it.
         self.config = WorkerConfig.build(
             worker_id=worker_id or default_worker_id(), lease_ttl=lease_ttl,

@@ -13,7 +13,7 @@ from ledgerq.lifecycle.engine import create_entities, create_entity, new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
-from ledgerq.queue import wakeup
+from ledgerq.queue import moves, wakeup
 from ledgerq.queue.application import (
     DEFAULT_LIMITS,
     MESSAGE_ITEMS,
@@ -24,7 +24,7 @@ from ledgerq.queue.application import (
     validate,
 )
 from ledgerq.queue.capabilities import host_scoped_concurrency_key
-from ledgerq.queue.runs import ENTITY, move, resolve_dependents
+from ledgerq.queue.runs import perform, resolve_dependents, run_policy
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
@@ -55,10 +55,9 @@ def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
         unknown = [d for d in deps if d not in found]
         if unknown:
             raise InvalidInput(_unknown_deps_message(unknown))
-    status = "waiting_dependency" if deps else "queued"
-    run_id = create_entity(tx, policy, _row(app, now, host, status, deps, fingerprint),
-                           reason=StateReason(code=f"run.{status}.submitted"), actor=actor,
-                           now=now)
+    created = moves.SUBMITTED_WAITING if deps else moves.SUBMITTED
+    run_id = create_entity(tx, policy, _row(app, now, host, created.target, deps, fingerprint),
+                           reason=_reasons[created], actor=actor, now=now)
     if deps:
         resolve_dependents(tx, policy, [run_id], waiting=True, now=now)
     return run_id
@@ -98,7 +97,8 @@ def _row(app: TaskApplication, now: float, host: str, status: str, deps: list[st
     }
 
 
-_SUBMITTED = StateReason(code="run.queued.submitted")
+#: The creation facts' reasons, built (and validated) once.
+_reasons = {m: StateReason(code=m.code) for m in (moves.SUBMITTED, moves.SUBMITTED_WAITING)}
 
 
 def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
@@ -117,8 +117,9 @@ def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
             ids.append(_insert(tx, policy, plain[0], now, host, actor))
         elif plain:
             ids.extend(create_entities(
-                tx, policy, [_row(a, now, host, "queued", [], digest(a)) for a in plain],
-                reason=_SUBMITTED, actor=actor, now=now))
+                tx, policy, [_row(a, now, host, moves.SUBMITTED.target, [], digest(a))
+                             for a in plain],
+                reason=_reasons[moves.SUBMITTED], actor=actor, now=now))
         plain.clear()
 
     for app in apps:
@@ -162,7 +163,7 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
             if len(apps) == 1:
                 raise
             raise InvalidInput(f"apps[{i}]: {exc}") from exc
-    policy = db.registry.entity(ENTITY)
+    policy = run_policy(db)
     ts = time.time() if now is None else now
     hostname = host or socket.gethostname()
 
@@ -181,7 +182,7 @@ async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = 
     A running run is cancelled too: its worker notices at its next lease check, stops
     the child, and its own terminal write then conflicts harmlessly.
     """
-    policy = db.registry.entity(ENTITY)
+    policy = run_policy(db)
     ts = time.time() if now is None else now
 
     def unit(tx: Tx) -> bool:
@@ -191,11 +192,11 @@ async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = 
         if found is None:
             raise NotFound(f"run {run_id!r} not found")
         status = found[0]
-        if not policy.allows(status, "cancelled"):
+        if not policy.allows(status, moves.CANCELLED.target):
             return False
-        res = move(tx, policy, run_id, status, "cancelled", "run.cancelled.operator",
-                   actor=actor, summary=summary or f"cancelled by {actor.type} {actor.id}",
-                   patch={"ended_at": ts}, now=ts)
+        res = perform(tx, policy, run_id, moves.CANCELLED, from_state=status, actor=actor,
+                      summary=summary or f"cancelled by {actor.type} {actor.id}",
+                      patch={"ended_at": ts}, now=ts)
         if res.applied:
             resolve_dependents(tx, policy, [run_id], now=ts)
             tx.notify_claimable()
@@ -218,7 +219,7 @@ async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: s
     Such rows enter ``running`` (or ``skipped``/``failed``) directly and are never
     claimed by queue workers; the scheduler ends them with :func:`transition`.
     """
-    policy = db.registry.entity(ENTITY)
+    policy = run_policy(db)
     code = _fire_code(status)
     if status not in policy.initial or code not in policy.reason_codes:
         allowed = sorted(s for s in policy.initial if _fire_code(s) in policy.reason_codes)

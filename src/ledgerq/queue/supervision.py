@@ -18,13 +18,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.queue import moves
 from ledgerq.queue.config import DEFAULT_LEASE_TTL_SECONDS, LEASE_CHECK_SECONDS
 from ledgerq.queue.executors import Executors
 from ledgerq.queue.launcher import ExecuteFn
 from ledgerq.queue.leases import LeaseReads, until_next_check
 from ledgerq.queue.locks import KeyLock
 from ledgerq.queue.outcomes import Outcome, lost_outcome, record_outcome
-from ledgerq.queue.runs import ENTITY, MalformedRow, decode_run, move, worker_actor
+from ledgerq.queue.runs import (
+    MalformedRow,
+    decode_run,
+    lease_of,
+    perform,
+    run_policy,
+    worker_actor,
+)
 
 if TYPE_CHECKING:
     from ledgerq.queue.config import WorkerConfig
@@ -40,7 +48,7 @@ TIMEOUT_EXIT_CODE = 124
 Authorize = Callable[[dict[str, Any]], "bool | str | Awaitable[bool | str]"]
 
 #: A run given back to the queue because its worker is stopping (not a failed attempt).
-SHUTDOWN = Outcome("queued", "run.queued.worker_shutdown")
+SHUTDOWN = Outcome(moves.SHUTDOWN)
 
 
 @dataclass
@@ -84,14 +92,14 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
     meanwhile, or ``lost`` when the lease went away otherwise; in those two cases the
     child is stopped and nothing is written.
     """
-    policy = db.registry.entity(ENTITY)
-    lease = {"leased_by": ctx.worker_id, "lease_expires_at": run["lease_expires_at"],
-             "lease_token": run["lease_token"]}
+    policy = run_policy(db)
+    # The lease the claim gave this worker: the row's, owned by us whatever it says.
+    lease = {**lease_of(policy, run), "leased_by": ctx.worker_id}
     try:
         decoded = decode_run(policy, run)
     except MalformedRow as exc:
         return await record_outcome(db, policy, run, lease, ctx, Outcome(
-            "failed", "run.failed.exception", 1, str(exc)))
+            moves.RAISED, 1, str(exc)))
     if ctx.authorize is not None:
         try:
             verdict = ctx.authorize(decoded)
@@ -102,12 +110,11 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
         if verdict is not True:
             why = verdict if isinstance(verdict, str) and verdict else "denied by authorize hook"
             return await record_outcome(db, policy, run, lease, ctx, Outcome(
-                "failed", "run.failed.unauthorized", None, f"unauthorized: {why}"))
+                moves.UNAUTHORIZED, None, f"unauthorized: {why}"))
     executor = ctx.executors.for_kind(run["action_kind"])
     if executor is None:
         return await record_outcome(db, policy, run, lease, ctx, Outcome(
-            "failed", "run.failed.exception", 1,
-            f"no executor for action kind {run['action_kind']!r}"))
+            moves.RAISED, 1, f"no executor for action kind {run['action_kind']!r}"))
     key = run.get("concurrency_key")
     lock = KeyLock(ctx.lock_dir, key) if key and ctx.lock_dir is not None else None
     try:
@@ -147,7 +154,7 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
             if deadline is not None and ctx.clock() >= deadline:
                 await _stop(task)
                 return await record_outcome(db, policy, run, lease, ctx, Outcome(
-                    "timed_out", "run.timed_out.deadline", TIMEOUT_EXIT_CODE,
+                    moves.TIMED_OUT, TIMEOUT_EXIT_CODE,
                     f"timed out after {timeout:g}s; process group killed"))
             if ctx.stopping is not None and ctx.stopping.is_set():
                 await _stop(task)
@@ -166,14 +173,11 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
         code, detail = task.result()
     except Exception as exc:
         return await record_outcome(db, policy, run, lease, ctx, Outcome(
-            "failed", "run.failed.exception", 1, f"{type(exc).__name__}: {exc}",
-            retryable=True))
+            moves.RAISED, 1, f"{type(exc).__name__}: {exc}", retryable=True))
     if code == 0:
-        return await record_outcome(db, policy, run, lease, ctx, Outcome(
-            "completed", "run.completed.ok", 0))
+        return await record_outcome(db, policy, run, lease, ctx, Outcome(moves.EXITED_ZERO, 0))
     return await record_outcome(db, policy, run, lease, ctx, Outcome(
-        "failed", "run.failed.exit_nonzero", code, detail or f"exit code {code}",
-        retryable=True))
+        moves.EXITED_NONZERO, code, detail or f"exit code {code}", retryable=True))
 
 
 async def _call(executor: ExecuteFn, decoded: dict[str, Any]) -> tuple[int, str]:
@@ -191,18 +195,17 @@ async def _supervise_once(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
                           lease: dict[str, Any], ctx: RunContext) -> None:
     """Raise LeaseLost if the row is no longer ours; renew the lease when it is due."""
     row = await ctx.lease_reads.lease_row(db, run["id"])
-    if (row is None or row["status"] != "running" or row["leased_by"] != lease["leased_by"]
-            or row["lease_expires_at"] != lease["lease_expires_at"]
-            or row["lease_token"] != lease["lease_token"]):
+    if (row is None or row["status"] != moves.RENEWED.source
+            or any(row[c] != held for c, held in lease.items())):
         raise LeaseLost("row changed under us: " + (row["status"] if row else "deleted"),
                         lost_outcome(row, lease))
     now = ctx.clock()
     if now < lease["lease_expires_at"] - ctx.lease_ttl * (1 - RENEW_FRACTION):
         return
     new_expiry = now + ctx.lease_ttl
-    applied = await db.write(lambda tx: move(
-        tx, policy, run["id"], "running", "running", "run.running.lease_renewed",
-        actor=worker_actor(ctx.worker_id), guard=dict(lease),
+    applied = await db.write(lambda tx: perform(
+        tx, policy, run["id"], moves.RENEWED, actor=worker_actor(ctx.worker_id),
+        guard=dict(lease),
         patch={"lease_expires_at": new_expiry}, now=now).applied)
     if not applied:
         raise LeaseLost("renewal conflicted")

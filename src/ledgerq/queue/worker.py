@@ -33,7 +33,6 @@ from ledgerq.queue.launcher import ExecuteFn
 from ledgerq.queue.outcomes import DETAIL_LIMIT, Outcome
 from ledgerq.queue.promotion import SWEEP_CHUNK, promote_due
 from ledgerq.queue.reaper import MAX_LEASE_ATTEMPTS, reap_expired_leases
-from ledgerq.queue.runs import NO_LEASE
 from ledgerq.queue.stuck import PROCESS_STUCK, STUCK_RETRY_SECONDS, StuckRow, StuckRows
 from ledgerq.queue.supervision import (
     RENEW_FRACTION,
@@ -54,7 +53,6 @@ __all__ = [
     "DETAIL_LIMIT",
     "LEASE_CHECK_SECONDS",
     "MAX_LEASE_ATTEMPTS",
-    "NO_LEASE",
     "PAGE_SIZE",
     "PROCESS_STUCK",
     "RENEW_FRACTION",

@@ -15,13 +15,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from ledgerq.lifecycle.identifiers import quote
-from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.operations import (
     CANDIDATE_COLUMNS,
-    EXPIRED_COLUMNS,
-    LEASE_COLUMNS,
     Row,
     Tx,
+    expired_columns,
+    lease_columns,
 )
 from ledgerq.store.queries import Queries
 
@@ -225,7 +225,7 @@ class SqlTx(Tx):
     def expired_leases(self, policy: EntityPolicy, now: float,
                        limit: int | None = None) -> list[Row]:
         sql = self.q("expired_leases", table=self.table(policy),
-                     columns=", ".join(EXPIRED_COLUMNS),
+                     columns=", ".join(quote(c) for c in expired_columns(policy)),
                      hint=self.hint(policy, "running", "lease_expires_at"))
         return self.dicts(self.execute(sql, (now, self._limit(limit))))
 
@@ -236,11 +236,14 @@ class SqlTx(Tx):
         return self.dicts(self.execute(sql, (now, self._limit(limit))))
 
     def settled_waiting(self, policy: EntityPolicy, limit: int | None = None) -> list[str]:
-        bad: list[str | None] = [*sorted(policy.terminal - {"completed"})] or [None]
+        # None stands in for an empty list (``IN ()`` is not SQL): it matches no status.
+        met = policy.states_with_outcome(SUCCEEDED)
+        bad: list[str | None] = [*sorted(policy.terminal - met)] or [None]
+        good: list[str | None] = [*sorted(met)] or [None]
         sql = self.q("settled_waiting", table=self.table(policy),
                      hint=self.hint(policy, "waiting_dependency", "created_at"),
-                     marks=self.marks(len(bad)))
-        return [r[0] for r in self.execute(sql, (*bad, self._limit(limit))).fetchall()]
+                     bad=self.marks(len(bad)), met=self.marks(len(good)))
+        return [r[0] for r in self.execute(sql, (*bad, *good, self._limit(limit))).fetchall()]
 
     def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str],
                    after: tuple[float, str], limit: int) -> list[Row]:
@@ -271,7 +274,8 @@ class SqlTx(Tx):
         out: list[Row] = []
         for i in range(0, len(ids), CHUNK):
             part = list(ids[i:i + CHUNK])
-            sql = self.q("lease_rows", table=self.table(policy), columns=", ".join(LEASE_COLUMNS),
+            sql = self.q("lease_rows", table=self.table(policy),
+                         columns=", ".join(quote(c) for c in lease_columns(policy)),
                          marks=self.marks(len(part)))
             out += self.dicts(self.execute(sql, part))
         return out

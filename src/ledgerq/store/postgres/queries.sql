@@ -121,10 +121,10 @@ SELECT w.id FROM {table} AS w
 WHERE w.status = 'waiting_dependency'
   AND CASE WHEN jsonb_typeof(w.depends_on) = 'array'
       THEN (EXISTS (SELECT 1 FROM jsonb_array_elements_text(w.depends_on) AS j(value)
-                    JOIN {table} AS d ON d.id = j.value WHERE d.status IN ({marks}))
+                    JOIN {table} AS d ON d.id = j.value WHERE d.status IN ({bad}))
             OR NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(w.depends_on) AS j(value)
                            LEFT JOIN {table} AS d ON d.id = j.value
-                           WHERE d.status IS DISTINCT FROM 'completed'))
+                           WHERE NOT COALESCE(d.status IN ({met}), FALSE)))
       ELSE FALSE END
 LIMIT %s
 

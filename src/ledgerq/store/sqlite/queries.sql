@@ -110,16 +110,17 @@ WHERE {hint} AND status = 'retry_wait' AND retry_due_at <= ?
 LIMIT ?
 
 -- name: settled_waiting
--- A waiting run settles when a dependency ended badly ({marks}: the terminal states
--- other than completed) or every dependency completed; text that is not JSON never does.
+-- A waiting run settles when a dependency ended badly ({bad}: the terminal states whose
+-- outcome is not succeeded) or every dependency is met ({met}: those whose outcome is;
+-- a missing dependency is not); text that is not JSON never does.
 SELECT id FROM {table}
 WHERE {hint} AND status = 'waiting_dependency'
   AND CASE WHEN json_valid({table}.depends_on)
       THEN (EXISTS (SELECT 1 FROM json_each({table}.depends_on) AS j
-                    JOIN {table} AS d ON d.id = j.value WHERE d.status IN ({marks}))
+                    JOIN {table} AS d ON d.id = j.value WHERE d.status IN ({bad}))
             OR NOT EXISTS (SELECT 1 FROM json_each({table}.depends_on) AS j
                            LEFT JOIN {table} AS d ON d.id = j.value
-                           WHERE d.status IS NOT 'completed'))
+                           WHERE NOT COALESCE(d.status IN ({met}), 0)))
       ELSE 0 END
 LIMIT ?
 

@@ -1,0 +1,178 @@
+"""Every move the queue itself performs, named once, and the check that the specs allow them.
+
+The spec decides which edges exist; the queue's code decides which of them it takes, with
+which reason code. Those choices live here, in one table, so that a spec directory that
+drops an edge, a reason code, a lease column or a terminal state's outcome the queue
+relies on is refused when it is loaded (:func:`check`), naming what is missing, instead of
+failing at the first claim or the first exit code hours later.
+
+A leaf: it imports nothing of the queue, so the command, the queue's entry points and
+(through a one-line hook) ``StateDB`` can all run the check without an import cycle.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ledgerq.lifecycle.registry import OUTCOMES, SUCCEEDED, EntityPolicy, Registry
+from ledgerq.lifecycle.spec import SpecError, SpecProblem
+from ledgerq.operations import LEASE_GROUP
+
+#: The entity the queue runs.
+ENTITY = "schedule_run"
+#: The column group that makes a lease (cleared on requeue, guarded on by renewals and
+#: terminal writes, read by lease checks and the reaper).
+LEASE = LEASE_GROUP
+#: A move's source meaning "whatever state the row is in, if the spec allows the edge".
+ANY = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One move the queue performs: from ``source`` to ``target`` with reason ``code``."""
+
+    source: str | None
+    """None: the row is created in ``target`` (an initial state); :data:`ANY`: from any
+    state with a declared edge to ``target``."""
+    target: str
+    code: str
+    #: What the move is for, in the words a spec author reads in a refusal.
+    purpose: str
+    #: None: the queue always needs the move. A state: the move belongs to the feature
+    #: that state stands for (retries, dependencies); specs without the state are an older
+    #: version that lacks the feature, and the move is required once the state is declared.
+    feature: str | None = None
+
+    def offered_by(self, policy: EntityPolicy) -> bool:
+        """Whether the loaded specs have this move's feature (always, for a core move)."""
+        return self.feature is None or self.feature in policy.states
+
+    def __str__(self) -> str:
+        src = "(created)" if self.source is None else self.source
+        return f"{src} -> {self.target} ({self.code})"
+
+
+SUBMITTED = Move(None, "queued", "run.queued.submitted", "a submitted run")
+SUBMITTED_WAITING = Move(None, "waiting_dependency", "run.waiting_dependency.submitted",
+                         "a submitted run with dependencies", feature="waiting_dependency")
+DEPENDENCIES_MET = Move("waiting_dependency", "queued", "run.queued.dependencies_met",
+                        "releasing a run whose dependencies succeeded",
+                        feature="waiting_dependency")
+DEPENDENCY_FAILED = Move("waiting_dependency", "cancelled", "run.cancelled.dependency_failed",
+                         "cancelling a run whose dependency did not succeed",
+                         feature="waiting_dependency")
+CLAIM = Move("queued", "running", "run.started.ok", "a worker's claim")
+RENEWED = Move("running", "running", "run.running.lease_renewed", "a lease renewal")
+#: The exit-0 move: its target's outcome must be ``succeeded`` (checked), so the state a
+#: run ends in and what its dependents count as met cannot disagree.
+EXITED_ZERO = Move("running", "completed", "run.completed.ok", "a run that exited 0")
+EXITED_NONZERO = Move("running", "failed", "run.failed.exit_nonzero",
+                      "a run that exited non-zero")
+RAISED = Move("running", "failed", "run.failed.exception",
+              "a run whose executor raised or could not start")
+UNAUTHORIZED = Move("running", "failed", "run.failed.unauthorized",
+                    "a run the authorize hook denied")
+TIMED_OUT = Move("running", "timed_out", "run.timed_out.deadline",
+                 "a run killed at its deadline")
+SHUTDOWN = Move("running", "queued", "run.queued.worker_shutdown",
+                "a run given back by a stopping worker")
+BACKOFF = Move("running", "retry_wait", "run.retry_wait.backoff",
+               "a failed run with retries left", feature="retry_wait")
+RETRY_DUE = Move("retry_wait", "queued", "run.queued.retry_due", "a retry whose delay elapsed",
+                 feature="retry_wait")
+LEASE_EXPIRED = Move("running", "queued", "run.queued.lease_expired",
+                     "the reaper's requeue of an expired lease")
+LEASES_EXHAUSTED = Move("running", "failed", "run.failed.lease_attempts_exhausted",
+                        "the reaper failing a run whose lease expired too often")
+CANCELLED = Move(ANY, "cancelled", "run.cancelled.operator", "an operator's cancel")
+
+#: The table: every move above.
+MOVES: tuple[Move, ...] = (
+    SUBMITTED, SUBMITTED_WAITING, DEPENDENCIES_MET, DEPENDENCY_FAILED, CLAIM, RENEWED,
+    EXITED_ZERO, EXITED_NONZERO, RAISED, UNAUTHORIZED, TIMED_OUT, SHUTDOWN, BACKOFF,
+    RETRY_DUE, LEASE_EXPIRED, LEASES_EXHAUSTED, CANCELLED,
+)
+
+
+def policy_problems(policy: EntityPolicy) -> list[SpecProblem]:
+    """What the queue needs of the run entity's spec and ``policy`` lacks, one finding each."""
+    problems: list[SpecProblem] = []
+
+    def bad(where: str, what: str) -> None:
+        problems.append(SpecProblem(policy.source, where, what))
+
+    wanted = [m for m in MOVES if m.offered_by(policy)]
+    # One finding per missing state or edge, naming every move that needs it.
+    states: dict[str, list[Move]] = {}
+    edges: dict[tuple[str, str], list[Move]] = {}
+    for m in wanted:
+        for state in (m.source, m.target):
+            if state not in (None, ANY) and state not in policy.states:
+                states.setdefault(state, []).append(m)
+        if m.source not in (None, ANY) and m.source in policy.states \
+                and m.target in policy.states and not policy.allows(m.source, m.target):
+            edges.setdefault((m.source, m.target), []).append(m)
+    for state, needing in states.items():
+        bad("$.states", f"state {state!r} is not declared; the queue needs it for "
+            f"{_uses(needing)}")
+    for (src, dst), needing in edges.items():
+        bad("$.edges", f"edge {src} -> {dst} is not declared; the queue needs it for "
+            f"{_uses(needing)}")
+    for m in wanted:
+        if m.code not in policy.reason_codes:
+            bad("$.reason_codes", f"reason code {m.code!r} is not declared; the queue writes "
+                f"it for {m.purpose} ({m})")
+        if m.source is None and m.target in policy.states and m.target not in policy.initial:
+            bad("$.initial", f"state {m.target!r} is not initial; the queue creates rows "
+                f"there for {m.purpose}")
+    for state in sorted(policy.terminal):
+        if policy.outcome(state) is None:
+            bad(f"$.states.{state}", f"terminal state {state!r} declares no outcome; the "
+                f"queue needs one to settle the runs that depend on it (outcome = one of "
+                f"{', '.join(OUTCOMES)})")
+    done = EXITED_ZERO.target
+    if done in policy.terminal and policy.outcome(done) not in (None, SUCCEEDED):
+        bad(f"$.states.{done}.outcome", f"the queue ends a run that exited 0 in {done!r}, "
+            f"so its outcome must be {SUCCEEDED!r}, not {policy.outcome(done)!r}")
+    elif done in policy.states and done not in policy.terminal:
+        bad("$.terminal", f"state {done!r} is not terminal; the queue ends a run that "
+            f"exited 0 there")
+    if LEASE not in policy.column_groups:
+        bad("$.column_groups", f"no column group {LEASE!r}; the queue clears, guards on and "
+            f"reads a run's lease as that group")
+    else:
+        for col in policy.column_group(LEASE):
+            for allowlist, name in ((policy.guard_columns, "guard_columns"),
+                                    (policy.patch_columns, "patch_columns")):
+                if col not in allowlist:
+                    bad(f"$.column_groups.{LEASE}", f"lease column {col!r} is not in "
+                        f"{name}; the queue guards on and clears the whole lease")
+    return problems
+
+
+def _uses(needing: list[Move]) -> str:
+    return "; ".join(f"{m.purpose} ({m.code})" for m in needing)
+
+
+def problems(registry: Registry) -> list[SpecProblem]:
+    """Every finding of :func:`policy_problems`; none when the registry has no run entity
+    (a registry for the engine alone, with no queue on top)."""
+    if ENTITY not in registry.entities:
+        return []
+    return policy_problems(registry.entity(ENTITY))
+
+
+@functools.lru_cache(maxsize=16)
+def _checked(registry: Registry) -> tuple[SpecProblem, ...]:
+    # Registries are immutable and compared by identity: one check per registry.
+    return tuple(problems(registry))
+
+
+def check(registry: Registry) -> Registry:
+    """Raise SpecError naming every move, reason code, outcome or lease column the queue
+    needs and ``registry`` lacks; else return it. Cheap after the first call per registry."""
+    found = _checked(registry)
+    if found:
+        raise SpecError(found)
+    return registry
