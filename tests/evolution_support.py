@@ -8,11 +8,14 @@ edges appended, reason codes inserted under ``[reason_codes]``, a line replaced.
 from __future__ import annotations
 
 import shutil
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from ledgerq import StateDB
-from ledgerq.lifecycle.registry import packaged_specs_dir
+from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, create, transition
+from ledgerq.lifecycle.registry import load_registry, packaged_specs_dir
 
 #: The spec files of the release before spec evolution, saved as they shipped.
 SPECS_V1 = Path(__file__).parent / "specs_v1"
@@ -83,3 +86,34 @@ async def snapshot(db: StateDB) -> dict[str, Any]:
         tables = sorted({str(r["table_name"]) for r in schema if "table_name" in r})
     rows = {t: await db.fetch_all(f'SELECT * FROM "{t}" ORDER BY 1') for t in tables}
     return {"schema": schema, "rows": rows}
+
+
+OPERATOR = Actor(type="operator", id="alice")
+
+
+async def move(db: StateDB, run: str, source: str, target: str, code: str,
+               patch: dict[str, Any] | None = None) -> bool:
+    result = await transition(db, TransitionRequest(
+        entity_type="schedule_run", entity_id=run, from_state=source, to_state=target,
+        reason=StateReason(code=code), actor=OPERATOR, idempotency_key=uuid.uuid4().hex),
+        patch=patch)
+    return result.applied
+
+
+async def fill_v1(target: str) -> dict[str, list[str]]:
+    """A database made by the previous release's specs, through the lifecycle API alone
+    (that release's queue needs specs this one's refuses: no outcomes): four runs, two
+    of them running under a lease, one cancelled."""
+    async with StateDB(target, registry=load_registry(SPECS_V1)) as db:
+        now = time.time()
+        ids = [await create(db, "schedule_run", {
+            "status": "queued", "trigger_context": "{}", "action_kind": "agent",
+            "action_args": '{"p": 1}', "fired_at": now, "queued_at": now,
+            "execution_target": "host"},
+            reason=StateReason(code="run.queued.submitted"), actor=OPERATOR)
+            for _ in range(4)]
+        for run in ids[:2]:
+            assert await move(db, run, "queued", "running", "run.started.ok",
+                              {"leased_by": "w1", "lease_expires_at": now + 300})
+        assert await move(db, ids[2], "queued", "cancelled", "run.cancelled.operator")
+    return {"all": ids, "running": ids[:2], "cancelled": [ids[2]]}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evolution_support import SPECS_V1, SpecDir
+from evolution_support import SPECS_V1, SpecDir, fill_v1
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -20,12 +20,9 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 @pytest.fixture
-def v1_db(db_target: str) -> str:
-    """A database made by the previous specs, with one run in it, one of them running."""
-    for _ in range(2):
-        done = cli("--db", db_target, "--specs", str(SPECS_V1), "submit", "agent",
-                   "--args", '{"prompt": "hi"}')
-        assert done.returncode == 0, done.stderr
+async def v1_db(db_target: str) -> str:
+    """A database made by the previous release's specs: four runs, two running."""
+    await fill_v1(db_target)
     return db_target
 
 
@@ -50,7 +47,8 @@ def test_a_refused_plan_names_the_rows_and_exits_1(v1_db: str, tmp_path: Path) -
 from = "cancelled"
 to = ["queued"]
 ''').replace('terminal = ["completed", "failed", "timed_out", "skipped", "cancelled"]',
-             'terminal = ["completed", "failed", "timed_out", "skipped"]')
+             'terminal = ["completed", "failed", "timed_out", "skipped"]').replace(
+        'outcome = "cancelled"\n', '')
     done = cli("--db", v1_db, "migrate", "--plan", "--specs", str(specs.path))
     assert done.returncode == 1
     assert "refused:" in done.stdout and "'cancelled'" in done.stdout
@@ -63,14 +61,11 @@ to = ["queued"]
 
 def test_apply_with_map_state_moves_rows_out_of_a_removed_state(v1_db: str,
                                                                 tmp_path: Path) -> None:
-    paused = SpecDir(tmp_path / "paused").paused().append('''
-[[edges]]
-from = "queued"
-to = ["paused"]
-''')
+    paused = SpecDir(tmp_path / "paused").paused()
     ids = cli("--db", v1_db, "ls", "--json")
     assert ids.returncode == 0, ids.stderr
-    runs = [r["id"] for r in json.loads(ids.stdout)["runs"]]
+    runs = [r["id"] for r in json.loads(ids.stdout)["runs"] if r["status"] == "running"]
+    assert len(runs) == 2
     code = ("import asyncio, sys\n"
             "from ledgerq import StateDB\n"
             "from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition\n"
@@ -79,7 +74,7 @@ to = ["paused"]
             "    async with StateDB(sys.argv[1], registry=load_registry(sys.argv[2])) as db:\n"
             "        for i in sys.argv[3:]:\n"
             "            r = await transition(db, TransitionRequest(entity_type='schedule_run',"
-            " entity_id=i, from_state='queued', to_state='paused', reason=StateReason("
+            " entity_id=i, from_state='running', to_state='paused', reason=StateReason("
             "code='run.paused.operator'), actor=Actor(type='operator', id='t'),"
             " idempotency_key=i))\n"
             "            assert r.applied\n"
@@ -87,7 +82,7 @@ to = ["paused"]
     moved = subprocess.run([sys.executable, "-c", code, v1_db, str(paused.path), *runs],
                            capture_output=True, text=True, timeout=60)
     assert moved.returncode == 0, moved.stderr
-    back = SpecDir(tmp_path / "back", SPECS_V1).codes(
+    back = SpecDir(tmp_path / "back").codes(
         {"run.queued.migrated": "Moved out of a removed state."})
     refused = cli("--db", v1_db, "migrate", "--apply", "--specs", str(back.path))
     assert refused.returncode == 1

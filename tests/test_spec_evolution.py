@@ -15,42 +15,22 @@ from typing import Any
 
 import pytest
 
-from evolution_support import SPECS_V1, SpecDir, snapshot
+from evolution_support import OPERATOR, SPECS_V1, SpecDir, fill_v1, snapshot
 from ledgerq import StateDB
 from ledgerq.errors import IntegrityViolation, MigrationRefused
-from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
+from ledgerq.lifecycle import StateReason, TransitionRequest, transition
 from ledgerq.lifecycle.evolution import StateMapping
 from ledgerq.lifecycle.registry import load_registry
 from ledgerq.projections import history, verify
-from ledgerq.queue import TaskApplication, submit_task
-from ledgerq.queue.claim import claim_runs
-
-OPERATOR = Actor(type="operator", id="alice")
-APP = TaskApplication(action_kind="agent", args={"prompt": "hi"}, execution_target="host")
-
-
-def _key() -> str:
-    return uuid.uuid4().hex
-
-
-async def _fill(db: StateDB) -> dict[str, list[str]]:
-    """Three queued runs, two of them claimed (running), one cancelled: a live queue."""
-    ids = [await submit_task(db, APP) for _ in range(4)]
-    claimed = await claim_runs(db, worker_id="w1", limit=2)
-    running = [c["id"] for c in claimed.claimed]
-    cancelled = next(i for i in ids if i not in running)
-    await transition(db, TransitionRequest(
-        entity_type="schedule_run", entity_id=cancelled, from_state="queued",
-        to_state="cancelled", reason=StateReason(code="run.cancelled.operator"),
-        actor=OPERATOR, idempotency_key=_key()))
-    return {"all": ids, "running": running, "cancelled": [cancelled]}
 
 
 @pytest.fixture
 async def v1(db_target: str) -> AsyncIterator[tuple[str, dict[str, list[str]]]]:
-    async with StateDB(db_target, registry=load_registry(SPECS_V1)) as db:
-        rows = await _fill(db)
-    yield db_target, rows
+    yield db_target, await fill_v1(db_target)
+
+
+def _key() -> str:
+    return uuid.uuid4().hex
 
 
 async def _facts(db: StateDB, ids: list[str]) -> list[list[dict[str, Any]]]:
@@ -200,7 +180,8 @@ to = ["queued"]
 from = "cancelled"
 to = ["queued"]
 ''').replace('terminal = ["completed", "failed", "timed_out", "skipped", "cancelled"]',
-             'terminal = ["completed", "failed", "timed_out", "skipped"]'),
+             'terminal = ["completed", "failed", "timed_out", "skipped"]').replace(
+        'outcome = "cancelled"\n', ''),
         "'cancelled'", id="terminal-given-edges"),
     pytest.param(lambda s: s.replace('exit_code = "integer"', 'exit_code = "json"'),
                  "exit_code", id="column-retyped-with-data"),
@@ -247,7 +228,7 @@ async def test_apply_removes_a_state_only_with_its_rows_mapped(
                 to_state="paused", reason=StateReason(code="run.paused.operator"),
                 actor=OPERATOR, idempotency_key=_key()))
     # Back to the old graph, with a reason code for the rows the mapping moves.
-    back = SpecDir(tmp_path / "back", SPECS_V1).codes(
+    back = SpecDir(tmp_path / "back").codes(
         {"run.queued.migrated": "Moved by a migration out of a removed state."})
     async with StateDB(target, registry=load_registry(back.path)) as db:
         before = await snapshot(db)
@@ -275,8 +256,8 @@ async def test_apply_removes_a_state_only_with_its_rows_mapped(
         # explained by the spec that was in force when they were appended.
         versions = await db.fetch_all(
             "SELECT spec FROM ledgerq_spec_versions WHERE entity = 'schedule_run'")
-        # v1; v1 with paused; that with the migration's reason code (opening `back`);
-        # `back` itself, applied.
+        # v1; v1 with paused (and the outcomes); that with the migration's reason code
+        # (opening `back`); `back` itself, applied.
         assert len(versions) == 4 and any('"paused"' in v["spec"] for v in versions)
 
 

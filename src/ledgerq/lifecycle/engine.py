@@ -95,25 +95,27 @@ def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any], *,
             raise InvalidInput(f"{kind} column {col} of {policy.name}: {problem}")
 
 
-_PLAIN: dict[tuple[int, bool], dict[str, frozenset[type]]] = {}
+_PLAIN: dict[tuple[int, bool], tuple[EntityPolicy, dict[str, frozenset[type]]]] = {}
 
 
 def _plain_types(policy: EntityPolicy, json_text: bool) -> dict[str, frozenset[type]]:
     """Per column, the exact types whose values need no further look (None included).
 
-    Keyed by the policy's identity: policies are immutable and live as long as their
-    registry, and a frozen dataclass of mappings cannot be hashed.
+    Keyed by the policy's identity (a frozen dataclass of mappings cannot be hashed); the
+    entry holds the policy itself, so its id cannot be reused by another policy (a
+    process that loads many spec versions) while the entry exists.
     """
     key = (id(policy), json_text)
-    found = _PLAIN.get(key)
-    if found is None:
-        found = {}
-        for col, column in policy.columns.items():
-            types: set[type] = {type(None), *_LOGICAL.get(column.type, ())}
-            if column.type == "json" and json_text:
-                types.add(str)
-            found[col] = frozenset(types)
-        _PLAIN[key] = found
+    entry = _PLAIN.get(key)
+    if entry is not None:
+        return entry[1]
+    found: dict[str, frozenset[type]] = {}
+    for col, column in policy.columns.items():
+        types: set[type] = {type(None), *_LOGICAL.get(column.type, ())}
+        if column.type == "json" and json_text:
+            types.add(str)
+        found[col] = frozenset(types)
+    _PLAIN[key] = (policy, found)
     return found
 
 

@@ -118,6 +118,11 @@ class Change:
 SCHEMA_KINDS = frozenset({"entity", "state", "column", "index"})
 
 
+def schema_changes(changes: Iterable[Change]) -> list[Change]:
+    return [c for c in changes if c.kind in SCHEMA_KINDS
+            and not (c.kind == "state" and c.action == "change")]
+
+
 def _keyed(items: Iterable[Mapping[str, Any]], key: Callable[[Mapping[str, Any]], str]
            ) -> dict[str, Mapping[str, Any]]:
     return {key(i): i for i in items}
@@ -260,7 +265,8 @@ class EntityPlan:
 
     @property
     def schema_changes(self) -> list[Change]:
-        return [c for c in self.changes if c.kind in SCHEMA_KINDS or c.kind == "table"]
+        """The changes that need DDL (a state's description or outcome needs none)."""
+        return schema_changes(self.changes)
 
     @property
     def records(self) -> bool:

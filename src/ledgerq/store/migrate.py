@@ -90,9 +90,18 @@ def on_open(catalog: Catalog, registry: Registry) -> Plan:
     return plan
 
 
-def quick_current(recorded: dict[str, Normal], registry: Registry) -> bool:
-    """Whether the recorded specs already equal the registry's: the open needs no lock."""
-    return all(recorded.get(n["entity"]) == n for n in wanted(registry))
+def needed(catalog: Catalog, registry: Registry) -> bool:
+    """Whether opening must migrate: planned without a lock (reads only), so that opening
+    a current database, or one that a newer version migrated, writes nothing and waits
+    for no one. A conflict is refused here already, having changed nothing."""
+    recorded = catalog.recorded()
+    if all(recorded.get(n["entity"]) == n for n in wanted(registry)) and \
+            {p.table for p in registry.policies()} <= catalog.tables():
+        return False
+    plan = evolution.plan_open(_adopted(catalog, registry), wanted(registry), catalog)
+    if plan.refusals:
+        raise MigrationRefused(plan.refused_message())
+    return not plan.empty
 
 
 def apply(catalog: Catalog, registry: Registry, mappings: Iterable[StateMapping] = (),
@@ -118,15 +127,13 @@ def apply(catalog: Catalog, registry: Registry, mappings: Iterable[StateMapping]
             continue
         union = evolution.merge(old, new)
         wide = _loose_policy(union)
-        widen = [c for c in evolution.diff(old, union) if c.kind in evolution.SCHEMA_KINDS
-                 and c.action == "add"]
+        widen = [c for c in evolution.schema_changes(evolution.diff(old, union))
+                 if c.action == "add"]
         if widen:
             catalog.alter(old, wide, widen)
         for mapping, code in ep.moves:
             _move_rows(catalog, wide, mapping, code, now)
-        narrow = [c for c in evolution.diff(union, new) if c.kind in evolution.SCHEMA_KINDS]
-        narrow += [c for c in evolution.diff(old, new)
-                   if c.kind in ("column", "index") and c.action == "change"]
+        narrow = evolution.schema_changes(evolution.diff(union, new))
         if narrow:
             catalog.alter(union, by_entity[ep.entity], narrow)
     for ep in plan.entities:
@@ -167,6 +174,8 @@ def _adopted(catalog: Catalog, registry: Registry) -> dict[str, Normal]:
     """
     recorded = catalog.recorded()
     tables = catalog.tables()
+    for entity in [e for e, n in recorded.items() if n["table"] not in tables]:
+        del recorded[entity]  # its table was dropped by hand: created again, empty
     for policy in registry.policies():
         if policy.name in recorded or policy.table not in tables:
             continue

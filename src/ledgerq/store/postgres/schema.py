@@ -21,7 +21,6 @@ from ledgerq.store import ddl, migrate
 from ledgerq.store.postgres.catalog import (
     META_DDL,
     PostgresCatalog,
-    read_recorded,
     schema_version,
 )
 from ledgerq.store.postgres.tx import QUERIES, PostgresTx
@@ -119,16 +118,15 @@ def required_tables(registry: Registry) -> list[str]:
 
 
 def is_current(conn: psycopg.Connection[Any], registry: Registry) -> bool:
-    """Whether the database records exactly these specs at this schema version, with
-    every table present: then opening runs no DDL at all. ``CREATE ... IF NOT EXISTS``
-    and ``CREATE OR REPLACE TRIGGER`` take table locks even when they change nothing, so
-    a worker starting beside busy writers would queue behind them."""
-    tables = required_tables(registry)
-    present = {r[0] for r in conn.execute(QUERIES("tables_present"), (tables,))}
-    current = schema_version(conn) == SCHEMA_VERSION and present >= set(tables) and \
-        migrate.quick_current(read_recorded(conn), registry)
-    conn.rollback()
-    return current
+    """Whether opening needs no migration, found by reads alone: then it runs no DDL at
+    all. ``CREATE ... IF NOT EXISTS`` and ``CREATE OR REPLACE TRIGGER`` take table locks
+    even when they change nothing, so a worker starting beside busy writers would queue
+    behind them."""
+    try:
+        return schema_version(conn) == SCHEMA_VERSION and not migrate.needed(
+            PostgresCatalog(conn, column_ddl, PostgresTx(conn)), registry)
+    finally:
+        conn.rollback()
 
 
 def open_schema(conn: psycopg.Connection[Any], registry: Registry) -> Plan | None:

@@ -16,7 +16,6 @@ from ledgerq.store.sqlite.catalog import (
     META_DDL,
     SqliteCatalog,
     check_foreign_keys,
-    read_recorded,
     schema_version,
 )
 from ledgerq.store.sqlite.tx import SqliteTx
@@ -129,8 +128,8 @@ def open_schema(conn: sqlite3.Connection, registry: Registry) -> Plan | None:
 
     A database already at these specs is only read: opening it takes no write lock.
     """
-    if schema_version(conn) == SCHEMA_VERSION and migrate.quick_current(
-            read_recorded(conn), registry):
+    if schema_version(conn) == SCHEMA_VERSION and not migrate.needed(
+            SqliteCatalog(conn, column_ddl, SqliteTx(conn)), registry):
         return None
     return _in_migration(conn, registry, lambda cat: migrate.on_open(cat, registry))
 
