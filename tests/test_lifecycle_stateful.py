@@ -386,7 +386,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         policy = model.policies[entity]
         cols = {c: pool(policy.columns[c])[0] for c in tracked_columns(policy)}
         cols.update({c: v for c, v in values.items() if c in cols})
-        row_values = {**model.required[entity], **cols, "status": initial}
+        # Required text differs per row: a spec's unique index over it (one deployment in
+        # flight per service) must not refuse the machine's second row.
+        required = {c: f"{v}-{len(self.rows)}" if isinstance(v, str) else v
+                    for c, v in model.required[entity].items()}
+        row_values = {**required, **cols, "status": initial}
         db = self.db2 if second else self.db
         rid = self.run(create(db, entity, row_values,
                               reason=StateReason(code=model.create_codes[(entity, initial)]),
