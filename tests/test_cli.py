@@ -25,6 +25,7 @@ from ledgerq import StateDB
 from ledgerq.lifecycle import default_registry
 from ledgerq.lifecycle.docs import render_all
 from ledgerq.queue import TaskApplication, claim_runs, submit_many
+from test_registry import MANY_PROBLEMS
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKEN = ROOT / "tests" / "specs_broken"
@@ -558,7 +559,12 @@ def test_specs_check_lists_every_problem_with_file_and_path(tmp_path: Path) -> N
     res = cli("specs", "check", tmp_path)
     assert res.returncode == 1
     lines = res.stdout.strip().splitlines()
-    assert len(lines) == 5
+    # One per broken rule, and the three widget files also claim one entity and table
+    # (found now that a file's own problems no longer keep it out of the checks across
+    # files).
+    assert len(lines) == 9, lines
+    assert sum("duplicate entity 'widget'" in line for line in lines) == 2
+    assert sum("duplicate table 'widgets'" in line for line in lines) == 2
     for line in lines:
         file, path, message = line.split(": ", 2)
         assert Path(file).parent == tmp_path and path.startswith("$") and message
@@ -571,6 +577,25 @@ def test_specs_check_lists_every_problem_with_file_and_path(tmp_path: Path) -> N
     assert [(Path(p["file"]).name, p["path"]) for p in report["problems"]] == [
         (Path(line.split(": ")[0]).name, line.split(": ")[1]) for line in lines]
     assert cli("specs", "check", tmp_path / "does-not-exist").returncode == 2
+
+
+def test_specs_check_reports_every_problem_of_a_directory_in_one_run() -> None:
+    """tests/specs_broken/many_problems: four files, several problems each, some of which
+    once hid the others (a decoding error stopped the file, a rule stopped the graph
+    checks, a broken file stayed out of the checks across files)."""
+    res = cli("specs", "check", BROKEN / "many_problems")
+    assert res.returncode == 1
+    lines = res.stdout.strip().splitlines()
+    assert [tuple(line.split(": ", 2)[:2]) for line in lines] == [
+        (str(BROKEN / "many_problems" / name), path) for name, path, _ in MANY_PROBLEMS]
+    for line, (_, _, fragment) in zip(lines, MANY_PROBLEMS, strict=True):
+        assert fragment in line, line
+    assert res.stderr == (f"ledgerq: error: {len(MANY_PROBLEMS)} problem(s) in "
+                          f"{BROKEN / 'many_problems'}\n")
+    report = json.loads(cli("specs", "check", BROKEN / "many_problems", "--json").stdout)
+    assert report["ok"] is False
+    assert [(Path(p["file"]).name, p["path"]) for p in report["problems"]] == [
+        (name, path) for name, path, _ in MANY_PROBLEMS]
 
 
 def test_specs_check_one_file_and_duplicates() -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import tomllib
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ledgerq import StateDB
 from ledgerq.lifecycle import Registry, SpecError, default_registry, load_registry
+from ledgerq.lifecycle.spec import EntitySpec, decode_spec
 
 REPO = Path(__file__).resolve().parents[1]
 BROKEN = Path(__file__).resolve().parent / "specs_broken"
@@ -391,11 +394,108 @@ def test_every_problem_in_a_directory_is_reported(tmp_path: Path) -> None:
         (tmp_path / name).write_text((BROKEN / name).read_text())
     with pytest.raises(SpecError) as info:
         load_registry(tmp_path)
-    assert len(info.value.problems) == 2
     lines = [str(p) for p in info.value.problems]
+    # Each file's own problem, and (both being widgets) the entity and table they share.
+    assert len(lines) == 4, lines
     assert any("edge_to_undeclared_state.toml: $.edges[1].to[1]" in p for p in lines)
     assert any("malformed_reason_code.toml: $.reason_codes" in p for p in lines)
+    assert any("malformed_reason_code.toml: $.entity: duplicate entity 'widget'" in p
+               for p in lines)
+    assert any("malformed_reason_code.toml: $.table: duplicate table 'widgets'" in p
+               for p in lines)
     assert str(info.value) == "\n".join(lines)
+
+
+#: Every problem of tests/specs_broken/many_problems, in the order they are reported
+#: (file by file; in a file, decoding first, then the registry's rules; then the checks
+#: across files): (file, item, fragment of the message).
+MANY_PROBLEMS = [
+    # The unknown field once stopped the decoding of the whole file right there.
+    ("a_gadget.toml", "$.edges[1]", "Object contains unknown field `requires_gaurd`"),
+    ("a_gadget.toml", "$.edges[2].actors", "Expected `array | null`, got `str`"),
+    ("a_gadget.toml", "$.columns.weight", "Expected `str | object`, got `int`"),
+    ("a_gadget.toml", "$.guard_columns[1]", "'colour' is not a column of table 'gadgets'"),
+    ("a_gadget.toml", "$.edges[0].to[2]", "edge to undeclared state 'lost'"),
+    # The graph checks once ran only on a spec without any other problem.
+    ("a_gadget.toml", "$.states.orphan", "unreachable from every initial state"),
+    ("a_gadget.toml", "$.reason_codes.'gadget.Done'", "malformed reason code"),
+    ("b_sprocket.toml", "$.initial", "Expected `array`, got `str`"),
+    ("b_sprocket.toml", "$", "Object missing required field `reason_codes`"),
+    ("b_sprocket.toml", "$.columns.size.type", "unknown column type 'decimal'"),
+    ("b_sprocket.toml", "$.edges[0].actors[0]", "unknown actor type 'robot'"),
+    ("b_sprocket.toml", "$.states.spinning", "no path to a terminal state"),
+    ("b_sprocket.toml", "$.indexes[0].columns[0]", "column 'colour' is not in the table"),
+    ("c_not_toml.toml", "$", "not valid TOML"),
+    # A broken file (a_gadget) once stayed out of the checks across files.
+    ("d_gizmo.toml", "$.table", "duplicate table 'gadgets' (also in "),
+]
+
+
+def test_every_problem_of_every_file_is_reported_at_once() -> None:
+    root = BROKEN / "many_problems"
+    with pytest.raises(SpecError) as info:
+        load_registry(root)
+    got = [(Path(p.file).name, p.path, p.message) for p in info.value.problems]
+    assert [(name, path) for name, path, _ in got] == [
+        (name, path) for name, path, _ in MANY_PROBLEMS], got
+    for (_, _, message), (_, _, fragment) in zip(got, MANY_PROBLEMS, strict=True):
+        assert fragment in message
+    # Decoding problems keep msgspec's wording, one line each, as a single-error file
+    # always had it.
+    lines = str(info.value).splitlines()
+    assert f"{root / 'b_sprocket.toml'}: Expected `array`, got `str` - at `$.initial`" in lines
+    assert f"{root / 'b_sprocket.toml'}: Object missing required field `reason_codes`" in lines
+    assert len(lines) == len(MANY_PROBLEMS)
+
+
+def test_decode_spec_names_every_bad_item_of_a_file() -> None:
+    with pytest.raises(SpecError) as info:
+        decode_spec(BROKEN / "many_problems" / "a_gadget.toml")
+    assert [p.path for p in info.value.problems] == [
+        "$.edges[1]", "$.edges[2].actors", "$.columns.weight"]
+    # A valid file decodes to exactly what msgspec makes of the whole document.
+    path = REPO / "specs" / "schedule_run.toml"
+    assert decode_spec(path) == msgspec.convert(tomllib.loads(path.read_text()),
+                                                type=EntitySpec)
+
+
+def _broken(old: str, new: str) -> str:
+    assert old in BASELINE
+    return BASELINE.replace(old, new)
+
+
+#: A problem each, which a check depending on the broken item would echo in other words
+#: if it ran on what is left: (spec text, the one item reported).
+NO_ECHOES = [
+    # The state's declaration is refused, yet it is declared: its edges are not "to an
+    # undeclared state", nor is it unreachable.
+    (_broken('description = "Being worked on."', "description = 1"), "$.states.busy.description"),
+    # The allowlist did not decode: requires_guard = ["owner"] is not "outside" it.
+    (_broken('guard_columns = ["owner"]', 'guard_columns = "owner"'), "$.guard_columns"),
+    # The column's declaration is refused: the allowlists still name a column it has.
+    (_broken('owner = "text"', 'owner = "decimal"'), "$.columns.owner"),
+    (_broken('owner = "text"', "owner = 7"), "$.columns.owner"),
+    # No initial list: every state is not therefore unreachable.
+    (_broken('initial = ["new"]', 'initial = "new"'), "$.initial"),
+    # An edge that did not decode leaves the graph unknown: busy may well finish.
+    (_broken('to = ["done"]\nrequires_guard', 'to = "done"\nrequires_guard'), "$.edges[1].to"),
+    # busy's one way out names an undeclared state: whether busy finishes is unknown.
+    (_broken('to = ["done"]\nrequires_guard', 'to = ["dnoe"]\nrequires_guard'),
+     "$.edges[1].to[0]"),
+    # An edge from an undeclared state may have been busy's way in.
+    (_broken('to = ["busy", "done"]', 'to = ["done"]') + '[[edges]]\nfrom = "nwe"\nto = ["busy"]\n',
+     "$.edges[2].from"),
+    (_broken('table = "widgets"', "table = 5"), "$.table"),
+]
+
+
+@pytest.mark.parametrize(("text", "item"), NO_ECHOES, ids=[n[1] for n in NO_ECHOES])
+def test_a_problem_is_reported_once_not_echoed(tmp_path: Path, text: str, item: str) -> None:
+    f = tmp_path / "widget.toml"
+    f.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_registry(f)
+    assert [p.path for p in info.value.problems] == [item], info.value.problems
 
 
 # ---------------------------------------------------------------- schema from spec

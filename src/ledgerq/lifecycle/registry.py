@@ -8,6 +8,7 @@ so a running process cannot drift from the files it loaded.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from ledgerq.lifecycle.spec import (
     EntitySpec,
     SpecError,
     SpecProblem,
-    decode_spec,
+    read_spec,
 )
 
 #: Tables ledgerq's own schema owns; no entity may project into them.
@@ -281,28 +282,45 @@ class Registry:
 # ---------------------------------------------------------------- building
 
 
-def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
-    """Validate one decoded spec; raise SpecError naming every problem found."""
-    problems: list[SpecProblem] = []
+def build_policy(spec: EntitySpec, source: str, *, lost: frozenset[str] = frozenset(),
+                 into: list[SpecProblem] | None = None) -> EntityPolicy:
+    """Validate one decoded spec; raise SpecError naming every problem found.
+
+    ``lost``: the ``$``-paths :func:`read_spec` could not decode; checks that depend on
+    them are skipped rather than reported as a second, misleading problem. ``into``: the
+    findings are appended there and the policy is returned anyway, so a caller checking a
+    whole directory can go on to the checks across files.
+    """
+    problems: list[SpecProblem] = [] if into is None else into
 
     def bad(where: str, what: str) -> None:
         problems.append(SpecProblem(source, where, what))
 
+    def known(path: str) -> bool:
+        """Whether everything under ``path`` decoded (nothing there is missing)."""
+        return not any(p == path or p.startswith((path + ".", path + "[")) for p in lost)
+
     states = list(spec.states)
-    declared = set(states)
+    # A state whose table did not decode is still declared by its name: "undeclared
+    # state" where an edge names it would only echo that problem.
+    declared = set(states) | _lost_keys(lost, "$.states")
+    states_known = "$.states" not in lost
     for name in states:
         if not IDENTIFIER.match(name):
             bad(f"$.states.{name!r}", "state names must be lower_snake_case identifiers")
     for key, values in (("initial", spec.initial), ("terminal", spec.terminal)):
         for i, s in enumerate(values):
-            if s not in declared:
+            if s not in declared and states_known:
                 bad(f"$.{key}[{i}]", f"undeclared state {s!r}")
-    if not spec.initial:
+    if not spec.initial and known("$.initial"):
         bad("$.initial", "at least one initial state is required")
-    if not spec.terminal:
+    if not spec.terminal and known("$.terminal"):
         bad("$.terminal", "at least one terminal state is required")
 
     columns = dict(STANDARD_COLUMNS)
+    #: Declared columns refused for their declaration: reported once, and not again
+    #: where a list names them.
+    refused: set[str] = set()
     for name, decl in spec.columns.items():
         problem = identifier_problem(name)
         if name in STANDARD_COLUMNS:
@@ -313,23 +331,38 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
             column = _column(f"$.columns.{name}", decl, bad)
             if column is not None:
                 columns[name] = column
+            else:
+                refused.add(name)
+    def absent(col: str) -> bool:
+        return (col not in columns and col not in refused and "$.columns" not in lost
+                and known(f"$.columns.{col}"))
+
     for key, values in (("guard_columns", spec.guard_columns),
                         ("patch_columns", spec.patch_columns)):
         for i, col in enumerate(values):
-            if col not in columns:
+            if absent(col):
                 bad(f"$.{key}[{i}]", f"column {col!r} is not a column of table {spec.table!r}")
             elif col in ("id", "status", "version"):
                 bad(f"$.{key}[{i}]", f"column {col!r} is maintained by the engine")
     guard_cols = frozenset(spec.guard_columns)
     patch_cols = frozenset(spec.patch_columns)
 
-    edges: dict[str, set[str]] = {s: set() for s in states}
+    edges: dict[str, set[str]] = {s: set() for s in [*states, *sorted(declared - set(states))]}
     rules: dict[tuple[str, str], EdgeRule] = {}
     terminal = set(spec.terminal)
+    # States a refused edge may have been meant to reach, or to leave by: whether they
+    # are reachable, or can finish, is unknown until that edge is fixed.
+    maybe_reached: set[str] = set()
+    maybe_finishes: set[str] = set()
     for i, edge in enumerate(spec.edges):
-        _check_edge(i, edge, declared, terminal, guard_cols, patch_cols, bad)
+        _check_edge(i, edge, declared if states_known else None, terminal,
+                    guard_cols if known("$.guard_columns") else None,
+                    patch_cols if known("$.patch_columns") else None, bad)
         if edge.source not in declared:
+            maybe_reached.update(edge.to)
             continue
+        if any(dst not in declared for dst in edge.to):
+            maybe_finishes.add(edge.source)
         rule = EdgeRule(
             actors=frozenset(edge.actors) if edge.actors is not None else None,
             requires_guard=frozenset(edge.requires_guard),
@@ -345,25 +378,30 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
             rules[(edge.source, dst)] = rule
             edges[edge.source].add(dst)
 
-    if not problems:
+    # The graph checks run on what is valid: an edge that did not decode at all, or a
+    # states table, initial or terminal list that did not, leaves the graph unknown.
+    graph_known = states_known and "$.edges" not in lost and not any(
+        _EDGE_ITEM.match(p) for p in lost)
+    if graph_known and known("$.initial"):
         reachable = _reach(spec.initial, edges)
-        for s in states:
-            if s not in reachable:
+        for s in edges:
+            if s not in reachable and s not in maybe_reached:
                 bad(f"$.states.{s}", "unreachable from every initial state")
-        reverse: dict[str, set[str]] = {s: set() for s in states}
+    if graph_known and known("$.terminal"):
+        reverse: dict[str, set[str]] = {s: set() for s in edges}
         for src, dsts in edges.items():
             for dst in dsts:
                 reverse[dst].add(src)
         can_finish = _reach(spec.terminal, reverse)
-        for s in states:
-            if s not in can_finish:
+        for s in edges:
+            if s not in can_finish and s not in maybe_finishes:
                 bad(f"$.states.{s}", "non-terminal state with no path to a terminal state")
 
     for code in spec.reason_codes:
         problem = reason_code_problem(code)
         if problem is not None:
             bad(f"$.reason_codes.{code!r}", problem)
-    if not spec.reason_codes:
+    if not spec.reason_codes and known("$.reason_codes"):
         bad("$.reason_codes", "at least one reason code is required")
 
     indexes: list[IndexPolicy] = []
@@ -379,10 +417,10 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
             bad(f"$.indexes[{i}].columns", "an index needs at least one column")
         for key, cols in (("columns", ix.columns), ("where_not_null", ix.where_not_null)):
             for j, col in enumerate(cols):
-                if col not in columns:
+                if absent(col):
                     bad(f"$.indexes[{i}].{key}[{j}]", f"column {col!r} is not in the table")
         for j, state in enumerate(ix.where_status or []):
-            if state not in declared:
+            if state not in declared and states_known:
                 bad(f"$.indexes[{i}].where_status[{j}]", f"undeclared state {state!r}")
         indexes.append(IndexPolicy(ix.name, tuple(ix.columns), ix.unique,
                                    tuple(ix.where_status) if ix.where_status else None,
@@ -421,10 +459,10 @@ def build_policy(spec: EntitySpec, source: str) -> EntityPolicy:
         bad("$.table", f"table {spec.table!r} is reserved by ledgerq's own schema")
     for where, name in (("$.entity", spec.entity), ("$.table", spec.table)):
         problem = identifier_problem(name)
-        if problem is not None:
+        if problem is not None and known(where):
             bad(where, problem)
 
-    if problems:
+    if problems and into is None:
         raise SpecError(problems)
     return EntityPolicy(
         name=spec.entity,
@@ -506,31 +544,47 @@ def _column(where: str, decl: ColumnSpec | str, bad: Callable[[str, str], None]
     return ColumnPolicy(spec.type, spec.not_null, default, spec.references, spec.on_delete)
 
 
-def _check_edge(i: int, edge: EdgeSpec, declared: set[str], terminal: set[str],
-                guard_cols: frozenset[str], patch_cols: frozenset[str],
+def _lost_keys(lost: frozenset[str], table: str) -> set[str]:
+    """The keys of ``table`` whose values did not decode (``$.states.busy.description``
+    names state ``busy``)."""
+    prefix = table + "."
+    return {m.group(0) for p in lost if p.startswith(prefix)
+            if (m := IDENTIFIER_PREFIX.match(p, len(prefix))) is not None}
+
+
+#: A whole edge that did not decode (``$.edges[3]``), as opposed to one of its fields.
+_EDGE_ITEM = re.compile(r"\$\.edges\[\d+\]\Z")
+#: A lower_snake_case name at the start of what follows a table's path.
+IDENTIFIER_PREFIX = re.compile(r"[a-z_][a-z0-9_]*(?=\Z|[.\[])")
+
+
+def _check_edge(i: int, edge: EdgeSpec, declared: set[str] | None, terminal: set[str],
+                guard_cols: frozenset[str] | None, patch_cols: frozenset[str] | None,
                 bad: Callable[[str, str], None]) -> None:
+    """One edge's own findings; a None set is one that did not decode (nothing to check
+    against)."""
     where = f"$.edges[{i}]"
-    if edge.source not in declared:
+    if declared is not None and edge.source not in declared:
         bad(f"{where}.from", f"edge from undeclared state {edge.source!r}")
     elif edge.source in terminal:
         bad(f"{where}.from", f"terminal state {edge.source!r} has an outgoing edge")
     if not edge.to:
         bad(f"{where}.to", "an edge needs at least one target")
     for j, dst in enumerate(edge.to):
-        if dst not in declared:
+        if declared is not None and dst not in declared:
             bad(f"{where}.to[{j}]", f"edge to undeclared state {dst!r}")
     for j, actor in enumerate(edge.actors or []):
         if actor not in ACTOR_TYPES:
             bad(f"{where}.actors[{j}]",
                 f"unknown actor type {actor!r}; known: {', '.join(sorted(ACTOR_TYPES))}")
     for j, col in enumerate(edge.requires_guard):
-        if col not in guard_cols:
+        if guard_cols is not None and col not in guard_cols:
             bad(f"{where}.requires_guard[{j}]", f"column {col!r} is not in guard_columns")
     for j, col in enumerate(edge.requires_patch):
-        if col not in patch_cols:
+        if patch_cols is not None and col not in patch_cols:
             bad(f"{where}.requires_patch[{j}]", f"column {col!r} is not in patch_columns")
     for j, col in enumerate(edge.fresh_tokens):
-        if col not in patch_cols:
+        if patch_cols is not None and col not in patch_cols:
             bad(f"{where}.fresh_tokens[{j}]", f"column {col!r} is not in patch_columns")
 
 
@@ -564,25 +618,38 @@ def load_registry(path: str | Path | None = None) -> Registry:
         raise SpecError([SpecProblem.whole_file(root, "no such spec file or directory")])
     if not files:
         raise SpecError([SpecProblem.whole_file(root, "contains no *.toml spec files")])
+    # Every file is read and checked however many problems the others have, and the
+    # checks across files run on every spec whose names decoded: one run of `ledgerq
+    # specs check` reports all there is to fix.
     problems: list[SpecProblem] = []
     policies: list[EntityPolicy] = []
+    all_tables = True
     for f in files:
-        try:
-            policies.append(build_policy(decode_spec(f), str(f)))
-        except SpecError as exc:
-            problems.extend(exc.problems)
-    problems.extend(cross_problems(policies))
+        decoded = read_spec(f)
+        problems.extend(decoded.problems)
+        if decoded.spec is None:
+            all_tables = False
+            continue
+        policy = build_policy(decoded.spec, str(f), lost=decoded.lost, into=problems)
+        if {"$.entity", "$.table"} & decoded.lost:
+            all_tables = False
+        else:
+            policies.append(policy)
+    problems.extend(cross_problems(policies, all_tables=all_tables))
     if problems:
         raise SpecError(problems)
     return Registry(policies)
 
 
-def cross_problems(policies: Iterable[EntityPolicy]) -> list[SpecProblem]:
+def cross_problems(policies: Iterable[EntityPolicy], *,
+                   all_tables: bool = True) -> list[SpecProblem]:
     """What no single spec file shows: names two specs (or ledgerq's schema) both claim.
 
     Every table and index lives in one namespace per database; ``CREATE ... IF NOT
     EXISTS`` would silently skip a second object of the same name, so a collision must
-    be refused here rather than discovered as a missing index.
+    be refused here rather than discovered as a missing index. ``all_tables`` False: some
+    spec's table is unknown (its file did not decode), so a reference to a table none of
+    ``policies`` has may be to that one and is not reported.
     """
     problems: list[SpecProblem] = []
     policies = list(policies)
@@ -611,7 +678,8 @@ def cross_problems(policies: Iterable[EntityPolicy]) -> list[SpecProblem]:
     tables = {p.table for p in policies} | (RESERVED_TABLES - {"status_transitions", "workers"})
     for p in policies:
         for name, column in p.columns.items():
-            if column.references is not None and column.references not in tables:
+            if (column.references is not None and column.references not in tables
+                    and all_tables):
                 problems.append(SpecProblem(
                     p.source, f"$.columns.{name}.references",
                     f"unknown table {column.references!r}; known: {', '.join(sorted(tables))}"))

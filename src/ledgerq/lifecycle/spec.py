@@ -1,17 +1,21 @@
 """The on-disk shape of a lifecycle spec file, decoded by msgspec.
 
-Decoding straight into Structs means a malformed file fails with msgspec's own
-``$.path`` pointer; :func:`decode_spec` prefixes the file name so an author
-knows exactly which file and which item to fix.
+Decoding into Structs means a malformed file fails with msgspec's own ``$.path``
+pointer; :func:`read_spec` prefixes the file name so an author knows exactly which file
+and which item to fix. It decodes item by item rather than the whole document at once:
+msgspec stops at the first error, and ``ledgerq specs check`` must name every one.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
+import types
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -127,17 +131,146 @@ class EntitySpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 def decode_spec(path: Path) -> EntitySpec:
-    """Read and type-check one spec file; errors name the file and the item."""
+    """Read and type-check one spec file; errors name the file and every bad item."""
+    decoded = read_spec(path)
+    if decoded.problems or decoded.spec is None:
+        raise SpecError(decoded.problems)
+    return decoded.spec
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedSpec:
+    """A spec file decoded as far as it goes, so the registry can go on checking the rest.
+
+    ``lost`` holds the ``$``-paths of what did not decode and was left out (an item of a
+    list or table) or replaced by its default or an empty value (a field): a check that
+    depends on one of them would only repeat the decoding problem in other words, so the
+    registry skips it. ``spec`` is None when there is no document at all.
+    """
+
+    spec: EntitySpec | None
+    problems: list[SpecProblem]
+    lost: frozenset[str] = frozenset()
+
+
+def read_spec(path: Path) -> DecodedSpec:
+    """Read one spec file, reporting every item that does not decode, not just the first."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise SpecError([SpecProblem.whole_file(path, f"cannot read: {exc.strerror}")]) from exc
+        return DecodedSpec(None, [SpecProblem.whole_file(path, f"cannot read: {exc.strerror}")])
     try:
         # tomllib first: its errors carry line and column, msgspec's TOML errors do not.
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError([SpecProblem.whole_file(path, f"not valid TOML: {exc}")]) from exc
-    try:
-        return msgspec.convert(data, type=EntitySpec)
-    except msgspec.ValidationError as exc:
-        raise SpecError([SpecProblem.from_msgspec(path, exc)]) from exc
+        return DecodedSpec(None, [SpecProblem.whole_file(path, f"not valid TOML: {exc}")])
+    decoder = _Lenient(str(path))
+    spec = decoder.struct(data, EntitySpec, "$", fill=True)
+    assert isinstance(spec, EntitySpec)
+    return DecodedSpec(spec, decoder.problems, frozenset(decoder.lost))
+
+
+#: What an item that did not decode becomes: left out of its list or table.
+_DROP: Any = object()
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (types.UnionType, typing.Union)
+
+
+def _struct_type(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+
+
+class _Lenient:
+    """msgspec.convert applied item by item: each list element, each table value and each
+    field of a Struct on its own, so one bad item is reported and the others still decode.
+
+    It walks the Struct definitions themselves, so a field added to a spec Struct is
+    decoded (and reported) the same way without a change here.
+    """
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.problems: list[SpecProblem] = []
+        self.lost: set[str] = set()
+
+    def bad(self, where: str, message: str, *, lose: bool = True) -> None:
+        wording = f"{self.file}: {message}" + ("" if where == "$" else f" - at `{where}`")
+        self.problems.append(SpecProblem(self.file, where, message, wording=wording))
+        if lose:
+            self.lost.add(where)
+
+    def value(self, value: Any, tp: Any, where: str) -> Any:
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if _struct_type(tp):
+            return self.struct(value, tp, where)
+        if origin is list and isinstance(value, list):
+            items = (self.value(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+            return [v for v in items if v is not _DROP]
+        if origin is dict and isinstance(value, dict):
+            table = {k: self.value(v, args[1], f"{where}.{k}" if _KEY.match(k)
+                                   else f"{where}.{k!r}")
+                     for k, v in value.items()}
+            return {k: v for k, v in table.items() if v is not _DROP}
+        structs = [a for a in args if _struct_type(a)] if _union(tp) else []
+        if isinstance(value, dict) and len(structs) == 1:
+            return self.struct(value, structs[0], where)
+        return self.convert(value, tp, where)
+
+    def convert(self, value: Any, tp: Any, where: str) -> Any:
+        try:
+            return msgspec.convert(value, type=tp)
+        except msgspec.ValidationError as exc:
+            text = str(exc)
+            at = _MSGSPEC_AT.search(text)
+            if at is None:
+                self.bad(where, text)
+            else:
+                self.bad(where + at.group(1)[1:], text[:at.start()])
+            self.lost.add(where)
+            return _DROP
+
+    def struct(self, value: Any, tp: type[msgspec.Struct], where: str,
+               fill: bool = False) -> Any:
+        """One Struct, field by field. ``fill``: a required field that is missing or bad
+        becomes an empty value instead of dropping the whole Struct (the document itself)."""
+        if not isinstance(value, dict):
+            return self.convert(value, tp, where)  # refused: not a table
+        fields = msgspec.structs.fields(tp)
+        names = {f.encode_name for f in fields}
+        if tp.__struct_config__.forbid_unknown_fields:
+            for key in value:
+                if key not in names:
+                    # Reported, and the rest of the table still decodes.
+                    self.bad(where, f"Object contains unknown field `{key}`", lose=False)
+        kwargs: dict[str, Any] = {}
+        complete = True
+        for f in fields:
+            required = f.default is msgspec.NODEFAULT and f.default_factory is msgspec.NODEFAULT
+            here = f"{where}.{f.encode_name}"
+            if f.encode_name in value:
+                got = self.value(value[f.encode_name], f.type, here)
+            else:
+                got = _DROP
+                if required:
+                    self.bad(where, f"Object missing required field `{f.encode_name}`",
+                             lose=False)
+                    self.lost.add(here)
+            if got is not _DROP:
+                kwargs[f.name] = got
+            elif required and fill:
+                kwargs[f.name] = _empty(f.type)
+            elif required:
+                complete = False
+        if not complete:
+            self.lost.add(where)
+            return _DROP
+        return tp(**kwargs)
+
+
+def _empty(tp: Any) -> Any:
+    """The stand-in for a required top-level field that did not decode (its path is lost)."""
+    origin = typing.get_origin(tp)
+    return [] if origin is list else {} if origin is dict else ""
