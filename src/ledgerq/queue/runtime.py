@@ -34,6 +34,7 @@ from ledgerq.queue.promotion import promote_due
 from ledgerq.queue.reaper import reap_expired_leases
 from ledgerq.queue.stuck import STUCK_RETRY_SECONDS, StuckRows
 from ledgerq.queue.supervision import Authorize, RunContext, execute_claimed
+from ledgerq.queue.undeclared import UNDECLARED_EVERY, UndeclaredReport
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
@@ -122,6 +123,8 @@ class Worker:
         self.handle_signals = handle_signals
         #: Rows the passes could not move (skipped, reported once; see StuckRows).
         self.stuck = StuckRows(stuck_retry)
+        #: Runs in states the loaded specs lack (a newer release's): counted, logged.
+        self.undeclared = UndeclaredReport(self.config.worker_id)
         self._stopping_runs = asyncio.Event()
         self.context = RunContext.from_config(self.config, stopping=self._stopping_runs)
         self.active: dict[str, asyncio.Task[str]] = {}
@@ -239,7 +242,7 @@ class Worker:
     async def _loop(self) -> None:
         heartbeat_every = max(0.05, min(self.config.heartbeat_ttl / 3, 5.0))
         maintain_every = max(self.poll_interval, 0.5)
-        last_heartbeat = last_maintain = float("-inf")
+        last_heartbeat = last_maintain = last_undeclared = float("-inf")
         while not self._stop.is_set():
             now = time.time()
             self._wake.clear()
@@ -256,6 +259,9 @@ class Worker:
                                                                stuck=self.stuck))
                 await self._step("promotion", promote_due(self.db, now=now, stuck=self.stuck))
                 last_maintain = now
+            if now - last_undeclared >= UNDECLARED_EVERY:
+                await self._step("undeclared", self.undeclared.look(self.db, now))
+                last_undeclared = now
             if self.capacity > len(self.active):
                 await self._cool_down()
             free = self.capacity - len(self.active)
