@@ -8,6 +8,7 @@ Every database here is first created with the previous release's spec files
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -276,3 +277,23 @@ async def test_a_database_from_before_recorded_specs_is_adopted(
         assert (await verify(db)).ok
         assert await db.fetch_one("SELECT spec_hash FROM ledgerq_specs WHERE entity = "
                                   "'schedule_run'") is not None
+
+
+async def test_concurrent_openers_serialize_and_exactly_one_migrates(
+        v1: tuple[str, dict[str, list[str]]], tmp_path: Path) -> None:
+    """Six processes (hosts) open one database with newer specs at the same moment."""
+    from test_queue_processes import HELPERS, finish, start_together
+
+    target, rows = v1
+    specs = SpecDir(tmp_path / "specs").paused()
+    go = tmp_path / "go"
+    procs = start_together([[str(HELPERS / "open_with_specs.py"), target, str(specs.path),
+                             str(go)] for _ in range(6)], go)
+    reports = [json.loads(out) for out in finish(procs)]
+    assert sum(r["migrated"] for r in reports) == 1, reports
+    async with StateDB(target, registry=load_registry(specs.path)) as db:
+        assert db.migration is None
+        assert (await verify(db)).ok
+        versions = await db.fetch_all("SELECT spec_hash FROM ledgerq_spec_versions "
+                                      "WHERE entity = 'schedule_run'")
+        assert len(versions) == 2  # v1, and the one migration
