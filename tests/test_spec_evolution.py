@@ -284,7 +284,7 @@ async def test_concurrent_openers_serialize_and_exactly_one_migrates(
     """Six processes (hosts) open one database with newer specs at the same moment."""
     from test_queue_processes import HELPERS, finish, start_together
 
-    target, rows = v1
+    target, _ = v1
     specs = SpecDir(tmp_path / "specs").paused()
     go = tmp_path / "go"
     procs = start_together([[str(HELPERS / "open_with_specs.py"), target, str(specs.path),
