@@ -9,6 +9,7 @@ Every database here is first created with the previous release's spec files
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +24,8 @@ from ledgerq.lifecycle import StateReason, TransitionRequest, transition
 from ledgerq.lifecycle.evolution import StateMapping
 from ledgerq.lifecycle.registry import load_registry
 from ledgerq.projections import history, verify
+
+DEPLOYMENT = Path(__file__).parents[1] / "docs" / "examples" / "deployment.toml"
 
 
 @pytest.fixture
@@ -45,10 +48,22 @@ async def test_a_new_state_migrates_on_open(v1: tuple[str, dict[str, list[str]]]
         before = await _facts(old, rows["all"])
         versions = {r["id"]: r["version"] for r in await old.fetch_all(
             "SELECT id, version FROM schedule_runs")}
+    async with StateDB(target, registry=load_registry(SPECS_V1)) as old:
+        # A worker row referencing a run: the rebuilt table must keep the reference.
+        await old.write(lambda tx: tx.execute(
+            "INSERT INTO workers (worker_id, last_heartbeat_at, leased_run_id) "
+            "VALUES ('w1', 1, ?)", [rows["running"][0]]))
     specs = SpecDir(tmp_path / "specs").paused()
     async with StateDB(target, registry=load_registry(specs.path)) as db:
         assert db.migration is not None and not db.migration.empty
         run = rows["running"][0]
+        assert await db.fetch_one("SELECT leased_run_id FROM workers") == {
+            "leased_run_id": run}
+        with pytest.raises(IntegrityViolation):  # the foreign key is still enforced
+            await db.write(lambda tx: tx.execute(
+                "DELETE FROM schedule_runs WHERE id = ?", [run]))
+        if db.dialect == "sqlite":
+            assert await db.fetch_all("PRAGMA foreign_key_check") == []
         moved = await transition(db, TransitionRequest(
             entity_type="schedule_run", entity_id=run, from_state="running",
             to_state="paused", reason=StateReason(code="run.paused.operator"),
@@ -89,6 +104,7 @@ name = "idx_schedule_runs_owner_team"
 columns = ["owner_team"]
 where_not_null = ["owner_team"]
 ''')
+    shutil.copy(DEPLOYMENT, specs.path / "deployment.toml")  # and a whole new entity
     specs.replace('"dispatch.expired.ttl" = "Its time to live passed."',
                   '"dispatch.expired.ttl" = "Its time to live passed."\n'
                   '"dispatch.pending.deferred" = "Deferred by its sender."',
@@ -116,6 +132,9 @@ where_not_null = ["owner_team"]
         assert "idx_schedule_runs_owner_team" in names
         assert "idx_schedule_runs_claim" in names
         assert (await verify(db)).ok
+        assert await db.fetch_all("SELECT id FROM deployments") == []
+        lines = db.migration.lines() if db.migration else []
+        assert "additive: add entity deployment.deployment (table deployments)" in lines
 
 
 async def test_an_older_opener_neither_fails_nor_downgrades(
