@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ledgerq.lifecycle.identifiers import quote
-from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, sql_literal
+from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry, sql_literal
+
+#: The entity whose rows a worker leases: the ``workers`` table references its table.
+RUN_ENTITY = "schedule_run"
 
 _ON_DELETE = {"cascade": "CASCADE", "set_null": "SET NULL", "restrict": "RESTRICT"}
 
@@ -80,3 +83,10 @@ def index_statements(policy: EntityPolicy) -> dict[str, str]:
             f"ON {table}({', '.join(quote(c) for c in ix.columns)}){where};"
         )
     return out
+
+
+def workers_ddl(template: str, registry: Registry) -> str | None:
+    """The dialect's ``workers`` DDL referencing the run entity's table (as the spec
+    names it), or None when the registry has no run entity (the engine alone)."""
+    runs = next((p for p in registry.policies() if p.name == RUN_ENTITY), None)
+    return None if runs is None else template.replace("{runs}", quote(runs.table))

@@ -84,7 +84,7 @@ CREATE TABLE IF NOT EXISTS workers (
   advertised_capabilities jsonb NOT NULL DEFAULT '[]',
   execution_targets       jsonb NOT NULL DEFAULT '[]',
   last_heartbeat_at       double precision NOT NULL,
-  leased_run_id           text REFERENCES schedule_runs(id) DEFERRABLE INITIALLY IMMEDIATE,
+  leased_run_id           text REFERENCES {runs}(id) DEFERRABLE INITIALLY IMMEDIATE,
   hostname                text,
   pid                     bigint,
   started_at              double precision
@@ -106,10 +106,11 @@ def projection_ddl(policy: EntityPolicy) -> str:
 
 def schema_statements(registry: Registry) -> list[str]:
     """The whole schema of a new database as statements (the migration creates it the
-    same way, entity by entity); workers come last (they reference schedule_runs)."""
+    same way, entity by entity); workers come last (they reference the runs' table)."""
     parts = [BASE_DDL, META_DDL, *(projection_ddl(p) for p in registry.policies())]
-    if "schedule_runs" in {p.table for p in registry.policies()}:
-        parts.append(WORKERS_DDL)
+    workers = ddl.workers_ddl(WORKERS_DDL, registry)
+    if workers is not None:
+        parts.append(workers)
     return parts
 
 
@@ -159,8 +160,9 @@ def _in_migration(conn: psycopg.Connection[Any], registry: Registry,
             # Rebuilds and mapped moves may delete and re-add referenced rows' columns.
             conn.execute("SET CONSTRAINTS ALL DEFERRED")
             plan = step(PostgresCatalog(conn, column_ddl, PostgresTx(conn)))
-            if "schedule_runs" in {p.table for p in registry.policies()}:
-                conn.execute(WORKERS_DDL)
+            workers = ddl.workers_ddl(WORKERS_DDL, registry)
+            if workers is not None:
+                conn.execute(workers)
             conn.execute(QUERIES("record_schema_version"), (str(SCHEMA_VERSION),))
             if rollback:
                 raise _Rollback

@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS workers (
   advertised_capabilities JSON NOT NULL DEFAULT '[]',
   execution_targets       JSON NOT NULL DEFAULT '[]',
   last_heartbeat_at       REAL NOT NULL,
-  leased_run_id           TEXT REFERENCES schedule_runs(id),
+  leased_run_id           TEXT REFERENCES {runs}(id),
   hostname                TEXT,
   pid                     INTEGER,
   started_at              REAL
@@ -94,11 +94,12 @@ def projection_ddl(policy: EntityPolicy) -> str:
 
 
 def schema_ddl(registry: Registry) -> str:
-    """The whole schema; workers come last because they reference schedule_runs."""
+    """The whole schema; workers come last because they reference the runs' table."""
     parts = [BASE_DDL]
     parts += [projection_ddl(p) for p in registry.policies()]
-    if "schedule_runs" in {p.table for p in registry.policies()}:
-        parts.append(WORKERS_DDL)
+    workers = ddl.workers_ddl(WORKERS_DDL, registry)
+    if workers is not None:
+        parts.append(workers)
     return "\n".join(parts)
 
 
@@ -154,9 +155,9 @@ def _in_migration(conn: sqlite3.Connection, registry: Registry,
                 conn.execute(statement)
             catalog = SqliteCatalog(conn, column_ddl, SqliteTx(conn))
             plan = step(catalog)
-            if "schedule_runs" in {p.table for p in registry.policies()}:
-                for statement in statements(WORKERS_DDL):
-                    conn.execute(statement)
+            workers = ddl.workers_ddl(WORKERS_DDL, registry)
+            for statement in statements(workers or ""):
+                conn.execute(statement)
             check_foreign_keys(catalog)
             conn.execute("INSERT INTO ledgerq_schema (key, value) VALUES ('schema_version', ?) "
                          "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
