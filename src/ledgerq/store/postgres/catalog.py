@@ -19,9 +19,9 @@ from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.evolution import Change, Normal
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.store import ddl
-from ledgerq.store.migrate import Catalog
+from ledgerq.store.postgres.tx import PostgresTx
+from ledgerq.store.sqlcatalog import SqlCatalog
 
 _LITERAL = re.compile(r"'((?:[^']|'')*)'::text")
 #: How a boolean default is spelled (as ``schema.column_ddl`` spells it).
@@ -49,27 +49,12 @@ CREATE TABLE IF NOT EXISTS ledgerq_spec_versions (
 """
 
 
-class PostgresCatalog(Catalog):
-    def __init__(self, conn: psycopg.Connection[Any], column_ddl: Any, tx: Tx) -> None:
-        self.conn = conn
-        self._column_ddl = column_ddl
-        self._tx = tx
-
-    def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        return self.conn.execute(sql, params).fetchall()
-
-    def recorded(self) -> dict[str, Normal]:
-        return read_recorded(self.conn)
-
+class PostgresCatalog(SqlCatalog):
     def tables(self) -> set[str]:
-        return {r[0] for r in self._all(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
+        return {r[0] for r in self.run(self.q("tables"))}
 
     def _status_check(self, table: str) -> tuple[str, str] | None:
-        rows = self._all(
-            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
-            "WHERE conrelid = to_regclass(%s) AND contype = 'c' "
-            "AND pg_get_constraintdef(oid) LIKE %s", (quote(table), "%(status%"))
+        rows = self.run(self.q("status_check"), (quote(table), "%(status%"))
         return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
     def table_states(self, table: str) -> list[str] | None:
@@ -79,44 +64,14 @@ class PostgresCatalog(Catalog):
         return [m.replace("''", "'") for m in _LITERAL.findall(found[1])]
 
     def table_columns(self, table: str) -> list[str]:
-        return [r[0] for r in self._all(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = "
-            "current_schema() AND table_name = %s ORDER BY ordinal_position", (table,))]
+        return [r[0] for r in self.run(self.q("table_columns"), (table,))]
 
     def table_indexes(self, table: str) -> set[str]:
-        return {r[0] for r in self._all(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
-            "AND tablename = %s", (table,))}
-
-    def _sample(self, table: str, where: str, params: tuple[Any, ...]) -> tuple[int, list[str]]:
-        t = quote(table)
-        n = self._all(f"SELECT count(*) FROM {t} WHERE {where}", params)[0][0]
-        ids = [r[0] for r in self._all(
-            f"SELECT id FROM {t} WHERE {where} ORDER BY id LIMIT {evolution.SAMPLE_IDS}",
-            params)] if n else []
-        return int(n), ids
-
-    def rows(self, table: str) -> tuple[int, list[str]]:
-        return self._sample(table, "TRUE", ())
-
-    def rows_in(self, table: str, state: str) -> tuple[int, list[str]]:
-        return self._sample(table, "status = %s", (state,))
-
-    def holding(self, table: str, column: str, *, null: bool = False) -> tuple[int, list[str]]:
-        return self._sample(table, f"{quote(column)} IS {'' if null else 'NOT '}NULL", ())
-
-    def ids_in(self, table: str, state: str) -> list[str]:
-        return [r[0] for r in self._all(
-            f"SELECT id FROM {quote(table)} WHERE status = %s ORDER BY id", (state,))]
-
-    def create(self, policy: EntityPolicy) -> None:
-        self.conn.execute(ddl.table_statement(policy, self._column_ddl))
-        for statement in ddl.index_statements(policy).values():
-            self.conn.execute(statement)
+        return {r[0] for r in self.run(self.q("table_indexes"), (table,))}
 
     def alter(self, old: Normal, new: EntityPolicy, changes: list[Change]) -> None:
         table = quote(new.table)
-        run = self.conn.execute
+        run = self.run
         if any(c.kind == "state" for c in changes):
             found = self._status_check(new.table)
             if found is not None:
@@ -133,7 +88,7 @@ class PostgresCatalog(Catalog):
                 if c.action == "change":
                     run(f"ALTER TABLE {table} DROP COLUMN {name}")
                 run(f"ALTER TABLE {table} ADD COLUMN {name} "
-                    f"{self._column_ddl(new.columns[c.name])}")
+                    f"{self.column_ddl(new.columns[c.name])}")
             else:
                 col = new.columns[c.name]
                 run(f"ALTER TABLE {table} ALTER COLUMN {name} "
@@ -151,29 +106,6 @@ class PostgresCatalog(Catalog):
             if c.kind == "index" and c.action in ("add", "change"):
                 run(indexes[c.name])
 
-    def drop(self, table: str) -> None:
-        self.conn.execute(f"DROP TABLE {quote(table)}")
-
-    def record(self, normal: Normal, now: float) -> None:
-        text = evolution.encode(normal)
-        digest = evolution.spec_hash(normal)
-        self.conn.execute(
-            "INSERT INTO ledgerq_specs (entity, table_name, spec_hash, spec, migrated_at) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (entity) DO UPDATE SET "
-            "table_name = excluded.table_name, spec_hash = excluded.spec_hash, "
-            "spec = excluded.spec, migrated_at = excluded.migrated_at",
-            (normal["entity"], normal["table"], digest, text, now))
-        self.conn.execute(
-            "INSERT INTO ledgerq_spec_versions (entity, spec_hash, spec, recorded_at) "
-            "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (normal["entity"], digest, text, now))
-
-    def forget(self, entity: str) -> None:
-        self.conn.execute("DELETE FROM ledgerq_specs WHERE entity = %s", (entity,))
-
-    def tx(self) -> Tx:
-        return self._tx
-
 
 def _as_dict(policy: EntityPolicy, column: str) -> dict[str, Any]:
     col = policy.columns[column]
@@ -188,11 +120,8 @@ def quote_any(name: str) -> str:
 
 
 def read_recorded(conn: psycopg.Connection[Any]) -> dict[str, Normal]:
-    row = conn.execute("SELECT to_regclass('ledgerq_specs') IS NOT NULL").fetchone()
-    if not row or not row[0]:
-        return {}
-    return {r[0]: evolution.decode(r[1])
-            for r in conn.execute("SELECT entity, spec FROM ledgerq_specs").fetchall()}
+    """The recorded specs ({} when the database has none: new, or from before)."""
+    return PostgresCatalog(PostgresTx(conn), None).recorded()
 
 
 def schema_version(conn: psycopg.Connection[Any]) -> int:

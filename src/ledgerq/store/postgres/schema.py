@@ -125,7 +125,7 @@ def is_current(conn: psycopg.Connection[Any], registry: Registry) -> bool:
     behind them."""
     try:
         return schema_version(conn) == SCHEMA_VERSION and not migrate.needed(
-            PostgresCatalog(conn, column_ddl, PostgresTx(conn)), registry)
+            PostgresCatalog(PostgresTx(conn), column_ddl), registry)
     finally:
         conn.rollback()
 
@@ -159,7 +159,7 @@ def _in_migration(conn: psycopg.Connection[Any], registry: Registry,
             conn.execute(META_DDL)
             # Rebuilds and mapped moves may delete and re-add referenced rows' columns.
             conn.execute("SET CONSTRAINTS ALL DEFERRED")
-            plan = step(PostgresCatalog(conn, column_ddl, PostgresTx(conn)))
+            plan = step(PostgresCatalog(PostgresTx(conn), column_ddl))
             workers = ddl.workers_ddl(WORKERS_DDL, registry)
             if workers is not None:
                 conn.execute(workers)

@@ -16,13 +16,12 @@ import sqlite3
 from typing import Any
 
 from ledgerq.errors import MigrationRefused
-from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.evolution import Change, Normal
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.store import ddl
-from ledgerq.store.migrate import Catalog
+from ledgerq.store.sqlcatalog import SqlCatalog
+from ledgerq.store.sqlite.tx import SqliteTx
 
 #: The rebuilt table's name until it replaces the old one (one rebuild at a time).
 REBUILD_TABLE = "ledgerq_rebuild"
@@ -52,62 +51,22 @@ CREATE TABLE IF NOT EXISTS ledgerq_spec_versions (
 """
 
 
-class SqliteCatalog(Catalog):
-    def __init__(self, conn: sqlite3.Connection, column_ddl: Any, tx: Tx) -> None:
-        self.conn = conn
-        self._column_ddl = column_ddl
-        self._tx = tx
-
-    def _one(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
-        return self.conn.execute(sql, params).fetchone()
-
-    def recorded(self) -> dict[str, Normal]:
-        return read_recorded(self.conn)
-
+class SqliteCatalog(SqlCatalog):
     def tables(self) -> set[str]:
-        return {r[0] for r in self.conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return {r[0] for r in self.run(self.q("tables"))}
 
     def table_states(self, table: str) -> list[str] | None:
-        row = self._one("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
-                        (table,))
-        match = _CHECK.search(row[0]) if row else None
+        row = self.run(self.q("status_check"), (table,))
+        match = _CHECK.search(row[0][0]) if row else None
         if match is None:
             return None
         return [m.replace("''", "'") for m in _LITERAL.findall(match.group(1))]
 
     def table_columns(self, table: str) -> list[str]:
-        return [r[1] for r in self.conn.execute(f"PRAGMA table_info({quote(table)})")]
+        return [r[0] for r in self.run(self.q("table_columns"), (table,))]
 
     def table_indexes(self, table: str) -> set[str]:
-        return {r[0] for r in self.conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?", (table,))}
-
-    def _sample(self, table: str, where: str, params: tuple[Any, ...]) -> tuple[int, list[str]]:
-        t = quote(table)
-        n = self._one(f"SELECT count(*) FROM {t} WHERE {where}", params)[0]
-        ids = [r[0] for r in self.conn.execute(
-            f"SELECT id FROM {t} WHERE {where} ORDER BY id LIMIT {evolution.SAMPLE_IDS}",
-            params)] if n else []
-        return int(n), ids
-
-    def rows(self, table: str) -> tuple[int, list[str]]:
-        return self._sample(table, "1 = 1", ())
-
-    def rows_in(self, table: str, state: str) -> tuple[int, list[str]]:
-        return self._sample(table, "status = ?", (state,))
-
-    def holding(self, table: str, column: str, *, null: bool = False) -> tuple[int, list[str]]:
-        return self._sample(table, f"{quote(column)} IS {'' if null else 'NOT '}NULL", ())
-
-    def ids_in(self, table: str, state: str) -> list[str]:
-        return [r[0] for r in self.conn.execute(
-            f"SELECT id FROM {quote(table)} WHERE status = ? ORDER BY id", (state,))]
-
-    def create(self, policy: EntityPolicy) -> None:
-        self.conn.execute(ddl.table_statement(policy, self._column_ddl))
-        for statement in ddl.index_statements(policy).values():
-            self.conn.execute(statement)
+        return {r[0] for r in self.run(self.q("table_indexes"), (table,))}
 
     def alter(self, old: Normal, new: EntityPolicy, changes: list[Change]) -> None:
         simple = all(
@@ -120,53 +79,31 @@ class SqliteCatalog(Catalog):
         table = quote(new.table)
         for c in changes:
             if c.kind == "column":
-                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {quote(c.name)} "
-                                  f"{self._column_ddl(new.columns[c.name])}")
+                self.run(f"ALTER TABLE {table} ADD COLUMN {quote(c.name)} "
+                         f"{self.column_ddl(new.columns[c.name])}")
             elif c.action in ("remove", "change"):
-                self.conn.execute(f"DROP INDEX IF EXISTS {quote(c.name)}")
+                self.run(f"DROP INDEX IF EXISTS {quote(c.name)}")
         indexes = ddl.index_statements(new)
         for c in changes:
             if c.kind == "index" and c.action in ("add", "change"):
-                self.conn.execute(indexes[c.name])
+                self.run(indexes[c.name])
 
     def _rebuild(self, new: EntityPolicy) -> None:
         """The twelve steps, inside the caller's transaction (foreign keys are off)."""
         have = set(self.table_columns(new.table))
         keep = ", ".join(quote(c) for c in new.columns if c in have)
-        self.conn.execute(f"DROP TABLE IF EXISTS {quote(REBUILD_TABLE)}")
-        self.conn.execute(ddl.table_statement(new, self._column_ddl, name=REBUILD_TABLE))
-        self.conn.execute(f"INSERT INTO {quote(REBUILD_TABLE)} ({keep}) "
-                          f"SELECT {keep} FROM {quote(new.table)}")
-        self.conn.execute(f"DROP TABLE {quote(new.table)}")
-        self.conn.execute(f"ALTER TABLE {quote(REBUILD_TABLE)} RENAME TO {quote(new.table)}")
+        self.run(f"DROP TABLE IF EXISTS {quote(REBUILD_TABLE)}")
+        self.run(ddl.table_statement(new, self._column_ddl, name=REBUILD_TABLE))
+        self.run(f"INSERT INTO {quote(REBUILD_TABLE)} ({keep}) "
+                 f"SELECT {keep} FROM {quote(new.table)}")
+        self.run(f"DROP TABLE {quote(new.table)}")
+        self.run(f"ALTER TABLE {quote(REBUILD_TABLE)} RENAME TO {quote(new.table)}")
         for statement in ddl.index_statements(new).values():
-            self.conn.execute(statement)
-
-    def drop(self, table: str) -> None:
-        self.conn.execute(f"DROP TABLE {quote(table)}")
-
-    def record(self, normal: Normal, now: float) -> None:
-        text = evolution.encode(normal)
-        digest = evolution.spec_hash(normal)
-        self.conn.execute(
-            "INSERT INTO ledgerq_specs (entity, table_name, spec_hash, spec, migrated_at) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (entity) DO UPDATE SET "
-            "table_name = excluded.table_name, spec_hash = excluded.spec_hash, "
-            "spec = excluded.spec, migrated_at = excluded.migrated_at",
-            (normal["entity"], normal["table"], digest, text, now))
-        self.conn.execute(
-            "INSERT OR IGNORE INTO ledgerq_spec_versions (entity, spec_hash, spec, recorded_at)"
-            " VALUES (?, ?, ?, ?)", (normal["entity"], digest, text, now))
-
-    def forget(self, entity: str) -> None:
-        self.conn.execute("DELETE FROM ledgerq_specs WHERE entity = ?", (entity,))
-
-    def tx(self) -> Tx:
-        return self._tx
+            self.run(statement)
 
     def foreign_key_problems(self) -> list[str]:
         return [f"{r[0]} row {r[1]} references a missing {r[2]} row"
-                for r in self.conn.execute("PRAGMA foreign_key_check").fetchmany(5)]
+                for r in self.run("PRAGMA foreign_key_check")[:5]]
 
 
 def _addable(column: Any) -> bool:
@@ -179,11 +116,7 @@ def _addable(column: Any) -> bool:
 
 def read_recorded(conn: sqlite3.Connection) -> dict[str, Normal]:
     """The recorded specs ({} when the database has none: new, or from before)."""
-    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                    "name = 'ledgerq_specs'").fetchone() is None:
-        return {}
-    return {r[0]: evolution.decode(r[1])
-            for r in conn.execute("SELECT entity, spec FROM ledgerq_specs")}
+    return SqliteCatalog(SqliteTx(conn), None).recorded()
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

@@ -130,7 +130,7 @@ def open_schema(conn: sqlite3.Connection, registry: Registry) -> Plan | None:
     A database already at these specs is only read: opening it takes no write lock.
     """
     if schema_version(conn) == SCHEMA_VERSION and not migrate.needed(
-            SqliteCatalog(conn, column_ddl, SqliteTx(conn)), registry):
+            SqliteCatalog(SqliteTx(conn), column_ddl), registry):
         return None
     return _in_migration(conn, registry, lambda cat: migrate.on_open(cat, registry))
 
@@ -153,7 +153,7 @@ def _in_migration(conn: sqlite3.Connection, registry: Registry,
         try:
             for statement in statements(BASE_DDL + META_DDL):
                 conn.execute(statement)
-            catalog = SqliteCatalog(conn, column_ddl, SqliteTx(conn))
+            catalog = SqliteCatalog(SqliteTx(conn), column_ddl)
             plan = step(catalog)
             workers = ddl.workers_ddl(WORKERS_DDL, registry)
             for statement in statements(workers or ""):
