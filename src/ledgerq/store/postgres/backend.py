@@ -43,7 +43,7 @@ from ledgerq.lifecycle.registry import Registry
 from ledgerq.operations import Tx
 from ledgerq.store.postgres.catalog import read_recorded
 from ledgerq.store.postgres.schema import apply_specs, open_schema, required_tables
-from ledgerq.store.postgres.tx import QUERIES, PostgresTx, qmark_to_psycopg
+from ledgerq.store.postgres.tx import QUERIES, PostgresTx, qmark_to_psycopg, stale_plan
 
 log = logging.getLogger("ledgerq.postgres")
 SNAPSHOT = psycopg.IsolationLevel.REPEATABLE_READ
@@ -205,7 +205,19 @@ class PostgresBackend:
                     # read is one snapshot, and costs no round trip of its own to say so.
                     conn.isolation_level = SNAPSHOT if readonly else None
                     conn.read_only = readonly or self.readonly
-                    value = fn(tx)
+                    try:
+                        value = fn(tx)
+                    except psycopg.Error as exc:
+                        if not stale_plan(exc) or attempt == ATTEMPTS:
+                            raise
+                        conn.rollback()
+                        # Forget every prepared statement, here and in psycopg's cache
+                        # (it clears its own on DEALLOCATE ALL), then run the unit again.
+                        conn.execute(QUERIES("forget_prepared"))
+                        conn.commit()
+                        log.info("a table changed under prepared statements (a migration"
+                                 " by another process); running the unit again")
+                        continue
                     committing = True
                     conn.commit()
                     return value

@@ -275,3 +275,7 @@ WHERE table_schema = current_schema() AND table_name = %s ORDER BY ordinal_posit
 
 -- name: table_indexes
 SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = %s
+
+-- name: forget_prepared
+-- Every prepared statement of this connection (psycopg clears its cache on it too).
+DEALLOCATE ALL

@@ -28,6 +28,15 @@ ITERSIZE = 2000
 _cursor_names = itertools.count()
 
 
+def stale_plan(exc: BaseException) -> bool:
+    """A prepared statement of this connection outlived its table's shape: another
+    process altered the table (a migration by a newer release added or dropped a
+    column), and a ``SELECT *``/``RETURNING *`` plan may not change its result type.
+    Nothing of the unit was kept; it runs again once the connection forgets its plans."""
+    return isinstance(exc, psycopg.errors.FeatureNotSupported) and \
+        "cached plan must not change result type" in str(exc)
+
+
 _QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
 
 
@@ -77,7 +86,7 @@ class PostgresTx(SqlTx):
         return names, iter(cur)
 
     def database_failure(self, exc: BaseException) -> bool:
-        return isinstance(exc, psycopg.OperationalError)
+        return isinstance(exc, psycopg.OperationalError) or stale_plan(exc)
 
     def notify_claimable(self) -> None:
         self.execute(self.q("notify_claimable"))
