@@ -46,11 +46,11 @@ async def test_waiting_runs_cost_no_write_until_settled(db: StateDB,
 
     monkeypatch.setattr(db, "write", counting)
     done = [("queued", "running", "run.started.ok"), ("running", "completed", "run.completed.ok")]
-    assert await promote_due(db) == {"retried": 0, "released": 0, "cancelled": 0}
+    assert await promote_due(db) == {"retried": 0, "released": 0, "cancelled": 0, "started": 0}
     assert writes == 0
     await direct(db, a, *done)
     writes = 0
-    assert await promote_due(db) == {"retried": 0, "released": 0, "cancelled": 0}
+    assert await promote_due(db) == {"retried": 0, "released": 0, "cancelled": 0, "started": 0}
     assert writes == 0, "one dependency still pending: nothing to settle, no write lock"
     await direct(db, b, *done)
     assert (await promote_due(db))["released"] == 1

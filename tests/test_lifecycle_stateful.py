@@ -64,7 +64,6 @@ from ledgerq.lifecycle.registry import (
     ColumnPolicy,
     Registry,
     load_registry,
-    packaged_specs_dir,
 )
 from ledgerq.projections import verify
 
@@ -709,58 +708,82 @@ PostgresLifecycleMachine.TestCase.settings = settings(
 test_lifecycle_state_machine_postgres = PostgresLifecycleMachine.TestCase
 
 
-#: A state added to the packaged specs in a temporary directory: the machine must reach
-#: it, and leave it, with no change to this file.
-PAUSED_STATE = """
-[states.paused]
-description = "Paused by an operator while running; resumes by going back to the queue."
+#: A small entity of its own (a spec file in a temporary directory), and the state a
+#: contributor adds to it: the machine must reach it, and leave it, with no change to
+#: this file. Small, so that the machine's moves land on the new state often: over the
+#: packaged run entity (eight targets from running, most attempts refused on purpose)
+#: reaching a new state took minutes on a loaded machine.
+GADGET = """
+entity = "gadget"
+table = "gadgets"
+initial = ["new"]
+terminal = ["done"]
+guard_columns = ["note"]
+patch_columns = ["note"]
+
+[states.new]
+description = "Just made."
+[states.done]
+description = "Finished."
 
 [[edges]]
-from = "running"
+from = "new"
+to = ["done"]
+
+[reason_codes]
+"gadget.new.made" = "Made."
+"gadget.done.finished" = "Finished."
+
+[columns]
+note = "text"
+"""
+PAUSED_STATE = """
+[states.paused]
+description = "Set aside; finished later."
+
+[[edges]]
+from = "new"
 to = ["paused"]
-description = "Paused mid-run."
 
 [[edges]]
 from = "paused"
-to = ["queued", "cancelled"]
-description = "Resumed (back to the queue) or cancelled."
+to = ["new", "done"]
 """
 PAUSED_CODES = """\
-"run.paused.operator" = "Paused by an operator."
-"run.queued.resumed" = "Resumed: back to the queue."
+"gadget.paused.aside" = "Set aside."
+"gadget.new.resumed" = "Taken up again."
 """
 
 
 def test_the_machine_follows_the_specs_it_is_given(tmp_path: Path) -> None:
     specs = tmp_path / "specs"
-    shutil.copytree(packaged_specs_dir(), specs)
-    run_spec = specs / "schedule_run.toml"
-    text = run_spec.read_text(encoding="utf-8")
-    assert "[states.paused]" not in text
-    # The states and edges beside the others, the codes under the existing [reason_codes].
-    run_spec.write_text(text.replace("[reason_codes]\n",
-                                     PAUSED_STATE + "\n[reason_codes]\n" + PAUSED_CODES, 1),
-                        encoding="utf-8")
+    specs.mkdir()
+    spec = specs / "gadget.toml"
+    spec.write_text(GADGET, encoding="utf-8")
+    before = load_registry(specs)
+    assert "paused" not in before.entity("gadget").states
+    # The state and edges beside the others, the codes under the existing [reason_codes].
+    spec.write_text(GADGET.replace("[reason_codes]\n",
+                                   PAUSED_STATE + "\n[reason_codes]\n" + PAUSED_CODES, 1),
+                    encoding="utf-8")
     registry = load_registry(specs)
-    assert registry.allows("schedule_run", "running", "paused")
+    assert registry.allows("gadget", "new", "paused")
 
     machine = machine_for(registry, name="PausedLifecycleMachine")
-    assert "paused" in machine.model.machines["schedule_run"].states
-    into = ("schedule_run", "running", "paused")
-    out_of = {("schedule_run", "paused", "queued"), ("schedule_run", "paused", "cancelled")}
-    # About one example in fifteen moves a run into paused, and about half of those move
-    # it on again: batches of ten examples (every invariant checked after every step, as
-    # always) until both happened, a few batches on average. The cap makes a machine that
-    # never gets there fail in bounded time; a machine that can get there runs out of
-    # three hundred examples about once in fifty thousand runs.
-    batch = settings(settings.default, max_examples=10, stateful_step_count=50,
+    assert "paused" in machine.model.machines["gadget"].states
+    into = ("gadget", "new", "paused")
+    out_of = {("gadget", "paused", "new"), ("gadget", "paused", "done")}
+    # Batches of ten examples (every invariant checked after every step, as always) until
+    # the machine has moved a row into paused and out again; the cap makes a machine that
+    # never gets there fail in bounded time.
+    batch = settings(settings.default, max_examples=10, stateful_step_count=30,
                      database=None, suppress_health_check=list(HealthCheck))
-    for _ in range(30):
+    for _ in range(20):
         run_state_machine_as_test(machine, settings=batch)
         if into in machine.moved and out_of & machine.moved:
             break
-    assert ("schedule_run", "paused") in machine.reached
+    assert ("gadget", "paused") in machine.reached
     assert into in machine.moved
     assert out_of & machine.moved, "the machine reached paused but never left it"
-    # The packaged machine knows no such state.
-    assert "paused" not in PackagedLifecycleMachine.model.policies["schedule_run"].states
+    # The packaged machine knows no such entity.
+    assert "gadget" not in PackagedLifecycleMachine.model.policies

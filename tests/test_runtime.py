@@ -904,7 +904,8 @@ async def test_lease_expiry_and_retry_are_counted_apart(rdb: StateDB) -> None:
     assert await execute_once(rdb, run, 1, worker="w2", now=t + 13) == "retry_wait"
     got = await row(rdb, rid)
     assert (got["status"], got["lease_attempts"], got["run_attempts"]) == ("retry_wait", 2, 1)
-    assert await promote_due(rdb, now=t + 13.5) == {"retried": 0, "released": 0, "cancelled": 0}
+    assert await promote_due(rdb, now=t + 13.5) == {
+        "retried": 0, "released": 0, "cancelled": 0, "started": 0}
     assert (await promote_due(rdb, now=t + 14))["retried"] == 1
     got = await row(rdb, rid)
     assert (got["status"], got["lease_attempts"], got["status_reason_code"]) == (

@@ -75,6 +75,7 @@ class Run:
     lease_attempts: int = 0
     run_attempts: int = 0
     retry_due: float | None = None
+    not_before: float | None = None
 
 
 @dataclass
@@ -163,14 +164,18 @@ class WorkerAPIMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ rules
 
-    def _submit(self, key: str | None, retry: int, deps: list[str]) -> str:
+    def _submit(self, key: str | None, retry: int, deps: list[str],
+                delay: float | None = None) -> str:
         policy = RetryPolicy(retry, base_delay=5.0, factor=2.0, jitter=0) if retry else None
+        not_before = None if delay is None else self.clock + delay
         app = TaskApplication("agent", {}, "host", required_capabilities=[GPU] if key else [],
-                              retry=policy, depends_on=deps)
+                              retry=policy, depends_on=deps, not_before=not_before)
         rid = self.run(submit_task(self.db, app, now=self.clock, host=key or "h0"))
-        self.model[rid] = Run(status="waiting_dependency" if deps else "queued",
+        delayed = not_before is not None and not_before > self.clock
+        self.model[rid] = Run(status="waiting_dependency" if deps else
+                              "delayed" if delayed else "queued",
                               key=f"{key}:{GPU}" if key else None, deps=list(deps),
-                              retry=policy)
+                              retry=policy, not_before=not_before if delayed else None)
         self.resolve()
         return str(rid)
 
@@ -182,6 +187,12 @@ class WorkerAPIMachine(RuleBasedStateMachine):
           retry=st.sampled_from([0, 0, 2, 3]))
     def submit(self, key: str | None, retry: int) -> str:
         return self._submit(key, retry, [])
+
+    @rule(target=runs, key=st.sampled_from([None, "h1"]),
+          delay=st.sampled_from([-1.0, 0.0, 3.0, 7.0, 15.0]))
+    def submit_delayed(self, key: str | None, delay: float) -> str:
+        """A start time: never claimed before it, queued by promotion at it."""
+        return self._submit(key, 0, [], delay)
 
     @rule(target=runs, deps=st.lists(runs, min_size=1, max_size=3, unique=True),
           key=st.sampled_from([None, "h1"]))
@@ -325,13 +336,19 @@ class WorkerAPIMachine(RuleBasedStateMachine):
     @rule(delta=st.sampled_from([0.0, 2.0, 5.0, 10.0, 20.0]))
     def promote(self, delta: float) -> None:
         self.clock += delta
-        retried = 0
+        retried = started = 0
         for m in self.model.values():
             if m.status == "retry_wait" and m.retry_due is not None and m.retry_due <= self.clock:
                 m.status, m.retry_due, m.lease_attempts = "queued", None, 0
                 retried += 1
+            elif m.status == "delayed" and m.not_before is not None and \
+                    m.not_before <= self.clock:
+                m.status = "queued"
+                started += 1
         got = self.run(promote_due(self.db, now=self.clock))
-        assert got == {"retried": retried, "released": 0, "cancelled": 0}
+        assert got == {"retried": retried, "released": 0, "cancelled": 0, "started": started}
+        if started:
+            event("delayed runs started")
 
     # ------------------------------------------------------------ invariants
 
@@ -347,8 +364,12 @@ class WorkerAPIMachine(RuleBasedStateMachine):
                 m.retry_due), (rid, r, m)
             if m.status == "running":
                 assert r["leased_by"] is not None and r["lease_expires_at"] is not None
-            elif m.status in ("queued", "retry_wait", "waiting_dependency"):
+            elif m.status in ("queued", "retry_wait", "waiting_dependency", "delayed"):
                 assert r["leased_by"] is None and r["lease_expires_at"] is None
+            if r["not_before"] is not None and m.status not in ("delayed", "cancelled"):
+                # A run with a start time was claimable only once promotion queued it,
+                # which needs the clock at or past that time.
+                assert self.clock >= r["not_before"], (rid, r, self.clock)
             if m.status in TERMINAL:
                 version = self.terminal_version.setdefault(rid, r["version"])
                 assert r["version"] == version, f"terminal run {rid} moved"

@@ -173,6 +173,7 @@ async def test_queue_scans(db: StateDB) -> None:
                    lease_token="t", lease_attempts=1, concurrency_key="h:gpu"),
         row_values(id="r2", status="running", leased_by="w2", lease_expires_at=50.0),
         row_values(id="rw", status="retry_wait", retry_due_at=4.0),
+        row_values(id="d1", status="delayed", not_before=6.0),
     ]
     for r in rows:
         await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
@@ -186,6 +187,9 @@ async def test_queue_scans(db: StateDB) -> None:
     assert await db.read(lambda tx: tx.expired_leases(policy, 100.0, limit=1)) != []
     assert [r["id"] for r in await db.read(lambda tx: tx.due_retries(policy, 4.0))] == ["rw"]
     assert await db.read(lambda tx: tx.due_retries(policy, 3.9)) == []
+    due = await db.read(lambda tx: tx.due_starts(policy, 6.0))
+    assert due == [{"id": "d1", "not_before": 6.0}]
+    assert await db.read(lambda tx: tx.due_starts(policy, 5.9)) == []
     assert await db.read(lambda tx: tx.running_keys(policy)) == {"h:gpu"}
     assert await db.read(lambda tx: tx.key_running(policy, "h:gpu"))
     assert not await db.read(lambda tx: tx.key_running(policy, "h:other"))
@@ -196,14 +200,14 @@ async def test_queue_scans(db: StateDB) -> None:
     assert await db.read(lambda tx: tx.running_by_worker(policy)) == {"w1": 1, "w2": 1}
     assert await db.read(lambda tx: tx.oldest_queued_at(policy)) == 1.0
     assert (await db.read(lambda tx: tx.status_counts(policy))) == {
-        "queued": 3, "running": 2, "retry_wait": 1}
+        "queued": 3, "running": 2, "retry_wait": 1, "delayed": 1}
     total, got = await db.read(lambda tx: tx.run_page(
         policy, {"status": ["queued", "running"], "action_kind": ["k"]}, ("id", "status"), 2, 1))
     assert total == 4 and len(got) == 2 and set(got[0]) == {"id", "status"}
     assert await db.read(lambda tx: tx.ids_matching(policy, "q", suffix=False, limit=5)) == [
         "q1", "q2", "q3"]
     assert await db.read(lambda tx: tx.ids_matching(policy, "1", suffix=True, limit=5)) == [
-        "q1", "r1"]
+        "d1", "q1", "r1"]
     assert (await db.write(lambda tx: tx.entity_for_move(policy, "q1", (), skip_locked=True))
             == ("queued", 1))
 

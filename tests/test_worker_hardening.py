@@ -282,7 +282,7 @@ async def test_promotion_skips_a_retry_it_cannot_move(db: StateDB) -> None:
     await refuse(db, bad)
     stuck = StuckRows()
     got = await promote_due(db, stuck=stuck)
-    assert got == {"retried": 1, "released": 0, "cancelled": 0}
+    assert got == {"retried": 1, "released": 0, "cancelled": 0, "started": 0}
     assert (await status(db, bad), await status(db, good)) == ("retry_wait", "queued")
     assert stuck.rows[bad].step == "promotion"
 
@@ -292,7 +292,7 @@ async def test_the_dependency_sweep_settles_the_rows_it_can(db: StateDB) -> None
     await refuse(db, bad)
     stuck = StuckRows()
     got = await promote_due(db, stuck=stuck)
-    assert got == {"retried": 0, "released": 1, "cancelled": 0}
+    assert got == {"retried": 0, "released": 1, "cancelled": 0, "started": 0}
     assert (await status(db, bad), await status(db, good)) == ("waiting_dependency", "queued")
     assert list(stuck.rows) == [bad]
     assert (await verify(db)).ok

@@ -173,6 +173,11 @@ class Tx(abc.ABC):
         """``id``, ``retry_due_at`` of retry_wait rows due at ``now``."""
 
     @abc.abstractmethod
+    def due_starts(self, policy: EntityPolicy, now: float,
+                   limit: int | None = None) -> list[Row]:
+        """``id``, ``not_before`` of delayed rows whose start time is at or before ``now``."""
+
+    @abc.abstractmethod
     def settled_waiting(self, policy: EntityPolicy, limit: int | None = None) -> list[str]:
         """Ids of waiting runs that can move now: a dependency ended in a terminal state
         whose outcome is not ``succeeded``, or every one ended in one whose outcome is

@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import shlex
+import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -88,6 +89,20 @@ def build_args(args_json: str | None, pairs: list[str], argv: list[str] | None) 
     return args
 
 
+def _start_time(delay: str | None, at: str | None) -> float | None:
+    """``--delay`` or ``--at`` as epoch seconds (None: start now)."""
+    from ledgerq.cli.times import parse_duration, parse_instant
+
+    if delay is not None and at is not None:
+        die("give a start time either as --delay or as --at, not both")
+    try:
+        if delay is not None:
+            return time.time() + parse_duration(delay)
+        return parse_instant(at) if at is not None else None
+    except ValueError as exc:
+        die(f"--{'delay' if delay is not None else 'at'}: {exc}")
+
+
 @app.command()
 def submit(
     ctx: typer.Context,
@@ -141,6 +156,12 @@ def submit(
     depends_on: Annotated[list[str] | None, typer.Option(
         "--depends-on", help="A run id that must complete first. Repeatable.",
         show_default=False)] = None,
+    delay: Annotated[str | None, typer.Option(
+        "--delay", metavar="DURATION", help="Start no sooner than this from now (30s, 5m, "
+        "2h, 1d); the run waits in `delayed` until then.", show_default=False)] = None,
+    at: Annotated[str | None, typer.Option(
+        "--at", metavar="ISO8601", help="Start no sooner than this time (local time unless "
+        "it has an offset).", show_default=False)] = None,
     db: DbOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -176,11 +197,12 @@ def submit(
             retry = RetryPolicy(**fields)
         except ValueError as exc:
             die(str(exc))
+    not_before = _start_time(delay, at)
     application = TaskApplication(
         action_kind=kind, args=args, execution_target=target,
         required_capabilities=list(cap or []), library_ref=library_ref,
         library_content_hash=library_hash, idempotency_key=idempotency_key, retry=retry,
-        timeout_seconds=timeout, depends_on=tuple(depends_on or ()),
+        timeout_seconds=timeout, depends_on=tuple(depends_on or ()), not_before=not_before,
     )
     try:
         validate(application)

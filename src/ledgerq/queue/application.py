@@ -85,6 +85,8 @@ class TaskApplication:
     retry: RetryPolicy | None = None
     timeout_seconds: float | None = None
     depends_on: Sequence[str] = ()
+    #: The earliest time (epoch seconds) the run may start; None or a past time: now.
+    not_before: float | None = None
 
 
 #: Documented defaults of :class:`SubmitLimits` (docs/queue.md, "Limits"). The walk over
@@ -167,6 +169,11 @@ def check_text(value: str, field_name: str) -> None:
     lone surrogates (``surrogateescape``); SQLite and the JSON encoder cannot store them
     and failed with a UnicodeEncodeError traceback deep inside a transaction.
     """
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL, so the engine refuses it on both backends;
+        # refused here, it is named as the field the caller gave, before any write.
+        raise InvalidInput(f"{field_name} contains a NUL character at position "
+                           f"{value.index(chr(0))}, which a text column cannot store")
     match = _SURROGATE.search(value)
     if match is None:
         return
@@ -366,6 +373,16 @@ def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS) -> 
             raise InvalidInput(f"depends_on[{i}] must be a non-empty run id string, "
                                f"got {shown(dep)}")
         check_text(dep, f"depends_on[{i}]")
+    nb = app.not_before
+    if nb is not None:
+        if isinstance(nb, bool) or not isinstance(nb, int | float) or not math.isfinite(nb):
+            raise InvalidInput(f"not_before must be epoch seconds (a finite number) or None, "
+                               f"got {shown(nb)}")
+        if deps:
+            # A dependent starts when its dependencies succeed; a start time on top of
+            # that would need a second wait after the release. Refused, not ignored.
+            raise InvalidInput("not_before and depends_on cannot be combined: a run with "
+                               "dependencies starts when they succeed")
     changes: dict[str, Any] = {}
     if kind != app.action_kind:
         changes["action_kind"] = kind
@@ -384,4 +401,6 @@ def digest(app: TaskApplication) -> str:
         "retry": app.retry.to_dict() if app.retry else None,
         "timeout_seconds": app.timeout_seconds, "depends_on": list(app.depends_on),
     }
+    if app.not_before is not None:  # absent otherwise: existing runs' digests still match
+        body["not_before"] = app.not_before
     return hashlib.sha256(dumps(body).encode()).hexdigest()

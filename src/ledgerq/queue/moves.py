@@ -81,6 +81,10 @@ BACKOFF = Move("running", "retry_wait", "run.retry_wait.backoff",
                "a failed run with retries left", feature="retry_wait")
 RETRY_DUE = Move("retry_wait", "queued", "run.queued.retry_due", "a retry whose delay elapsed",
                  feature="retry_wait")
+SUBMITTED_DELAYED = Move(None, "delayed", "run.delayed.submitted",
+                         "a submitted run whose start time is still to come", feature="delayed")
+START_DUE = Move("delayed", "queued", "run.queued.not_before",
+                 "a delayed run whose start time came", feature="delayed")
 LEASE_EXPIRED = Move("running", "queued", "run.queued.lease_expired",
                      "the reaper's requeue of an expired lease")
 LEASES_EXHAUSTED = Move("running", "failed", "run.failed.lease_attempts_exhausted",
@@ -91,7 +95,7 @@ CANCELLED = Move(ANY, "cancelled", "run.cancelled.operator", "an operator's canc
 MOVES: tuple[Move, ...] = (
     SUBMITTED, SUBMITTED_WAITING, DEPENDENCIES_MET, DEPENDENCY_FAILED, CLAIM, RENEWED,
     EXITED_ZERO, EXITED_NONZERO, RAISED, UNAUTHORIZED, TIMED_OUT, SHUTDOWN, BACKOFF,
-    RETRY_DUE, LEASE_EXPIRED, LEASES_EXHAUSTED, CANCELLED,
+    RETRY_DUE, SUBMITTED_DELAYED, START_DUE, LEASE_EXPIRED, LEASES_EXHAUSTED, CANCELLED,
 )
 
 

@@ -51,10 +51,25 @@ def _retry_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) ->
                    now=now).applied
 
 
+def _start_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> bool:
+    return perform(tx, policy, row["id"], moves.START_DUE, patch={"queued_at": now},
+                   now=now).applied
+
+
 def _promote(tx: Tx, policy: EntityPolicy, now: float,
              skip: frozenset[str] = frozenset(), *, retries: bool = True,
-             dependencies: bool = True) -> Swept:
-    swept = Swept({"retried": 0, "released": 0, "cancelled": 0})
+             dependencies: bool = True, starts: bool = True) -> Swept:
+    swept = Swept({"retried": 0, "released": 0, "cancelled": 0, "started": 0})
+    if starts:
+        for row in tx.due_starts(policy, now):
+            if row["id"] in skip:
+                continue
+            applied, err = isolated(tx, _start_one, tx, policy, row, now)
+            if err is not None:
+                swept.failures[row["id"]] = err
+                continue
+            swept.tried.append(row["id"])
+            swept.counts["started"] += int(bool(applied))
     if retries:
         for row in tx.due_retries(policy, now):
             if row["id"] in skip:
@@ -96,15 +111,17 @@ def _sweep(tx: Tx, policy: EntityPolicy, ids: list[str], now: float,
 
 
 def _due_ids(tx: Tx, policy: EntityPolicy, now: float, limit: int, retries: bool,
-             dependencies: bool) -> list[str]:
+             dependencies: bool, starts: bool) -> list[str]:
     """Up to ``limit`` ids of each kind a promotion pass would move (a cheap read first)."""
     ids = [r["id"] for r in tx.due_retries(policy, now, limit=limit)] if retries else []
+    ids += [r["id"] for r in tx.due_starts(policy, now, limit=limit)] if starts else []
     return ids + (tx.settled_waiting(policy, limit=limit) if dependencies else [])
 
 
 async def promote_due(db: StateDB, *, now: float | None = None,
                       stuck: StuckRows | None = None) -> dict[str, int]:
-    """Move due retries back to queued and settle waiting runs whose dependencies ended.
+    """Queue delayed runs whose start time came and due retries, and settle waiting runs
+    whose dependencies ended.
 
     Specs that do not declare ``retry_wait`` (or ``waiting_dependency``) are an older
     version of the queue's: their rows in that state are left alone (see DESIGN, spec
@@ -115,17 +132,20 @@ async def promote_due(db: StateDB, *, now: float | None = None,
     tracker = tracked(stuck)
     retries = moves.RETRY_DUE.offered_by(policy)
     dependencies = moves.DEPENDENCIES_MET.offered_by(policy)
-    for feature, ok in ((moves.RETRY_DUE, retries), (moves.DEPENDENCIES_MET, dependencies)):
+    starts = moves.START_DUE.offered_by(policy)
+    for feature, ok in ((moves.RETRY_DUE, retries), (moves.DEPENDENCIES_MET, dependencies),
+                        (moves.START_DUE, starts)):
         if not ok:
             tracker.note_once(f"undeclared:{feature.feature}",
                               "the loaded specs do not declare %s: its rows are left alone "
                               "(ledgerq stats counts them as stuck)", feature.feature)
-    if not (retries or dependencies):
-        return {"retried": 0, "released": 0, "cancelled": 0}
+    none = {"retried": 0, "released": 0, "cancelled": 0, "started": 0}
+    if not (retries or dependencies or starts):
+        return none
     skip = tracker.skipping()
     due = await db.read(lambda tx: _due_ids(tx, policy, ts, len(skip) + 1, retries,
-                                            dependencies))
+                                            dependencies, starts))
     if not unskipped(due, skip):
-        return {"retried": 0, "released": 0, "cancelled": 0}
+        return none
     return record(tracker, "promotion", await db.write(lambda tx: _promote(
-        tx, policy, ts, skip, retries=retries, dependencies=dependencies)))
+        tx, policy, ts, skip, retries=retries, dependencies=dependencies, starts=starts)))

@@ -55,12 +55,22 @@ def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
         unknown = [d for d in deps if d not in found]
         if unknown:
             raise InvalidInput(_unknown_deps_message(unknown))
-    created = moves.SUBMITTED_WAITING if deps else moves.SUBMITTED
+    created = moves.SUBMITTED_WAITING if deps else _start(app, now, policy)
     run_id = create_entity(tx, policy, _row(app, now, host, created.target, deps, fingerprint),
                            reason=_reasons[created], actor=actor, now=now)
     if deps:
         resolve_dependents(tx, policy, [run_id], waiting=True, now=now)
     return run_id
+
+
+def _start(app: TaskApplication, now: float, policy: EntityPolicy) -> moves.Move:
+    """Where a run without dependencies starts: delayed while its start time is ahead."""
+    if app.not_before is None or app.not_before <= now:
+        return moves.SUBMITTED
+    if not moves.SUBMITTED_DELAYED.offered_by(policy):
+        raise InvalidInput("not_before is in the future, but the loaded specs declare no "
+                           f"{moves.SUBMITTED_DELAYED.target!r} state to wait in")
+    return moves.SUBMITTED_DELAYED
 
 
 def _unknown_deps_message(unknown: list[str]) -> str:
@@ -94,11 +104,15 @@ def _row(app: TaskApplication, now: float, host: str, status: str, deps: list[st
         "retry_policy": dumps(app.retry.to_dict()) if app.retry else None,
         "timeout_seconds": app.timeout_seconds,
         "depends_on": dumps(deps) if deps else None,
+        # Only a delayed run keeps its start time: any other starts now.
+        **({"not_before": app.not_before} if status == moves.SUBMITTED_DELAYED.target
+           else {}),
     }
 
 
 #: The creation facts' reasons, built (and validated) once.
-_reasons = {m: StateReason(code=m.code) for m in (moves.SUBMITTED, moves.SUBMITTED_WAITING)}
+_reasons = {m: StateReason(code=m.code) for m in (moves.SUBMITTED, moves.SUBMITTED_WAITING,
+                                                  moves.SUBMITTED_DELAYED)}
 
 
 def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
@@ -123,7 +137,8 @@ def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
         plain.clear()
 
     for app in apps:
-        if app.idempotency_key is None and not app.depends_on:
+        if app.idempotency_key is None and not app.depends_on and \
+                _start(app, now, policy) is moves.SUBMITTED:
             plain.append(app)
         else:
             flush()

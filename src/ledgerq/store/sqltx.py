@@ -235,6 +235,12 @@ class SqlTx(Tx):
                      hint=self.hint(policy, "retry_wait", "retry_due_at"))
         return self.dicts(self.execute(sql, (now, self._limit(limit))))
 
+    def due_starts(self, policy: EntityPolicy, now: float,
+                   limit: int | None = None) -> list[Row]:
+        sql = self.q("due_starts", table=self.table(policy),
+                     hint=self.hint(policy, "delayed", "not_before"))
+        return self.dicts(self.execute(sql, (now, self._limit(limit))))
+
     def settled_waiting(self, policy: EntityPolicy, limit: int | None = None) -> list[str]:
         # None stands in for an empty list (``IN ()`` is not SQL): it matches no status.
         met = policy.states_with_outcome(SUCCEEDED)

@@ -115,6 +115,11 @@ SELECT id, retry_due_at FROM {table}
 WHERE status = 'retry_wait' AND retry_due_at <= %s
 LIMIT %s
 
+-- name: due_starts
+SELECT id, not_before FROM {table}
+WHERE status = 'delayed' AND not_before <= %s
+LIMIT %s
+
 -- name: settled_waiting
 -- CASE: jsonb_array_elements_text must never see a depends_on that is not an array.
 SELECT w.id FROM {table} AS w

@@ -109,6 +109,11 @@ SELECT id, retry_due_at FROM {table}
 WHERE {hint} AND status = 'retry_wait' AND retry_due_at <= ?
 LIMIT ?
 
+-- name: due_starts
+SELECT id, not_before FROM {table}
+WHERE {hint} AND status = 'delayed' AND not_before <= ?
+LIMIT ?
+
 -- name: settled_waiting
 -- A waiting run settles when a dependency ended badly ({bad}: the terminal states whose
 -- outcome is not succeeded) or every dependency is met ({met}: those whose outcome is;
