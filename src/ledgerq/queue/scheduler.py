@@ -26,6 +26,7 @@ time came less than ``MISFIRE_GRACE_SECONDS`` ago.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import socket
@@ -181,8 +182,9 @@ async def fire_due(db: Database, *, now: float | None = None, actor: Actor = SCH
     for sid in await db.read(lambda tx: _plan(tx, spol, rpol, ts)):
         # One transaction per schedule: one schedule's trouble never blocks another's fires.
         # The unit returns what it did (a unit may run again after a lost connection).
-        done = await db.write(lambda tx, sid=sid: fire_schedule(tx, spol, rpol, sid, ts,
-                                                                 actor, hostname))
+        done = await db.write(functools.partial(fire_schedule, spol=spol, rpol=rpol,
+                                                schedule_id=sid, now=ts, actor=actor,
+                                                host=hostname))
         result.fired += done.fired
         result.skipped += done.skipped
         result.already += done.already
@@ -191,3 +193,44 @@ async def fire_due(db: Database, *, now: float | None = None, actor: Actor = SCH
         if isinstance(path, str):
             wakeup.notify(path)
     return result
+
+
+def next_fire(schedule: dict[str, Any], latest_slot: float | None, now: float) -> float | None:
+    """When the schedule next fires (its next slot's time, jitter included), as far as can
+    be told at ``now``; None when it is not active or has no slot left. A slot already due
+    and not yet fired is reported as due now."""
+    if schedule["status"] != moves.FIRING:
+        return None
+    if due_slots(schedule, latest_slot, now):
+        return now
+    cad = cadence(cron=schedule["cron"], every_seconds=schedule["every_seconds"],
+                  timezone=schedule["timezone"])
+    cursor = float(schedule["fires_after"])
+    if latest_slot is not None:
+        cursor = max(cursor, float(latest_slot))
+    slot = cad.next_after(max(cursor, now))
+    until = schedule["until"]
+    if slot is None or (until is not None and slot > until):
+        return None
+    return slot + jitter_offset(schedule["id"], slot, float(schedule["jitter"]))
+
+
+async def schedule_overview(db: Database, *, include_retired: bool = False,
+                            ref: str | None = None, now: float | None = None
+                            ) -> list[dict[str, Any]]:
+    """Schedules (or the one named ``ref``) with ``next_fire_at`` and ``last_fire`` (id,
+    status, slot_at, ended_at, exit_code of the fire with the latest slot, or None)."""
+    from ledgerq.queue.schedules import get_schedule, list_schedules
+
+    rpol = run_policy(db)
+    ts = time.time() if now is None else now
+    rows = ([await get_schedule(db, ref)] if ref is not None
+            else await list_schedules(db, include_retired=include_retired))
+    ids = [r["id"] for r in rows]
+    latest = await db.read(lambda tx: {i: tx.latest_fire(rpol, i) for i in ids})
+    out = []
+    for r in rows:
+        last = latest[r["id"]]
+        slot = None if last is None else last["slot_at"]
+        out.append({**r, "last_fire": last, "next_fire_at": next_fire(r, slot, ts)})
+    return out
