@@ -279,9 +279,8 @@ async def _schedule_of(handle: StateDB, row: dict[str, Any]) -> dict[str, Any] |
     """The schedule a run was fired by (id, name, status, timezone), if ledgerq's scheduler
     fired it and the specs know schedules."""
     from ledgerq.errors import NotFound
-    from ledgerq.queue.schedules import get_schedule
-
     from ledgerq.queue.moves import SCHEDULE_ENTITY
+    from ledgerq.queue.schedules import get_schedule
 
     if not row.get("schedule_id") or SCHEDULE_ENTITY not in handle.registry.entities:
         return None
