@@ -110,7 +110,7 @@ async def test_validation_happens_before_anything_is_written(db: StateDB) -> Non
     for kwargs, message in bad:
         with pytest.raises(InvalidInput, match=message.replace("*", r"\*")):
             await add_schedule(db, "x", application=APP, **kwargs)  # type: ignore[arg-type]
-    with pytest.raises(InvalidInput, match="unknown execution_target|execution_target"):
+    with pytest.raises(InvalidInput, match="execution_target"):
         await add_schedule(db, "x", every=60, application=TaskApplication("command", {
             "argv": ["true"]}, "moon"))
     with pytest.raises(InvalidInput, match="idempotency_key"):
@@ -189,7 +189,7 @@ async def test_dst_forward_and_back_fire_each_daily_slot_once(db: StateDB) -> No
                              until=ny(2024, 11, 5))
     # A scheduler ticking every 10 minutes of real time across each transition (until
     # keeps each schedule to its own few days).
-    for start, sid in ((ny(2024, 3, 9, 23), gap), (ny(2024, 11, 2, 23), rep)):
+    for start in (ny(2024, 3, 9, 23), ny(2024, 11, 2, 23)):
         t = start
         while t < start + 6 * 3600:
             await fire_due(db, now=t)
