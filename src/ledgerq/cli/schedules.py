@@ -139,7 +139,7 @@ def _overview(ctx: typer.Context, db: str | None, *, ref: str | None = None,
             try:
                 return await schedule_overview(handle, ref=ref, include_retired=include_retired)
             except NotFound as exc:
-                die(str(exc).strip("'\""), DOMAIN_FAILURE)
+                die(str(exc), DOMAIN_FAILURE)
             except ValueError as exc:
                 die(str(exc))
 
@@ -211,7 +211,7 @@ def _change(ctx: typer.Context, db: str | None, ref: str, verb: str, actor: str 
             try:
                 return await fn(handle, ref, actor=who)
             except NotFound as exc:
-                die(str(exc).strip("'\""), DOMAIN_FAILURE)
+                die(str(exc), DOMAIN_FAILURE)
             except ValueError as exc:
                 die(str(exc))
 
