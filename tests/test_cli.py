@@ -542,7 +542,7 @@ def test_specs_check_packaged_and_json() -> None:
     assert ok("specs", "check").stdout.startswith("ok: 2 file(s), 2 entities")
     report = as_json("specs", "check")
     assert report["ok"] is True and report["problems"] == []
-    assert report["entities"] == ["dispatch", "schedule_run"]
+    assert report["entities"] == ["dispatch", "schedule", "schedule_run"]
     assert set(report) == {"ok", "dir", "files", "entities", "problems"}
 
 

@@ -225,7 +225,8 @@ async def test_a_new_entity_from_one_file_in_an_existing_database(
     # The command, as an operator runs it: --specs names the directory with the example.
     specs = tmp_path / "specs"
     checked = json.loads(ok("specs", "check", specs, "--json"))
-    assert checked["ok"] and checked["entities"] == ["deployment", "dispatch", "schedule_run"]
+    assert checked["ok"]
+    assert checked["entities"] == ["deployment", "dispatch", "schedule", "schedule_run"]
     verified = json.loads(ok("--specs", specs, "verify", "--db", db_target, "--json"))
     assert verified["ok"] is True and verified["facts"] == facts_total
     assert verified["rows"] == len(ids) + 2  # the deployments, the run and the dispatch

@@ -82,7 +82,7 @@ DISPATCH_EDGES = {
 def test_default_registry_loads_packaged_specs() -> None:
     reg = default_registry()
     assert isinstance(reg, Registry)
-    assert sorted(reg.entities) == ["dispatch", "schedule_run"]
+    assert sorted(reg.entities) == ["dispatch", "schedule", "schedule_run"]
     assert reg is default_registry(), "built once per process"
     # In a source checkout the packaged specs are the repository's specs/.
     explicit = load_registry(REPO / "specs")
@@ -94,7 +94,7 @@ def test_default_registry_loads_packaged_specs() -> None:
 
 def test_load_registry_none_is_the_packaged_specs() -> None:
     assert sorted(load_registry().entities) == sorted(default_registry().entities)
-    assert sorted(load_registry(None).entities) == ["dispatch", "schedule_run"]
+    assert sorted(load_registry(None).entities) == ["dispatch", "schedule", "schedule_run"]
 
 
 def test_schedule_run_graph_matches_the_record() -> None:
@@ -286,7 +286,7 @@ def test_registry_is_immutable() -> None:
     entities = reg.entities
     entities.append("sneaky")
     assert "sneaky" not in reg.entities, "entities returns a copy"
-    assert sorted(reg.entities) == ["dispatch", "schedule_run"]
+    assert sorted(reg.entities) == ["dispatch", "schedule", "schedule_run"]
 
 
 # ---------------------------------------------------------------- refusals

@@ -51,6 +51,8 @@ def lease_columns(policy: EntityPolicy) -> tuple[str, ...]:
 def expired_columns(policy: EntityPolicy) -> tuple[str, ...]:
     """What the reaper reads of an expired lease: the lease, and how often it expired."""
     return ("id", *policy.column_group(LEASE_GROUP), "lease_attempts")
+#: The run column a fire of ledgerq's scheduler records its slot in (``schedule_run.toml``).
+SLOT_COLUMN = "slot_at"
 #: Kinds of stuck run :meth:`Tx.stuck_runs` finds.
 STUCK_KINDS = ("undeclared", "lease", "retry", "waiting")
 
@@ -146,6 +148,21 @@ class Tx(abc.ABC):
     def notify_claimable(self) -> None:
         """Tell workers of other processes and hosts that a row may have become claimable
         (delivered at commit; a no-op where the dialect has no such channel)."""
+
+    # ------------------------------------------------------------ schedules
+
+    @abc.abstractmethod
+    def latest_fire(self, policy: EntityPolicy, schedule_id: str) -> Row | None:
+        """``id``, ``status``, ``slot_at``, ``ended_at``, ``exit_code`` of the schedule's run
+        with the latest slot (runs without a slot are not fires of ledgerq's scheduler)."""
+
+    @abc.abstractmethod
+    def run_for_slot(self, policy: EntityPolicy, schedule_id: str, slot_at: float) -> str | None:
+        """The id of the schedule's run for ``slot_at``, if that slot has fired."""
+
+    @abc.abstractmethod
+    def fire_in_progress(self, policy: EntityPolicy, schedule_id: str) -> str | None:
+        """The id of one fire of the schedule that is in no terminal state (the spec's)."""
 
     # ------------------------------------------------------------ workers
 

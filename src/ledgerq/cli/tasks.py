@@ -297,6 +297,28 @@ async def _resolve(handle: StateDB, run_id: str) -> str:
         die(str(exc))
 
 
+async def _schedule_of(handle: StateDB, row: dict[str, Any]) -> dict[str, Any] | None:
+    """The schedule a run was fired by (id, name, status, timezone), if ledgerq's scheduler
+    fired it and the specs know schedules."""
+    from ledgerq.errors import NotFound
+    from ledgerq.queue.moves import SCHEDULE_ENTITY
+    from ledgerq.queue.schedules import get_schedule
+
+    if not row.get("schedule_id") or SCHEDULE_ENTITY not in handle.registry.entities:
+        return None
+    try:
+        found = await get_schedule(handle, row["schedule_id"])
+    except NotFound:  # an external scheduler's id: only the schedules table has it
+        return None
+    return {k: found[k] for k in ("id", "name", "status", "timezone")}
+
+
+def schedule_slot(slot: float, tz: str) -> str:
+    from ledgerq.queue.slots import iso
+
+    return iso(slot, tz)
+
+
 @app.command()
 def show(
     ctx: typer.Context,
@@ -310,19 +332,26 @@ def show(
 
     path = db_path(ctx, db)
 
-    async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def go() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
         async with open_db(ctx, path, readonly=True) as handle:
             full = await _resolve(handle, run_id)
-            return await get_run(handle, full), await run_history(handle, full)
+            row = await get_run(handle, full)
+            return row, await run_history(handle, full), await _schedule_of(handle, row)
 
-    row, facts = run(go())
+    row, facts, schedule = run(go())
     if json_out:
-        emit_json({"run": row, "history": facts})
+        emit_json({"run": row, "history": facts,
+                   **({} if schedule is None else {"schedule": schedule})})
         return
     policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
     head = Table(box=None, show_header=False, pad_edge=False)
     head.add_column(style="bold", no_wrap=True)
     head.add_column()
+    if schedule is not None:
+        slot = row.get("slot_at")
+        head.add_row(cell("schedule"), cell(
+            f"{schedule['name']} ({schedule['status']}), slot "
+            f"{'-' if slot is None else schedule_slot(slot, schedule['timezone'])}"))
     for col, value in row.items():
         if value is None or value == "" or value == [] or value == {}:
             continue

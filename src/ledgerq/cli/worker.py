@@ -55,6 +55,10 @@ def worker(
                                         help="No per-run lines on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
                                           help="Log the worker's INFO messages.")] = False,
+    no_scheduler: Annotated[bool, typer.Option(
+        "--no-scheduler", help="Do not fire schedules from this worker (by default every "
+                               "worker runs a scheduler pass; each slot still fires once).")
+    ] = False,
     db: DbOption = None,
 ) -> None:
     """Run a worker until SIGINT/SIGTERM: claim, execute, renew leases, reap, retry.
@@ -104,7 +108,7 @@ def worker(
                        heartbeat_ttl=heartbeat_ttl, advertised_capabilities=list(cap or []),
                        execution_targets=targets, execute=execute,
                        lock_dir=lock_dir if lock_dir is not None else DEFAULT_LOCK_DIR,
-                       shutdown_grace=shutdown_grace)
+                       shutdown_grace=shutdown_grace, scheduler=not no_scheduler)
             holder["id"] = w.worker_id
             # What the connection really runs with, read back: a durability setting that
             # did not take must not be announced as if it had.
@@ -112,7 +116,8 @@ def worker(
             sys.stderr.write(printable(
                 f"ledgerq worker {w.worker_id} (pid {os.getpid()}): capacity {capacity}, "
                 f"targets {','.join(targets)}, capabilities {','.join(cap or []) or '-'}, "
-                f"lease {lease_ttl:g}s, {durability}, "
+                f"lease {lease_ttl:g}s, scheduler {'on' if w.scheduler else 'off'}, "
+                f"{durability}, "
                 f"db {path}") + "\n")
             sys.stderr.flush()
             await w.run()

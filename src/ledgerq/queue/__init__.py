@@ -17,6 +17,15 @@ from ledgerq.queue.capabilities import (
 )
 from ledgerq.queue.launcher import ExecuteFn, build_argv, default_execute, make_default_execute
 from ledgerq.queue.runtime import Worker
+from ledgerq.queue.scheduler import FirePass, fire_due
+from ledgerq.queue.schedules import (
+    add_schedule,
+    get_schedule,
+    list_schedules,
+    pause_schedule,
+    resume_schedule,
+    retire_schedule,
+)
 from ledgerq.queue.submit import cancel_task, record_scheduled_fire, submit_many, submit_task
 from ledgerq.queue.worker import (
     DEFAULT_HEARTBEAT_TTL_SECONDS,
@@ -42,22 +51,30 @@ __all__ = [
     "MAX_LEASE_ATTEMPTS",
     "TASK_WORKER_ENABLED",
     "ExecuteFn",
+    "FirePass",
     "RetryPolicy",
     "SubmitLimits",
     "TaskApplication",
     "Worker",
+    "add_schedule",
     "affinity_score",
     "build_argv",
     "cancel_task",
     "claim_and_execute",
     "claim_runs",
     "default_execute",
+    "fire_due",
+    "get_schedule",
     "host_scoped_concurrency_key",
+    "list_schedules",
     "make_default_execute",
+    "pause_schedule",
     "promote_due",
     "reap_expired_leases",
     "record_scheduled_fire",
     "register_heartbeat",
+    "resume_schedule",
+    "retire_schedule",
     "submit_many",
     "submit_task",
     "worker_can_serve",

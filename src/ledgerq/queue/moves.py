@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 from ledgerq.lifecycle.registry import OUTCOMES, SUCCEEDED, EntityPolicy, Registry
 from ledgerq.lifecycle.spec import SpecError, SpecProblem
-from ledgerq.operations import LEASE_GROUP
+from ledgerq.operations import LEASE_GROUP, SLOT_COLUMN
 
 #: The entity the queue runs.
 ENTITY = "schedule_run"
+#: The entity ledgerq's scheduler fires from (optional: specs without it have no scheduler).
+SCHEDULE_ENTITY = "schedule"
 #: The column group that makes a lease (cleared on requeue, guarded on by renewals and
 #: terminal writes, read by lease checks and the reaper).
 LEASE = LEASE_GROUP
@@ -98,15 +100,34 @@ MOVES: tuple[Move, ...] = (
     RETRY_DUE, SUBMITTED_DELAYED, START_DUE, LEASE_EXPIRED, LEASES_EXHAUSTED, CANCELLED,
 )
 
+# The scheduler's moves of runs: required once the specs declare the schedule entity.
+FIRED = Move(None, "queued", "run.queued.scheduled", "a schedule's fire of one slot")
+OVERLAP_SKIPPED = Move(None, "skipped", "run.skipped.overlap",
+                       "a slot not run because the schedule's previous fire had not ended")
+SCHEDULER_MOVES: tuple[Move, ...] = (FIRED, OVERLAP_SKIPPED)
 
-def policy_problems(policy: EntityPolicy) -> list[SpecProblem]:
-    """What the queue needs of the run entity's spec and ``policy`` lacks, one finding each."""
+# The schedule entity's own moves (``ledgerq schedule add|pause|resume|rm``).
+SCHEDULE_ADDED = Move(None, "active", "schedule.active.created", "adding a schedule")
+SCHEDULE_ADDED_PAUSED = Move(None, "paused", "schedule.paused.created",
+                             "adding a paused schedule")
+SCHEDULE_PAUSED = Move("active", "paused", "schedule.paused.operator", "pausing a schedule")
+SCHEDULE_RESUMED = Move("paused", "active", "schedule.active.resumed", "resuming a schedule")
+SCHEDULE_RETIRED = Move(ANY, "retired", "schedule.retired.operator", "retiring a schedule")
+SCHEDULE_MOVES: tuple[Move, ...] = (SCHEDULE_ADDED, SCHEDULE_ADDED_PAUSED, SCHEDULE_PAUSED,
+                                    SCHEDULE_RESUMED, SCHEDULE_RETIRED)
+#: The state the scheduler fires from (a schedule in any other fires nothing).
+FIRING = SCHEDULE_ADDED.target
+
+
+def move_problems(policy: EntityPolicy, moves: tuple[Move, ...]) -> list[SpecProblem]:
+    """The states, edges, reason codes and initial states ``moves`` need and ``policy``
+    lacks, one finding each."""
     problems: list[SpecProblem] = []
 
     def bad(where: str, what: str) -> None:
         problems.append(SpecProblem(policy.source, where, what))
 
-    wanted = [m for m in MOVES if m.offered_by(policy)]
+    wanted = [m for m in moves if m.offered_by(policy)]
     # One finding per missing state or edge, naming every move that needs it.
     states: dict[str, list[Move]] = {}
     edges: dict[tuple[str, str], list[Move]] = {}
@@ -130,6 +151,25 @@ def policy_problems(policy: EntityPolicy) -> list[SpecProblem]:
         if m.source is None and m.target in policy.states and m.target not in policy.initial:
             bad("$.initial", f"state {m.target!r} is not initial; the queue creates rows "
                 f"there for {m.purpose}")
+    return problems
+
+
+def policy_problems(policy: EntityPolicy, *, scheduled: bool = False) -> list[SpecProblem]:
+    """What the queue needs of the run entity's spec and ``policy`` lacks, one finding each;
+    ``scheduled``: the specs declare schedules, so the scheduler's needs count too."""
+    problems = move_problems(policy, MOVES + (SCHEDULER_MOVES if scheduled else ()))
+
+    def bad(where: str, what: str) -> None:
+        problems.append(SpecProblem(policy.source, where, what))
+
+    if scheduled:
+        slot_key = ("schedule_id", SLOT_COLUMN)
+        if SLOT_COLUMN not in policy.columns:
+            bad("$.columns", f"no column {SLOT_COLUMN!r}; the scheduler records the slot "
+                "of each fire there")
+        elif not any(ix.unique and ix.columns == slot_key for ix in policy.indexes):
+            bad("$.indexes", f"no unique index on {', '.join(slot_key)}; it is what makes "
+                "each slot of a schedule fire exactly once")
     for state in sorted(policy.terminal):
         if policy.outcome(state) is None:
             bad(f"$.states.{state}", f"terminal state {state!r} declares no outcome; the "
@@ -160,11 +200,16 @@ def _uses(needing: list[Move]) -> str:
 
 
 def problems(registry: Registry) -> list[SpecProblem]:
-    """Every finding of :func:`policy_problems`; none when the registry has no run entity
-    (a registry for the engine alone, with no queue on top)."""
+    """Every finding of :func:`policy_problems` (and, when the specs declare schedules, of
+    the schedule entity's moves); none when the registry has no run entity (a registry for
+    the engine alone, with no queue on top)."""
     if ENTITY not in registry.entities:
         return []
-    return policy_problems(registry.entity(ENTITY))
+    scheduled = SCHEDULE_ENTITY in registry.entities
+    found = policy_problems(registry.entity(ENTITY), scheduled=scheduled)
+    if scheduled:
+        found += move_problems(registry.entity(SCHEDULE_ENTITY), SCHEDULE_MOVES)
+    return found
 
 
 @functools.lru_cache(maxsize=16)

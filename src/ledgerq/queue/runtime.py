@@ -1,8 +1,9 @@
 """The long-running Worker service: the record's tick, made continuous (past the record).
 
-One asyncio loop heartbeats, reaps, promotes due retries and claims only as many rows
-as it has free capacity; each claimed row runs in its own task under
-:func:`execute_claimed` (lease renewal, deadline, cancel notice, OS lock per key).
+One asyncio loop heartbeats, reaps, promotes due retries, fires due schedule slots (unless
+``scheduler=False``) and claims only as many rows as it has free capacity; each claimed
+row runs in its own task under :func:`execute_claimed` (lease renewal, deadline, cancel
+notice, OS lock per key).
 A submission in the same process wakes the loop at once; otherwise it polls.
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.errors import DatabaseDamaged, DatabaseError, DatabaseGone
+from ledgerq.lifecycle.models import Actor
 from ledgerq.queue import moves, orphans, wakeup
 from ledgerq.queue.claim import claim_pass
 from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, WorkerConfig
@@ -32,6 +34,7 @@ from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS, beat
 from ledgerq.queue.launcher import ExecuteFn
 from ledgerq.queue.promotion import promote_due
 from ledgerq.queue.reaper import reap_expired_leases
+from ledgerq.queue.scheduler import fire_due
 from ledgerq.queue.stuck import STUCK_RETRY_SECONDS, StuckRows
 from ledgerq.queue.supervision import Authorize, RunContext, execute_claimed
 from ledgerq.queue.undeclared import UNDECLARED_EVERY, UndeclaredReport
@@ -97,7 +100,8 @@ class Worker:
                  check_interval: float | None = None,
                  handle_signals: bool = True,
                  claim_cooldown: float = DEFAULT_CLAIM_COOLDOWN,
-                 stuck_retry: float = STUCK_RETRY_SECONDS) -> None:
+                 stuck_retry: float = STUCK_RETRY_SECONDS,
+                 scheduler: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, not {capacity}")
         if claim_cooldown < 0:
@@ -121,6 +125,13 @@ class Worker:
         self.shutdown_grace = shutdown_grace
         self.claim_cooldown = claim_cooldown
         self.handle_signals = handle_signals
+        #: Whether this worker also runs a scheduler pass (fires due slots) every poll:
+        #: any number may, anywhere (each slot still yields one run). Specs without the
+        #: schedule entity have nothing to fire.
+        self.scheduler = scheduler and moves.SCHEDULE_ENTITY in db.registry.entities
+        self._scheduler_actor = Actor(type="scheduler", id=self.config.worker_id)
+        #: Runs this worker's scheduler passes fired (observability).
+        self.fired = 0
         #: Rows the passes could not move (skipped, reported once; see StuckRows).
         self.stuck = StuckRows(stuck_retry)
         #: Runs in states the loaded specs lack (a newer release's): counted, logged.
@@ -242,7 +253,7 @@ class Worker:
     async def _loop(self) -> None:
         heartbeat_every = max(0.05, min(self.config.heartbeat_ttl / 3, 5.0))
         maintain_every = max(self.poll_interval, 0.5)
-        last_heartbeat = last_maintain = last_undeclared = float("-inf")
+        last_heartbeat = last_maintain = last_undeclared = last_schedule = float("-inf")
         while not self._stop.is_set():
             now = time.time()
             self._wake.clear()
@@ -259,6 +270,9 @@ class Worker:
                                                                stuck=self.stuck))
                 await self._step("promotion", promote_due(self.db, now=now, stuck=self.stuck))
                 last_maintain = now
+            if self.scheduler and now - last_schedule >= self.poll_interval:
+                await self._step("scheduler", self._fire(now))
+                last_schedule = now
             if now - last_undeclared >= UNDECLARED_EVERY:
                 await self._step("undeclared", self.undeclared.look(self.db, now))
                 last_undeclared = now
@@ -299,6 +313,10 @@ class Worker:
         if self._failing.pop(name, None) is not None:
             log.warning("worker %s: %s pass works again", self.worker_id, name)
         return True
+
+    async def _fire(self, now: float) -> None:
+        done = await fire_due(self.db, now=now, actor=self._scheduler_actor)
+        self.fired += len(done.fired) + len(done.skipped)
 
     async def _cool_down(self) -> None:
         """Wait out the cooldown after a pass that drained the queue (only a stop cuts it)."""

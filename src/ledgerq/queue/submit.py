@@ -56,7 +56,8 @@ def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
         if unknown:
             raise InvalidInput(_unknown_deps_message(unknown))
     created = moves.SUBMITTED_WAITING if deps else _start(app, now, policy)
-    run_id = create_entity(tx, policy, _row(app, now, host, created.target, deps, fingerprint),
+    run_id = create_entity(tx, policy,
+                           run_row(app, now, host, created.target, deps, fingerprint),
                            reason=_reasons[created], actor=actor, now=now)
     if deps:
         resolve_dependents(tx, policy, [run_id], waiting=True, now=now)
@@ -82,7 +83,7 @@ def _unknown_deps_message(unknown: list[str]) -> str:
     return f"depends_on names {len(unknown):,} unknown run id(s): {listed}{more}"
 
 
-def _row(app: TaskApplication, now: float, host: str, status: str, deps: list[str],
+def run_row(app: TaskApplication, now: float, host: str, status: str, deps: list[str],
          fingerprint: str) -> dict[str, Any]:
     """The record's D2 row for a validated application (a full string UUID as its id).
 
@@ -131,7 +132,7 @@ def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
             ids.append(_insert(tx, policy, plain[0], now, host, actor))
         elif plain:
             ids.extend(create_entities(
-                tx, policy, [_row(a, now, host, moves.SUBMITTED.target, [], digest(a))
+                tx, policy, [run_row(a, now, host, moves.SUBMITTED.target, [], digest(a))
                              for a in plain],
                 reason=_reasons[moves.SUBMITTED], actor=actor, now=now))
         plain.clear()
@@ -229,10 +230,13 @@ async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: s
                                 args: dict[str, Any], status: str = "running",
                                 now: float | None = None, schedule_name: str | None = None,
                                 actor: Actor | None = None) -> str:
-    """Record a scheduler's fire through the guarded API: a row with schedule_id set.
+    """Record an external scheduler's fire through the guarded API: a row with
+    schedule_id set and no slot.
 
     Such rows enter ``running`` (or ``skipped``/``failed``) directly and are never
-    claimed by queue workers; the scheduler ends them with :func:`transition`.
+    claimed by queue workers (the record's rule, kept for rows that carry no slot); the
+    scheduler ends them with :func:`transition`. ledgerq's own schedules
+    (:func:`~ledgerq.queue.add_schedule`) fire queued runs that workers do claim.
     """
     policy = run_policy(db)
     code = _fire_code(status)

@@ -18,6 +18,7 @@ from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.operations import (
     CANDIDATE_COLUMNS,
+    SLOT_COLUMN,
     Row,
     Tx,
     expired_columns,
@@ -208,6 +209,25 @@ class SqlTx(Tx):
     def notify_claimable(self) -> None:
         return None
 
+    # ------------------------------------------------------------ schedules
+
+    def latest_fire(self, policy: EntityPolicy, schedule_id: str) -> Row | None:
+        rows = self.dicts(self.execute(self.q("latest_fire", table=self.table(policy)),
+                                       (schedule_id,)))
+        return rows[0] if rows else None
+
+    def run_for_slot(self, policy: EntityPolicy, schedule_id: str, slot_at: float) -> str | None:
+        row = self.execute(self.q("run_for_slot", table=self.table(policy)),
+                           (schedule_id, slot_at)).fetchone()
+        return None if row is None else str(row[0])
+
+    def fire_in_progress(self, policy: EntityPolicy, schedule_id: str) -> str | None:
+        ended: list[str | None] = [*sorted(policy.terminal)] or [None]
+        sql = self.q("fire_in_progress", table=self.table(policy),
+                     marks=self.marks(len(ended)))
+        row = self.execute(sql, (schedule_id, *ended)).fetchone()
+        return None if row is None else str(row[0])
+
     # ------------------------------------------------------------ workers
 
     def upsert_worker(self, worker_id: str, capabilities: str, targets: str, now: float,
@@ -253,14 +273,19 @@ class SqlTx(Tx):
 
     def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str],
                    after: tuple[float, str], limit: int) -> list[Row]:
-        key = ("claim", policy.table, len(excluded_kinds))
+        key = ("claim", policy.table, len(excluded_kinds), SLOT_COLUMN in policy.columns)
         sql = self._texts.get(key)
         if sql is None:
             kinds = (self.q("kinds_excluded", marks=self.marks(len(excluded_kinds)))
                      if excluded_kinds else "")
+            # Fires of ledgerq's own scheduler (a slot recorded) are queue rows; rows an
+            # external scheduler recorded are never claimed (the record's rule). Specs
+            # without the slot column predate the scheduler: every scheduled row is external.
+            scope = self.q("claimable_scheduled" if SLOT_COLUMN in policy.columns
+                           else "claimable_unscheduled")
             sql = self._texts[key] = self.q(
                 "claim_page", table=self.table(policy), columns=", ".join(CANDIDATE_COLUMNS),
-                hint=self.hint(policy, "queued", "queued_at"), kinds=kinds)
+                hint=self.hint(policy, "queued", "queued_at"), kinds=kinds, scope=scope)
         return self.dicts(self.execute(sql, (*excluded_kinds, *after, limit)))
 
     def running_keys(self, policy: EntityPolicy) -> set[str]:

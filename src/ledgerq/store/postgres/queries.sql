@@ -90,6 +90,20 @@ SELECT pg_notify('ledgerq_claimable', '')
 -- name: listen
 LISTEN ledgerq_claimable
 
+-- name: latest_fire
+-- The unique (schedule_id, slot_at) index answers it: one entry, read backwards.
+SELECT id, status, slot_at, ended_at, exit_code FROM {table}
+WHERE schedule_id = %s AND slot_at IS NOT NULL
+ORDER BY slot_at DESC LIMIT 1
+
+-- name: run_for_slot
+SELECT id FROM {table} WHERE schedule_id = %s AND slot_at = %s
+
+-- name: fire_in_progress
+SELECT id FROM {table}
+WHERE schedule_id = %s AND slot_at IS NOT NULL AND status NOT IN ({marks})
+ORDER BY slot_at LIMIT 1
+
 -- name: upsert_worker
 INSERT INTO workers (worker_id, advertised_capabilities, execution_targets,
                      last_heartbeat_at, hostname, pid, started_at)
@@ -136,9 +150,15 @@ LIMIT %s
 -- name: kinds_excluded
 AND action_kind NOT IN ({marks})
 
+-- name: claimable_unscheduled
+schedule_id IS NULL
+
+-- name: claimable_scheduled
+(schedule_id IS NULL OR slot_at IS NOT NULL)
+
 -- name: claim_page
 SELECT {columns} FROM {table}
-WHERE status = 'queued' AND schedule_id IS NULL {kinds}
+WHERE status = 'queued' AND {scope} {kinds}
   AND (queued_at, id) > (%s, %s)
 ORDER BY queued_at, id LIMIT %s
 

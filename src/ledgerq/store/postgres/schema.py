@@ -114,10 +114,6 @@ def schema_statements(registry: Registry) -> list[str]:
     return parts
 
 
-def required_tables(registry: Registry) -> list[str]:
-    return ["status_transitions", *(p.table for p in registry.policies())]
-
-
 def is_current(conn: psycopg.Connection[Any], registry: Registry) -> bool:
     """Whether opening needs no migration, found by reads alone: then it runs no DDL at
     all. ``CREATE ... IF NOT EXISTS`` and ``CREATE OR REPLACE TRIGGER`` take table locks
