@@ -59,6 +59,8 @@ SCHEDULE_RUN_EDGES = {
     "running": {"completed", "failed", "timed_out", "retry_wait", "queued", "cancelled",
                 "running"},
     "retry_wait": {"queued", "cancelled"},
+    # Past the record: a run with a start time waits here (issue 12, delayed runs).
+    "delayed": {"queued", "cancelled"},
     "completed": set(),
     "failed": set(),
     "timed_out": set(),
@@ -103,7 +105,8 @@ def test_schedule_run_graph_matches_the_record() -> None:
     assert set(p.states) == set(SCHEDULE_RUN_EDGES)
     assert {s: set(t) for s, t in p.edges.items()} == SCHEDULE_RUN_EDGES
     assert p.terminal == frozenset({"completed", "failed", "timed_out", "skipped", "cancelled"})
-    assert p.initial == frozenset({"queued", "waiting_dependency", "running", "failed", "skipped"})
+    assert p.initial == frozenset({"queued", "waiting_dependency", "delayed", "running",
+                                   "failed", "skipped"})
     for t in p.terminal:
         assert p.edges[t] == frozenset(), f"terminal {t} has outgoing edges"
     # No actor restrictions on schedule_run edges. Only the claim requires columns: the
