@@ -301,8 +301,10 @@ def show(
     head = Table(box=None, show_header=False, pad_edge=False)
     head.add_column(style="bold", no_wrap=True)
     head.add_column()
+    from ledgerq.cli.output import OUTPUT_COLUMNS, print_output
+
     for col, value in row.items():
-        if value is None or value == "" or value == [] or value == {}:
+        if value is None or value == "" or value == [] or value == {} or col in OUTPUT_COLUMNS:
             continue
         if col.endswith("_at") and isinstance(value, int | float):
             shown: Text = cell(f"{fmt_ts(value)}  ({value:.3f})")
@@ -317,6 +319,8 @@ def show(
         head.add_row(cell(col), shown)
     out.print(head)
     out.print()
+    if print_output(row):  # multi-line: below the row, not in a cell
+        out.print()
     hist = Table(title=f"history ({len(facts)} facts)", title_justify="left",
                  header_style="bold", box=None, pad_edge=False)
     for name in ("V", "AT", "FROM", "TO", "REASON", "ACTOR", "SUMMARY"):

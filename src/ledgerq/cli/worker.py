@@ -18,6 +18,7 @@ from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
 from ledgerq.cli.render import printable
 from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS, runtime
+from ledgerq.queue.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES
 
 
 @app.command()
@@ -51,6 +52,10 @@ def worker(
         "--lock-dir", help="Directory of the per-concurrency-key OS lock files "
                            "(default: <tmp>/ledgerq-locks).",
         show_default=False, file_okay=False)] = None,
+    output_tail: Annotated[int, typer.Option(
+        "--output-tail", min=0, max=MAX_OUTPUT_TAIL_BYTES, metavar="BYTES",
+        help="Bytes of each of stdout and stderr a run records when it ends (0: none).")
+    ] = OUTPUT_TAIL_BYTES,
     quiet: Annotated[bool, typer.Option("--quiet", "-q",
                                         help="No per-run lines on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
@@ -104,7 +109,7 @@ def worker(
                        heartbeat_ttl=heartbeat_ttl, advertised_capabilities=list(cap or []),
                        execution_targets=targets, execute=execute,
                        lock_dir=lock_dir if lock_dir is not None else DEFAULT_LOCK_DIR,
-                       shutdown_grace=shutdown_grace)
+                       shutdown_grace=shutdown_grace, output_tail=output_tail)
             holder["id"] = w.worker_id
             # What the connection really runs with, read back: a durability setting that
             # did not take must not be announced as if it had.

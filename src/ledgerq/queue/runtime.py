@@ -29,7 +29,7 @@ from ledgerq.queue.claim import claim_pass
 from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, WorkerConfig
 from ledgerq.queue.executors import Executors
 from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS, beat
-from ledgerq.queue.launcher import ExecuteFn
+from ledgerq.queue.launcher import OUTPUT_TAIL_BYTES, ExecuteFn
 from ledgerq.queue.promotion import promote_due
 from ledgerq.queue.reaper import reap_expired_leases
 from ledgerq.queue.stuck import STUCK_RETRY_SECONDS, StuckRows
@@ -97,7 +97,8 @@ class Worker:
                  check_interval: float | None = None,
                  handle_signals: bool = True,
                  claim_cooldown: float = DEFAULT_CLAIM_COOLDOWN,
-                 stuck_retry: float = STUCK_RETRY_SECONDS) -> None:
+                 stuck_retry: float = STUCK_RETRY_SECONDS,
+                 output_tail: int = OUTPUT_TAIL_BYTES) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, not {capacity}")
         if claim_cooldown < 0:
@@ -114,7 +115,7 @@ class Worker:
             # A worker given no targets (or an empty list) serves and advertises host.
             execution_targets=execution_targets or ["host"], execute=execute,
             adapters=adapters, authorize=authorize, lock_dir=lock_dir,
-            check_interval=check_interval)
+            check_interval=check_interval, output_tail=output_tail)
         self.db = db
         self.capacity = capacity
         self.poll_interval = poll_interval
