@@ -232,8 +232,10 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def run_page(self, policy: EntityPolicy, filters: dict[str, list[Any]],
-                 columns: tuple[str, ...], limit: int, offset: int) -> tuple[int, list[Row]]:
-        """(matching total, one page newest first) where each column is in its list."""
+                 columns: tuple[str, ...], limit: int, offset: int, *,
+                 since: tuple[str, float] | None = None) -> tuple[int, list[Row]]:
+        """(matching total, one page newest first) where each column is in its list and,
+        with ``since`` = (column, value), that column is at least the value."""
 
     @abc.abstractmethod
     def ids_matching(self, policy: EntityPolicy, piece: str, *, suffix: bool,

@@ -72,16 +72,24 @@ class RunPage:
 
 async def list_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
                     kinds: Iterable[str] | None = None, targets: Iterable[str] | None = None,
-                    limit: int = 50, offset: int = 0) -> RunPage:
-    """Summaries of runs matching every given filter, newest first (created_at, then id)."""
+                    limit: int = 50, offset: int = 0, since: float | None = None,
+                    since_column: str = "updated_at") -> RunPage:
+    """Summaries of runs matching every given filter, newest first (created_at, then id).
+
+    ``since``: only runs whose ``since_column`` (a timestamp column: ``updated_at``, the
+    last move; ``ended_at``; ``created_at``) is at least that epoch time."""
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
     filters = {col: list(values or []) for col, values in (
         ("status", statuses), ("action_kind", kinds), ("execution_target", targets))}
     policy = db.registry.entity(RUN_ENTITY)
+    if since_column not in policy.columns:
+        raise ValueError(f"no run column {since_column!r}")
+    bound = None if since is None else (since_column, since)
 
     def read(tx: Tx) -> RunPage:
-        total, rows = tx.run_page(policy, filters, SUMMARY_COLUMNS, limit, offset)
+        total, rows = tx.run_page(policy, filters, SUMMARY_COLUMNS, limit, offset,
+                                  since=bound)
         return RunPage(rows, total, limit, offset)
 
     return await db.read(read)

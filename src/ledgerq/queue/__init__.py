@@ -16,6 +16,7 @@ from ledgerq.queue.capabilities import (
     worker_can_serve,
 )
 from ledgerq.queue.launcher import ExecuteFn, build_argv, default_execute, make_default_execute
+from ledgerq.queue.rerun import retry_run, retry_runs
 from ledgerq.queue.runtime import Worker
 from ledgerq.queue.submit import cancel_task, record_scheduled_fire, submit_many, submit_task
 from ledgerq.queue.worker import (
@@ -58,6 +59,8 @@ __all__ = [
     "reap_expired_leases",
     "record_scheduled_fire",
     "register_heartbeat",
+    "retry_run",
+    "retry_runs",
     "submit_many",
     "submit_task",
     "worker_can_serve",

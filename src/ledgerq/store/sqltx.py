@@ -301,10 +301,14 @@ class SqlTx(Tx):
     # ------------------------------------------------------------ read models
 
     def run_page(self, policy: EntityPolicy, filters: dict[str, list[Any]],
-                 columns: tuple[str, ...], limit: int, offset: int) -> tuple[int, list[Row]]:
+                 columns: tuple[str, ...], limit: int, offset: int, *,
+                 since: tuple[str, float] | None = None) -> tuple[int, list[Row]]:
         terms = [self.q("and_in_list", column=quote(c), marks=self.marks(len(v)))
                  for c, v in filters.items() if v]
         params = [x for v in filters.values() if v for x in v]
+        if since is not None:
+            terms.append(self.q("and_at_least", column=quote(since[0])))
+            params.append(since[1])
         where = self.q("where", terms=" ".join(terms)) if terms else ""
         table = self.table(policy)
         total = self.execute(self.q("count_rows", table=table, where=where), params).fetchone()[0]

@@ -17,6 +17,9 @@ AND {column} IS NOT DISTINCT FROM %s
 -- name: and_in_list
 AND {column} IN ({marks})
 
+-- name: and_at_least
+AND {column} >= ?
+
 -- name: where
 WHERE TRUE {terms}
 
