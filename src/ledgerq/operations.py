@@ -208,6 +208,11 @@ class Tx(abc.ABC):
         """Every fact of one entity, in version order, JSON columns as text."""
 
     @abc.abstractmethod
+    def facts_after(self, entity_type: str, after_id: str, limit: int) -> list[Row]:
+        """Up to ``limit`` facts of an entity type whose id sorts after ``after_id``, in id
+        order (ids are time-ordered, so: in the order they were appended), JSON as text."""
+
+    @abc.abstractmethod
     def fact_stream(self, entity_type: str) -> Iterator[tuple[str, str, int, Any]]:
         """(entity_id, status, entity_version, patch) of every fact of an entity type, in
         (entity_id, entity_version) order, streamed (never the whole log in memory)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 import typer
@@ -11,22 +10,12 @@ from ledgerq.cli.app import app
 from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run
 from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
 from ledgerq.cli.render import JsonOption, emit_json, err_console, printable
-from ledgerq.durations import parse_duration
+from ledgerq.cli.watch import since_time
 from ledgerq.errors import InvalidInput
 
 RUN_ENTITY = "schedule_run"
 #: Runs read per page when a bulk retry collects what it matches.
 PAGE = 500
-
-
-def since_option(value: str | None, option: str) -> float | None:
-    """``--since 1h``: the epoch time that long ago, or a usage error naming the value."""
-    if value is None:
-        return None
-    try:
-        return time.time() - parse_duration(value, option)
-    except InvalidInput as exc:
-        die(str(exc))
 
 
 @app.command()
@@ -70,7 +59,7 @@ def retry(
         die("--since needs --status")
     policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
     check_choice("ended status", statuses, sorted(policy.terminal))
-    ended_since = since_option(since, "--since")
+    ended_since = since_time(since, "--since")
     who = Actor(type="operator", id=text_option(actor, "--actor") if actor
                 else text_option(current_user(), "the user name (LOGNAME/USER)"))
     text_option(reason, "--reason")

@@ -273,9 +273,71 @@ async def wait_for_runs(db: StateDB, run_ids: Iterable[str], *, timeout: float =
         await asyncio.sleep(interval)
 
 
+#: How late a fact may commit after its id was made and still be seen by a
+#: :class:`FactFollower` (a write waiting for the lock, a slow group commit, clock skew
+#: between hosts): each poll reads this far back and drops what it already returned.
+FOLLOW_SETTLE_SECONDS = 5.0
+#: Facts read per statement while following.
+FOLLOW_PAGE = 500
+
+
+def id_floor(ts: float) -> str:
+    """The smallest time-ordered fact id (UUIDv7) made at or after epoch time ``ts``: ids
+    sort by the millisecond they were made in (see ``lifecycle.engine.new_id``)."""
+    h = f"{max(0, int(ts * 1000)) << 80:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class FactFollower:
+    """The facts of one entity type as they are appended, each returned once.
+
+    A cursor over fact ids alone would miss a fact whose id was made before another's
+    but committed after it (writers run at once on PostgreSQL; on SQLite a unit's ids
+    are made before its group commit). So each :meth:`poll` re-reads the last
+    :data:`FOLLOW_SETTLE_SECONDS` and skips the ids it has returned; only a fact
+    committed later than that after its id was made is missed. Reads only.
+    """
+
+    def __init__(self, db: StateDB, entity_type: str = RUN_ENTITY, *,
+                 since: float | None = None, settle: float = FOLLOW_SETTLE_SECONDS,
+                 clock: Any = time.time) -> None:
+        self.db = db
+        self.entity_type = entity_type
+        self.settle = settle
+        self.clock = clock
+        #: Where the next poll starts reading: at first ``since`` (default: now).
+        self._start = id_floor(clock() if since is None else since)
+        #: Ids returned whose fact may still be re-read (within the settle window).
+        self._seen: set[str] = set()
+
+    async def poll(self) -> list[dict[str, Any]]:
+        """The facts appended since the last poll (JSON decoded), in id order."""
+        start = self._start
+        found: list[dict[str, Any]] = []
+        after = start
+        while True:
+            page = await self.db.read(functools.partial(
+                _facts_after, entity_type=self.entity_type, after=after))
+            found += [f for f in page if f["id"] not in self._seen]
+            if len(page) < FOLLOW_PAGE:
+                break
+            after = page[-1]["id"]
+        self._seen.update(f["id"] for f in found)
+        # The next poll re-reads the settle window, never before where this one started.
+        self._start = max(start, id_floor(self.clock() - self.settle))
+        self._seen = {i for i in self._seen if i > self._start}
+        return [decode_fact(f) for f in found]
+
+
+def _facts_after(tx: Tx, *, entity_type: str, after: str) -> list[dict[str, Any]]:
+    return tx.facts_after(entity_type, after, FOLLOW_PAGE)
+
+
 __all__ = [
+    "FOLLOW_SETTLE_SECONDS",
     "STUCK_AFTER_SECONDS",
     "SUMMARY_COLUMNS",
+    "FactFollower",
     "QueueStats",
     "RunPage",
     "StuckRun",

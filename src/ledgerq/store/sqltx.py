@@ -285,6 +285,9 @@ class SqlTx(Tx):
     def facts_of(self, entity_type: str, entity_id: str) -> list[Row]:
         return self.dicts(self.execute(self.q("facts_of"), (entity_type, entity_id)))
 
+    def facts_after(self, entity_type: str, after_id: str, limit: int) -> list[Row]:
+        return self.dicts(self.execute(self.q("facts_after"), (after_id, entity_type, limit)))
+
     def fact_stream(self, entity_type: str) -> Iterator[tuple[str, str, int, Any]]:
         return self.stream(self.q("fact_stream"), (entity_type,))[1]
 

@@ -157,6 +157,10 @@ SELECT {columns} FROM {table} WHERE id IN ({marks})
 SELECT * FROM status_transitions WHERE entity_type = %s AND entity_id = %s
 ORDER BY entity_version
 
+-- name: facts_after
+-- Fact ids are time-ordered (UUIDv7): the primary key's index reads them in log order.
+SELECT * FROM status_transitions WHERE id > %s AND entity_type = %s ORDER BY id LIMIT %s
+
 -- name: fact_stream
 SELECT entity_id, status, entity_version, patch FROM status_transitions
 WHERE entity_type = %s ORDER BY entity_id, entity_version

@@ -151,6 +151,10 @@ SELECT {columns} FROM {table} WHERE id IN ({marks})
 SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ?
 ORDER BY entity_version
 
+-- name: facts_after
+-- Fact ids are time-ordered (UUIDv7): the primary key's index reads them in log order.
+SELECT * FROM status_transitions WHERE id > ? AND entity_type = ? ORDER BY id LIMIT ?
+
 -- name: fact_stream
 -- Streamed from the unique (entity_type, entity_id, entity_version) index: no sort.
 SELECT entity_id, status, entity_version, patch FROM status_transitions
