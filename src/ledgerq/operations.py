@@ -163,6 +163,19 @@ class Tx(abc.ABC):
         """worker_id, hostname, pid, last_heartbeat_at of every worker, by id."""
 
     @abc.abstractmethod
+    def worker_rows(self) -> list[Row]:
+        """Every worker's whole row, by id (columns a newer schema added appear only
+        where the database has them: a read-only open never upgrades it)."""
+
+    @abc.abstractmethod
+    def request_worker_stop(self, worker_id: str, now: float) -> bool:
+        """Record that ``worker_id`` is asked to drain and exit; False when no such row."""
+
+    @abc.abstractmethod
+    def worker_stop_requested(self, worker_id: str) -> float | None:
+        """When the worker was last asked to stop, or None."""
+
+    @abc.abstractmethod
     def expired_leases(self, policy: EntityPolicy, now: float,
                        limit: int | None = None) -> list[Row]:
         """Running rows whose lease expired before ``now`` (:func:`expired_columns`)."""

@@ -171,6 +171,65 @@ class WorkerInfo:
 
 
 @dataclass
+class WorkerStatus:
+    """One worker as ``ledgerq workers`` shows it: what it serves, when it was last alive,
+    whether it was asked to stop, and the runs it holds now."""
+
+    worker_id: str
+    hostname: str | None
+    pid: int | None
+    advertised_capabilities: list[str]
+    execution_targets: list[str]
+    started_at: float | None
+    last_heartbeat_at: float
+    heartbeat_age_seconds: float
+    stop_requested_at: float | None
+    stop_requested_age_seconds: float | None
+    running: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def worker_statuses(db: StateDB, *, now: float | None = None) -> list[WorkerStatus]:
+    """Every worker (by id) and the running runs each holds, from one snapshot.
+
+    A database an older release made has no ``stop_requested_at`` until a writer opens it;
+    a read-only open cannot add it, so its absence reads as "no request"."""
+    policy = db.registry.entity(RUN_ENTITY)
+    ts = time.time() if now is None else now
+
+    def read(tx: Tx) -> list[WorkerStatus]:
+        held: dict[str, list[str]] = {}
+        offset, page = 0, 1000
+        while True:
+            _, rows = tx.run_page(policy, {"status": ["running"]}, ("id", "leased_by"),
+                                  page, offset)
+            for r in rows:
+                if r["leased_by"] is not None:
+                    held.setdefault(r["leased_by"], []).append(r["id"])
+            if len(rows) < page:
+                break
+            offset += page
+        out: list[WorkerStatus] = []
+        for w in tx.worker_rows():
+            w = _decode(w, ("advertised_capabilities", "execution_targets"))
+            asked = w.get("stop_requested_at")
+            out.append(WorkerStatus(
+                worker_id=w["worker_id"], hostname=w["hostname"], pid=w["pid"],
+                advertised_capabilities=list(w["advertised_capabilities"] or []),
+                execution_targets=list(w["execution_targets"] or []),
+                started_at=w.get("started_at"), last_heartbeat_at=w["last_heartbeat_at"],
+                heartbeat_age_seconds=max(0.0, ts - w["last_heartbeat_at"]),
+                stop_requested_at=asked,
+                stop_requested_age_seconds=None if asked is None else max(0.0, ts - asked),
+                running=sorted(held.get(w["worker_id"], []))))
+        return out
+
+    return await db.read(read)
+
+
+@dataclass
 class StuckRun:
     """A run the queue's passes cannot move (see :func:`queue_stats`)."""
 
@@ -342,6 +401,7 @@ __all__ = [
     "RunPage",
     "StuckRun",
     "WorkerInfo",
+    "WorkerStatus",
     "decode_fact",
     "decode_run_row",
     "fact_count",
@@ -353,4 +413,5 @@ __all__ = [
     "run_history",
     "run_status",
     "wait_for_runs",
+    "worker_statuses",
 ]

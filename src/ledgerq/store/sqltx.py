@@ -222,6 +222,17 @@ class SqlTx(Tx):
     def workers(self) -> list[Row]:
         return self.dicts(self.execute(self.q("workers")))
 
+    def worker_rows(self) -> list[Row]:
+        return self.dicts(self.execute(self.q("worker_rows")))
+
+    def request_worker_stop(self, worker_id: str, now: float) -> bool:
+        return self.execute(self.q("request_worker_stop"), (now, worker_id)).fetchone() \
+            is not None
+
+    def worker_stop_requested(self, worker_id: str) -> float | None:
+        row = self.execute(self.q("worker_stop_requested"), (worker_id,)).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def expired_leases(self, policy: EntityPolicy, now: float,
                        limit: int | None = None) -> list[Row]:
         sql = self.q("expired_leases", table=self.table(policy),

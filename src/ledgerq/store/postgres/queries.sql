@@ -108,6 +108,15 @@ SELECT last_heartbeat_at FROM workers WHERE worker_id = %s
 -- name: workers
 SELECT worker_id, hostname, pid, last_heartbeat_at FROM workers ORDER BY worker_id
 
+-- name: worker_rows
+SELECT * FROM workers ORDER BY worker_id
+
+-- name: request_worker_stop
+UPDATE workers SET stop_requested_at = %s WHERE worker_id = %s RETURNING worker_id
+
+-- name: worker_stop_requested
+SELECT stop_requested_at FROM workers WHERE worker_id = %s
+
 -- name: expired_leases
 SELECT {columns} FROM {table}
 WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < %s

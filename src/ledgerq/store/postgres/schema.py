@@ -87,10 +87,17 @@ CREATE TABLE IF NOT EXISTS workers (
   leased_run_id           text REFERENCES schedule_runs(id) DEFERRABLE INITIALLY IMMEDIATE,
   hostname                text,
   pid                     bigint,
-  started_at              double precision
+  started_at              double precision,
+  stop_requested_at       double precision
 );
 CREATE INDEX IF NOT EXISTS idx_workers_leased_run
   ON workers(leased_run_id) WHERE leased_run_id IS NOT NULL;
+"""
+
+#: Columns of ``workers`` added after it was first shipped (see the SQLite twin): a table
+#: an older version made gets them in the migration that finds its schema version lower.
+WORKERS_UPGRADE = """
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS stop_requested_at double precision;
 """
 
 
@@ -161,6 +168,8 @@ def _in_migration(conn: psycopg.Connection[Any], registry: Registry,
             plan = step(PostgresCatalog(conn, column_ddl, PostgresTx(conn)))
             if "schedule_runs" in {p.table for p in registry.policies()}:
                 conn.execute(WORKERS_DDL)
+                if schema_version(conn) < SCHEMA_VERSION:  # an ALTER locks even when idle
+                    conn.execute(WORKERS_UPGRADE)
             conn.execute(QUERIES("record_schema_version"), (str(SCHEMA_VERSION),))
             if rollback:
                 raise _Rollback
