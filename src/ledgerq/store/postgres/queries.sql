@@ -18,7 +18,7 @@ AND {column} IS NOT DISTINCT FROM %s
 AND {column} IN ({marks})
 
 -- name: and_at_least
-AND {column} >= ?
+AND {column} >= %s
 
 -- name: where
 WHERE TRUE {terms}
