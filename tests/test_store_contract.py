@@ -187,11 +187,13 @@ async def test_facts_after_and_since_filters(db: StateDB) -> None:
     assert after_first == everything[1:]
     assert len(await db.read(lambda tx: tx.facts_after(RUN, "", 2))) == 2
     assert await db.read(lambda tx: tx.facts_after("dispatch", "", 100)) == []
-    await db.write(lambda tx: tx.insert_entity(policy, row_values(id="late", updated_at=50.0,
-                                                                  created_at=50.0)))
+    for rid, created, updated in (("early", 1.0, 30.0), ("late", 1.0, 50.0),
+                                  ("never_moved", 45.0, None)):
+        await db.write(lambda tx, r=rid, c=created, u=updated: tx.insert_entity(
+            policy, row_values(id=r, created_at=c, updated_at=u, action_kind="since")))
     total, rows = await db.read(lambda tx: tx.run_page(
-        policy, {"status": ["queued"]}, ("id",), 10, 0, since=("updated_at", 40.0)))
-    assert (total, rows) == (1, [{"id": "late"}])
+        policy, {"action_kind": ["since"]}, ("id",), 10, 0, since=("updated_at", 40.0)))
+    assert total == 2 and sorted(r["id"] for r in rows) == ["late", "never_moved"]
 
 
 async def test_queue_scans(db: StateDB) -> None:

@@ -253,7 +253,8 @@ class Tx(abc.ABC):
                  columns: tuple[str, ...], limit: int, offset: int, *,
                  since: tuple[str, float] | None = None) -> tuple[int, list[Row]]:
         """(matching total, one page newest first) where each column is in its list and,
-        with ``since`` = (column, value), that column is at least the value."""
+        with ``since`` = (column, value), that column (NULL: ``created_at``) is at least
+        the value."""
 
     @abc.abstractmethod
     def ids_matching(self, policy: EntityPolicy, piece: str, *, suffix: bool,

@@ -230,7 +230,10 @@ def ls(
     json_out: JsonOption = False,
 ) -> None:
     """List runs, newest first."""
-    from ledgerq.cli.watch import follow_runs, since_time
+    from ledgerq.cli.watch import catch_stop_signals, follow_runs, since_time
+
+    if follow:
+        catch_stop_signals()
     from ledgerq.projections.read_models import SUMMARY_COLUMNS, list_runs
     from ledgerq.queue.application import ACTION_ALIASES, ACTION_KINDS, EXECUTION_TARGETS
 
@@ -307,7 +310,11 @@ def show(
     json_out: JsonOption = False,
 ) -> None:
     """Show one run: its row and its full fact history."""
+    from ledgerq.cli.watch import catch_stop_signals
     from ledgerq.projections.read_models import get_run, run_history
+
+    if follow:
+        catch_stop_signals()
 
     path = db_path(ctx, db)
 

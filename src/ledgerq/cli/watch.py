@@ -13,11 +13,11 @@ import contextlib
 import json
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from ledgerq.cli.app import app
 from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run
@@ -43,6 +43,19 @@ RUN_ENTITY = "schedule_run"
 FOLLOW_INTERVAL = 0.5
 
 
+#: Set by a SIGINT/SIGTERM that arrived while no follow loop was listening (during the
+#: listing that precedes a follow, between its event loops).
+_signalled = threading.Event()
+
+
+def catch_stop_signals() -> None:
+    """From now on SIGINT/SIGTERM mean "stop following", not a KeyboardInterrupt (130) or
+    a kill: a command that will follow calls this before it reads anything."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to catch
+            signal.signal(sig, lambda *_: _signalled.set())
+
+
 async def until_signalled(step: Callable[[], Awaitable[bool]],
                           interval: float = FOLLOW_INTERVAL) -> bool:
     """Call ``step`` every ``interval`` seconds until it returns False or SIGINT/SIGTERM
@@ -54,6 +67,8 @@ async def until_signalled(step: Callable[[], Awaitable[bool]],
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
+    if _signalled.is_set():
+        stop.set()
     try:
         while not stop.is_set():
             if not await step():
@@ -64,6 +79,8 @@ async def until_signalled(step: Callable[[], Awaitable[bool]],
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        if installed:
+            catch_stop_signals()  # removing them restored the defaults
 
 
 def print_fact(fact: dict[str, Any], policy: EntityPolicy, *, json_lines: bool) -> None:
@@ -72,14 +89,13 @@ def print_fact(fact: dict[str, Any], policy: EntityPolicy, *, json_lines: bool) 
     if json_lines:
         sys.stdout.write(json.dumps(fact, sort_keys=True, default=str) + "\n")
     else:
-        line = Table.grid(padding=(0, 2))
-        for _ in range(5):
-            line.add_column(no_wrap=True)
-        line.add_row(fmt_ts(fact["created_at"]), cell(fact["entity_id"]),
-                     cell(f"{fact['previous_status'] or '(created)'} -> ").append(
-                         styled_status(policy, fact["status"])), cell(fact["reason_code"]),
-                     cell(f"{fact['source']}:{fact['actor']}"))
-        out.print(line)
+        gap = "  "
+        line = (cell(f"{fmt_ts(fact['created_at'])}{gap}{fact['entity_id']}{gap}"
+                     f"{fact['previous_status'] or '(created)'} -> ")
+                .append(styled_status(policy, fact["status"]))
+                .append(cell(f"{gap}{fact['reason_code']}{gap}{fact['source']}:"
+                             f"{fact['actor']}")))
+        out.print(line, soft_wrap=True)  # one line, never cut to the width
     sys.stdout.flush()
 
 

@@ -18,7 +18,8 @@ AND {column} IS NOT DISTINCT FROM %s
 AND {column} IN ({marks})
 
 -- name: and_at_least
-AND {column} >= %s
+-- A row that never moved has no updated_at (nor ended_at): its creation stands in.
+AND COALESCE({column}, created_at) >= %s
 
 -- name: where
 WHERE TRUE {terms}

@@ -18,7 +18,8 @@ AND {column} IS ?
 AND {column} IN ({marks})
 
 -- name: and_at_least
-AND {column} >= ?
+-- A row that never moved has no updated_at (nor ended_at): its creation stands in.
+AND COALESCE({column}, created_at) >= ?
 
 -- name: where
 WHERE 1 {terms}
