@@ -163,6 +163,39 @@ async def test_worker_rows(db: StateDB) -> None:
         {"worker_id": "w1", "hostname": "h", "pid": 43, "last_heartbeat_at": 7.0}]
 
 
+async def test_worker_stop_requests(db: StateDB) -> None:
+    await db.write(lambda tx: tx.upsert_worker("w1", "[]", '["host"]', 5.0, "h", 42))
+    assert await db.read(lambda tx: tx.worker_stop_requested("w1")) is None
+    assert await db.write(lambda tx: tx.request_worker_stop("w1", 9.0)) is True
+    assert await db.write(lambda tx: tx.request_worker_stop("nobody", 9.0)) is False
+    assert await db.read(lambda tx: tx.worker_stop_requested("w1")) == 9.0
+    # A heartbeat keeps the request: only the worker process it was meant for decides.
+    await db.write(lambda tx: tx.upsert_worker("w1", "[]", '["host"]', 10.0, "h", 42))
+    rows = await db.read(lambda tx: tx.worker_rows())
+    assert [(r["worker_id"], r["stop_requested_at"], r["started_at"]) for r in rows] == [
+        ("w1", 9.0, 5.0)]
+
+
+async def test_facts_after_and_since_filters(db: StateDB) -> None:
+    policy = await policy_of(db)
+    ids = [await new_run(db) for _ in range(3)]
+    everything = await db.read(lambda tx: tx.facts_after(RUN, "", 100))
+    # In id order: the millisecond each was made in, then random bits.
+    assert [f["id"] for f in everything] == sorted(f["id"] for f in everything)
+    assert sorted(f["entity_id"] for f in everything) == sorted(ids)
+    after_first = await db.read(lambda tx: tx.facts_after(RUN, everything[0]["id"], 100))
+    assert after_first == everything[1:]
+    assert len(await db.read(lambda tx: tx.facts_after(RUN, "", 2))) == 2
+    assert await db.read(lambda tx: tx.facts_after("dispatch", "", 100)) == []
+    for rid, created, updated in (("early", 1.0, 30.0), ("late", 1.0, 50.0),
+                                  ("never_moved", 45.0, None)):
+        await db.write(lambda tx, r=rid, c=created, u=updated: tx.insert_entity(
+            policy, row_values(id=r, created_at=c, updated_at=u, action_kind="since")))
+    total, rows = await db.read(lambda tx: tx.run_page(
+        policy, {"action_kind": ["since"]}, ("id",), 10, 0, since=("updated_at", 40.0)))
+    assert total == 2 and sorted(r["id"] for r in rows) == ["late", "never_moved"]
+
+
 async def test_queue_scans(db: StateDB) -> None:
     policy = await policy_of(db)
     rows = [

@@ -180,6 +180,19 @@ class Tx(abc.ABC):
         """worker_id, hostname, pid, last_heartbeat_at of every worker, by id."""
 
     @abc.abstractmethod
+    def worker_rows(self) -> list[Row]:
+        """Every worker's whole row, by id (columns a newer schema added appear only
+        where the database has them: a read-only open never upgrades it)."""
+
+    @abc.abstractmethod
+    def request_worker_stop(self, worker_id: str, now: float) -> bool:
+        """Record that ``worker_id`` is asked to drain and exit; False when no such row."""
+
+    @abc.abstractmethod
+    def worker_stop_requested(self, worker_id: str) -> float | None:
+        """When the worker was last asked to stop, or None."""
+
+    @abc.abstractmethod
     def expired_leases(self, policy: EntityPolicy, now: float,
                        limit: int | None = None) -> list[Row]:
         """Running rows whose lease expired before ``now`` (:func:`expired_columns`)."""
@@ -230,6 +243,11 @@ class Tx(abc.ABC):
         """Every fact of one entity, in version order, JSON columns as text."""
 
     @abc.abstractmethod
+    def facts_after(self, entity_type: str, after_id: str, limit: int) -> list[Row]:
+        """Up to ``limit`` facts of an entity type whose id sorts after ``after_id``, in id
+        order (ids are time-ordered, so: in the order they were appended), JSON as text."""
+
+    @abc.abstractmethod
     def fact_stream(self, entity_type: str) -> Iterator[tuple[str, str, int, Any]]:
         """(entity_id, status, entity_version, patch) of every fact of an entity type, in
         (entity_id, entity_version) order, streamed (never the whole log in memory)."""
@@ -254,8 +272,11 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def run_page(self, policy: EntityPolicy, filters: dict[str, list[Any]],
-                 columns: tuple[str, ...], limit: int, offset: int) -> tuple[int, list[Row]]:
-        """(matching total, one page newest first) where each column is in its list."""
+                 columns: tuple[str, ...], limit: int, offset: int, *,
+                 since: tuple[str, float] | None = None) -> tuple[int, list[Row]]:
+        """(matching total, one page newest first) where each column is in its list and,
+        with ``since`` = (column, value), that column (NULL: ``created_at``) is at least
+        the value."""
 
     @abc.abstractmethod
     def ids_matching(self, policy: EntityPolicy, piece: str, *, suffix: bool,

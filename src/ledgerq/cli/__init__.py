@@ -32,6 +32,10 @@ from ledgerq.cli import specs  # noqa: F401
 from ledgerq.cli import demo  # noqa: F401
 from ledgerq.cli import migrate  # noqa: F401
 from ledgerq.cli import schedules  # noqa: F401
+from ledgerq.cli import output  # noqa: F401
+from ledgerq.cli import retry  # noqa: F401
+from ledgerq.cli import watch  # noqa: F401
+from ledgerq.cli import workers  # noqa: F401
 # isort: on
 from ledgerq.cli.app import app, main, run_cli
 

@@ -61,6 +61,13 @@ def printable(value: object) -> str:
     return _UNSAFE.sub(_escape_char, value if isinstance(value, str) else str(value))
 
 
+def printable_text(value: str) -> str:
+    """Multi-line text (a run's output) shown literally: like :func:`printable`, but its
+    newlines and tabs stay what they are, so the output reads as the task wrote it."""
+    return "\n".join("\t".join(printable(part) for part in line.split("\t"))
+                     for line in value.split("\n"))
+
+
 def cell(value: object, style: str = "") -> Text:
     """A value for a rich table or print: escaped, and a Text, so "[red]" is never markup."""
     return Text(printable(value), style=style)

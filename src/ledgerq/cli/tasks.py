@@ -241,10 +241,20 @@ def ls(
         show_default=False)] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="Page size.")] = 50,
     offset: Annotated[int, typer.Option("--offset", min=0, help="Runs to skip.")] = 0,
+    since: Annotated[str | None, typer.Option(
+        "--since", metavar="DURATION", help="Only runs that moved within this long (e.g. "
+        "10m, 1h).", show_default=False)] = None,
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="Then print every move as it happens, until Ctrl-C "
+        "(--json: one JSON fact per line).")] = False,
     db: DbOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """List runs, newest first."""
+    from ledgerq.cli.watch import catch_stop_signals, follow_runs, since_time
+
+    if follow:
+        catch_stop_signals()
     from ledgerq.projections.read_models import SUMMARY_COLUMNS, list_runs
     from ledgerq.queue.application import ACTION_ALIASES, ACTION_KINDS, EXECUTION_TARGETS
 
@@ -255,18 +265,30 @@ def ls(
     check_choice("action kind", kinds, list(ACTION_KINDS))
     targets = list(target or [])
     check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
+    moved_since = since_time(since)
     path = db_path(ctx, db)
+    started = time.time()  # a follow prints the moves after the listing's snapshot
 
     async def go() -> Any:
         async with open_db(ctx, path, readonly=True) as handle:
             return await list_runs(handle, statuses=statuses, kinds=kinds, targets=targets,
-                                   limit=limit, offset=offset)
+                                   limit=limit, offset=offset, since=moved_since)
 
     page = run(go())
+    if follow:
+        if not json_out:
+            _print_page(page, policy)
+        follow_runs(ctx, path, policy, statuses=statuses, kinds=kinds, targets=targets,
+                    json_lines=json_out, since=started)
+        return
     if json_out:
         emit_json({"runs": page.runs, "total": page.total, "limit": page.limit,
                    "offset": page.offset, "columns": list(SUMMARY_COLUMNS)})
         return
+    _print_page(page, policy)
+
+
+def _print_page(page: Any, policy: Any) -> None:
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("ID", no_wrap=True, min_width=36)
     for name in ("STATUS", "KIND", "TARGET", "CREATED", "EXIT", "WORKER", "REASON"):
@@ -324,11 +346,18 @@ def show(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help=ID_HELP,
                                           show_default=False, metavar="ID")],
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="Then print its moves as they happen, until it ends or "
+        "Ctrl-C (--json: one JSON fact per line after the run).")] = False,
     db: DbOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Show one run: its row and its full fact history."""
+    from ledgerq.cli.watch import catch_stop_signals
     from ledgerq.projections.read_models import get_run, run_history
+
+    if follow:
+        catch_stop_signals()
 
     path = db_path(ctx, db)
 
@@ -339,21 +368,33 @@ def show(
             return row, await run_history(handle, full), await _schedule_of(handle, row)
 
     row, facts, schedule = run(go())
+    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
     if json_out:
         emit_json({"run": row, "history": facts,
                    **({} if schedule is None else {"schedule": schedule})})
-        return
-    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
+    else:
+        _print_run(row, facts, policy, schedule)
+    if follow and row["status"] not in policy.terminal:
+        from ledgerq.cli.watch import follow_run
+
+        follow_run(ctx, db_path(ctx, db), policy, row["id"],
+                   max((f["entity_version"] for f in facts), default=0), json_lines=json_out)
+
+
+def _print_run(row: dict[str, Any], facts: list[dict[str, Any]], policy: Any,
+               schedule: dict[str, Any] | None) -> None:
     head = Table(box=None, show_header=False, pad_edge=False)
     head.add_column(style="bold", no_wrap=True)
     head.add_column()
+    from ledgerq.cli.output import OUTPUT_COLUMNS, print_output
+
     if schedule is not None:
         slot = row.get("slot_at")
         head.add_row(cell("schedule"), cell(
             f"{schedule['name']} ({schedule['status']}), slot "
             f"{'-' if slot is None else schedule_slot(slot, schedule['timezone'])}"))
     for col, value in row.items():
-        if value is None or value == "" or value == [] or value == {}:
+        if value is None or value == "" or value == [] or value == {} or col in OUTPUT_COLUMNS:
             continue
         if col.endswith("_at") and isinstance(value, int | float):
             shown: Text = cell(f"{fmt_ts(value)}  ({value:.3f})")
@@ -368,6 +409,8 @@ def show(
         head.add_row(cell(col), shown)
     out.print(head)
     out.print()
+    if print_output(row):  # multi-line: below the row, not in a cell
+        out.print()
     hist = Table(title=f"history ({len(facts)} facts)", title_justify="left",
                  header_style="bold", box=None, pad_edge=False)
     for name in ("V", "AT", "FROM", "TO", "REASON", "ACTOR", "SUMMARY"):

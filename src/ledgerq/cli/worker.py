@@ -18,9 +18,15 @@ from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
 from ledgerq.cli.render import printable
 from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS, runtime
+from ledgerq.queue.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES
+
+#: ``ledgerq worker`` runs a worker; ``ledgerq worker stop ID`` (cli/workers.py) asks one
+#: to drain. A group whose callback is the worker itself, so both spellings work.
+worker_app = typer.Typer(no_args_is_help=False, add_completion=False)
+app.add_typer(worker_app, name="worker")
 
 
-@app.command()
+@worker_app.callback(invoke_without_command=True)
 def worker(
     ctx: typer.Context,
     capacity: Annotated[int, typer.Option("--capacity", "-c", min=1,
@@ -51,6 +57,16 @@ def worker(
         "--lock-dir", help="Directory of the per-concurrency-key OS lock files "
                            "(default: <tmp>/ledgerq-locks).",
         show_default=False, file_okay=False)] = None,
+    output_tail: Annotated[int, typer.Option(
+        "--output-tail", min=0, max=MAX_OUTPUT_TAIL_BYTES, metavar="BYTES",
+        help="Bytes of each of stdout and stderr a run records when it ends (0: none).")
+    ] = OUTPUT_TAIL_BYTES,
+    max_tasks: Annotated[int | None, typer.Option(
+        "--max-tasks", min=1, metavar="N", help="Recycle: after claiming N runs, stop "
+        "claiming and exit once they have finished.", show_default=False)] = None,
+    max_runtime: Annotated[str | None, typer.Option(
+        "--max-runtime", metavar="DURATION", help="Recycle: after this long (e.g. 1h), "
+        "stop claiming and exit once idle.", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q",
                                         help="No per-run lines on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
@@ -64,9 +80,23 @@ def worker(
     """Run a worker until SIGINT/SIGTERM: claim, execute, renew leases, reap, retry.
 
     On a signal it stops claiming, lets running runs finish within --shutdown-grace,
-    then stops their process groups and requeues them.
+    then stops their process groups and requeues them. --max-tasks, --max-runtime and
+    `ledgerq worker stop ID` drain it instead: no more claims, exit once idle.
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    from ledgerq.durations import parse_duration
+    from ledgerq.errors import InvalidInput
     from ledgerq.queue.application import EXECUTION_TARGETS
+
+    runtime_limit = None
+    if max_runtime is not None:
+        try:
+            runtime_limit = parse_duration(max_runtime, "--max-runtime")
+        except InvalidInput as exc:
+            die(str(exc))
+        if runtime_limit <= 0:
+            die(f"--max-runtime: {max_runtime!r} must be more than zero")
 
     targets = list(target or ["host"])
     check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
@@ -108,7 +138,9 @@ def worker(
                        heartbeat_ttl=heartbeat_ttl, advertised_capabilities=list(cap or []),
                        execution_targets=targets, execute=execute,
                        lock_dir=lock_dir if lock_dir is not None else DEFAULT_LOCK_DIR,
-                       shutdown_grace=shutdown_grace, scheduler=not no_scheduler)
+                       shutdown_grace=shutdown_grace, scheduler=not no_scheduler,
+                       output_tail=output_tail, max_tasks=max_tasks,
+                       max_runtime=runtime_limit)
             holder["id"] = w.worker_id
             # What the connection really runs with, read back: a durability setting that
             # did not take must not be announced as if it had.
@@ -122,6 +154,8 @@ def worker(
             sys.stderr.flush()
             await w.run()
             summary = ", ".join(f"{n} {k}" for k, n in sorted(w.outcomes.items())) or "no runs"
+            if w.recycling.why is not None:
+                summary += f"; drained: {w.recycling.why}"
             sys.stderr.write(printable(f"ledgerq worker {w.worker_id} stopped: {summary}")
                              + "\n")
 

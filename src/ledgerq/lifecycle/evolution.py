@@ -33,8 +33,9 @@ Normal = dict[str, Any]
 Klass = Literal["additive", "removal", "refused", "unchanged-schema"]
 
 #: The version of ledgerq's own tables (status_transitions, workers, the metadata
-#: tables); recorded in ``ledgerq_schema`` beside the specs.
-SCHEMA_VERSION = 2
+#: tables); recorded in ``ledgerq_schema`` beside the specs. 3: ``workers`` has
+#: ``stop_requested_at`` (``ledgerq worker stop``); opening an older database adds it.
+SCHEMA_VERSION = 3
 #: Ids a refusal names at most: enough to find the rows, short enough to read.
 SAMPLE_IDS = 5
 

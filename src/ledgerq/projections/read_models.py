@@ -72,16 +72,24 @@ class RunPage:
 
 async def list_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
                     kinds: Iterable[str] | None = None, targets: Iterable[str] | None = None,
-                    limit: int = 50, offset: int = 0) -> RunPage:
-    """Summaries of runs matching every given filter, newest first (created_at, then id)."""
+                    limit: int = 50, offset: int = 0, since: float | None = None,
+                    since_column: str = "updated_at") -> RunPage:
+    """Summaries of runs matching every given filter, newest first (created_at, then id).
+
+    ``since``: only runs whose ``since_column`` (a timestamp column: ``updated_at``, the
+    last move; ``ended_at``; ``created_at``) is at least that epoch time."""
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
     filters = {col: list(values or []) for col, values in (
         ("status", statuses), ("action_kind", kinds), ("execution_target", targets))}
     policy = db.registry.entity(RUN_ENTITY)
+    if since_column not in policy.columns:
+        raise ValueError(f"no run column {since_column!r}")
+    bound = None if since is None else (since_column, since)
 
     def read(tx: Tx) -> RunPage:
-        total, rows = tx.run_page(policy, filters, SUMMARY_COLUMNS, limit, offset)
+        total, rows = tx.run_page(policy, filters, SUMMARY_COLUMNS, limit, offset,
+                                  since=bound)
         return RunPage(rows, total, limit, offset)
 
     return await db.read(read)
@@ -160,6 +168,65 @@ class WorkerInfo:
     last_heartbeat_at: float
     heartbeat_age_seconds: float
     running: int
+
+
+@dataclass
+class WorkerStatus:
+    """One worker as ``ledgerq workers`` shows it: what it serves, when it was last alive,
+    whether it was asked to stop, and the runs it holds now."""
+
+    worker_id: str
+    hostname: str | None
+    pid: int | None
+    advertised_capabilities: list[str]
+    execution_targets: list[str]
+    started_at: float | None
+    last_heartbeat_at: float
+    heartbeat_age_seconds: float
+    stop_requested_at: float | None
+    stop_requested_age_seconds: float | None
+    running: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def worker_statuses(db: StateDB, *, now: float | None = None) -> list[WorkerStatus]:
+    """Every worker (by id) and the running runs each holds, from one snapshot.
+
+    A database an older release made has no ``stop_requested_at`` until a writer opens it;
+    a read-only open cannot add it, so its absence reads as "no request"."""
+    policy = db.registry.entity(RUN_ENTITY)
+    ts = time.time() if now is None else now
+
+    def read(tx: Tx) -> list[WorkerStatus]:
+        held: dict[str, list[str]] = {}
+        offset, page = 0, 1000
+        while True:
+            _, rows = tx.run_page(policy, {"status": ["running"]}, ("id", "leased_by"),
+                                  page, offset)
+            for r in rows:
+                if r["leased_by"] is not None:
+                    held.setdefault(r["leased_by"], []).append(r["id"])
+            if len(rows) < page:
+                break
+            offset += page
+        out: list[WorkerStatus] = []
+        for w in tx.worker_rows():
+            w = _decode(w, ("advertised_capabilities", "execution_targets"))
+            asked = w.get("stop_requested_at")
+            out.append(WorkerStatus(
+                worker_id=w["worker_id"], hostname=w["hostname"], pid=w["pid"],
+                advertised_capabilities=list(w["advertised_capabilities"] or []),
+                execution_targets=list(w["execution_targets"] or []),
+                started_at=w.get("started_at"), last_heartbeat_at=w["last_heartbeat_at"],
+                heartbeat_age_seconds=max(0.0, ts - w["last_heartbeat_at"]),
+                stop_requested_at=asked,
+                stop_requested_age_seconds=None if asked is None else max(0.0, ts - asked),
+                running=sorted(held.get(w["worker_id"], []))))
+        return out
+
+    return await db.read(read)
 
 
 @dataclass
@@ -265,13 +332,76 @@ async def wait_for_runs(db: StateDB, run_ids: Iterable[str], *, timeout: float =
         await asyncio.sleep(interval)
 
 
+#: How late a fact may commit after its id was made and still be seen by a
+#: :class:`FactFollower` (a write waiting for the lock, a slow group commit, clock skew
+#: between hosts): each poll reads this far back and drops what it already returned.
+FOLLOW_SETTLE_SECONDS = 5.0
+#: Facts read per statement while following.
+FOLLOW_PAGE = 500
+
+
+def id_floor(ts: float) -> str:
+    """The smallest time-ordered fact id (UUIDv7) made at or after epoch time ``ts``: ids
+    sort by the millisecond they were made in (see ``lifecycle.engine.new_id``)."""
+    h = f"{max(0, int(ts * 1000)) << 80:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class FactFollower:
+    """The facts of one entity type as they are appended, each returned once.
+
+    A cursor over fact ids alone would miss a fact whose id was made before another's
+    but committed after it (writers run at once on PostgreSQL; on SQLite a unit's ids
+    are made before its group commit). So each :meth:`poll` re-reads the last
+    :data:`FOLLOW_SETTLE_SECONDS` and skips the ids it has returned; only a fact
+    committed later than that after its id was made is missed. Reads only.
+    """
+
+    def __init__(self, db: StateDB, entity_type: str = RUN_ENTITY, *,
+                 since: float | None = None, settle: float = FOLLOW_SETTLE_SECONDS,
+                 clock: Any = time.time) -> None:
+        self.db = db
+        self.entity_type = entity_type
+        self.settle = settle
+        self.clock = clock
+        #: Where the next poll starts reading: at first ``since`` (default: now).
+        self._start = id_floor(clock() if since is None else since)
+        #: Ids returned whose fact may still be re-read (within the settle window).
+        self._seen: set[str] = set()
+
+    async def poll(self) -> list[dict[str, Any]]:
+        """The facts appended since the last poll (JSON decoded), in id order."""
+        start = self._start
+        found: list[dict[str, Any]] = []
+        after = start
+        while True:
+            page = await self.db.read(functools.partial(
+                _facts_after, entity_type=self.entity_type, after=after))
+            found += [f for f in page if f["id"] not in self._seen]
+            if len(page) < FOLLOW_PAGE:
+                break
+            after = page[-1]["id"]
+        self._seen.update(f["id"] for f in found)
+        # The next poll re-reads the settle window, never before where this one started.
+        self._start = max(start, id_floor(self.clock() - self.settle))
+        self._seen = {i for i in self._seen if i > self._start}
+        return [decode_fact(f) for f in found]
+
+
+def _facts_after(tx: Tx, *, entity_type: str, after: str) -> list[dict[str, Any]]:
+    return tx.facts_after(entity_type, after, FOLLOW_PAGE)
+
+
 __all__ = [
+    "FOLLOW_SETTLE_SECONDS",
     "STUCK_AFTER_SECONDS",
     "SUMMARY_COLUMNS",
+    "FactFollower",
     "QueueStats",
     "RunPage",
     "StuckRun",
     "WorkerInfo",
+    "WorkerStatus",
     "decode_fact",
     "decode_run_row",
     "fact_count",
@@ -283,4 +413,5 @@ __all__ = [
     "run_history",
     "run_status",
     "wait_for_runs",
+    "worker_statuses",
 ]

@@ -16,6 +16,7 @@ from ledgerq.queue.capabilities import (
     worker_can_serve,
 )
 from ledgerq.queue.launcher import ExecuteFn, build_argv, default_execute, make_default_execute
+from ledgerq.queue.rerun import retry_run, retry_runs
 from ledgerq.queue.runtime import Worker
 from ledgerq.queue.scheduler import FirePass, fire_due
 from ledgerq.queue.schedules import (
@@ -75,6 +76,8 @@ __all__ = [
     "register_heartbeat",
     "resume_schedule",
     "retire_schedule",
+    "retry_run",
+    "retry_runs",
     "submit_many",
     "submit_task",
     "worker_can_serve",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ledgerq.queue.executors import Executors
 from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS
-from ledgerq.queue.launcher import ExecuteFn
+from ledgerq.queue.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES, ExecuteFn
 
 if TYPE_CHECKING:
     from ledgerq.queue.supervision import Authorize
@@ -56,6 +56,8 @@ class WorkerConfig:
     #: Where each concurrency key's OS lock file is held; None: no OS locks.
     lock_dir: Path | None = None
     check_interval: float = LEASE_CHECK_SECONDS
+    #: Bytes of each of stdout and stderr a run records with the fact that ends it.
+    output_tail: int = OUTPUT_TAIL_BYTES
 
     @classmethod
     def build(cls, *, worker_id: str, lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
@@ -67,7 +69,8 @@ class WorkerConfig:
               adapters: Mapping[str, ExecuteFn] | None = None,
               authorize: Authorize | None = None,
               lock_dir: str | Path | None = None,
-              check_interval: float | None = None) -> WorkerConfig:
+              check_interval: float | None = None,
+              output_tail: int = OUTPUT_TAIL_BYTES) -> WorkerConfig:
         """The config for these arguments, as the public signatures take them.
 
         ``execution_targets`` None means ``host``; ``check_interval`` None follows the
@@ -84,6 +87,9 @@ class WorkerConfig:
             raise ValueError(f"lease_ttl ({lease_ttl}s) must be at least 3 x check_interval "
                              f"({check_interval}s); leave check_interval out to derive it "
                              "from the lease")
+        if not 0 <= output_tail <= MAX_OUTPUT_TAIL_BYTES:
+            raise ValueError(f"output_tail must be between 0 and {MAX_OUTPUT_TAIL_BYTES:,} "
+                             f"bytes, not {output_tail}")
         return cls(
             worker_id=worker_id, lease_ttl=lease_ttl, heartbeat_ttl=heartbeat_ttl,
             claim_limit=claim_limit,
@@ -92,4 +98,4 @@ class WorkerConfig:
             else tuple(execution_targets),
             executors=Executors(execute=execute, adapters=dict(adapters or {})),
             authorize=authorize, lock_dir=Path(lock_dir) if lock_dir is not None else None,
-            check_interval=check_interval)
+            check_interval=check_interval, output_tail=output_tail)

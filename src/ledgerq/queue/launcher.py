@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import ctypes
 import os
 import shutil
 import signal
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ledgerq.codec import dumps
@@ -24,8 +26,12 @@ ExecuteFn = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
 
 #: The command that runs the record's action kinds (``li agent ...``); override per worker.
 DEFAULT_COMMAND_PREFIX = "li"
-#: Bytes of stdout/stderr kept per stream; the tail is what explains a failure.
+#: Bytes of stdout/stderr kept per stream; the tail is what explains a failure. It is
+#: also the default of what a run records of each stream (``WorkerConfig.output_tail``).
 OUTPUT_TAIL_BYTES = 4096
+#: The most a worker may be configured to record per stream: the tails ride on the row
+#: and on its terminal fact, read by ``show`` and every fold of the log.
+MAX_OUTPUT_TAIL_BYTES = 1024 * 1024
 PR_SET_PDEATHSIG = 1
 #: Seconds a child gets between SIGTERM and SIGKILL when it is stopped.
 KILL_GRACE_SECONDS = 2.0
@@ -103,11 +109,49 @@ class _Tail:
             self.adopted = True
             os.close(self.fd)
 
-    def text(self) -> str:
+    def text(self, limit: int | None = None) -> str:
         # A NUL is no text either backend stores the same (PostgreSQL refuses it): it is
         # recorded as U+FFFD, like any byte that is not UTF-8.
-        return b"".join(self.chunks)[-self.limit:].decode(errors="replace").replace(
+        keep = self.limit if limit is None else limit
+        if keep <= 0:
+            return ""
+        return b"".join(self.chunks)[-keep:].decode(errors="replace").replace(
             "\x00", "\ufffd")
+
+
+@dataclass
+class OutputCapture:
+    """Where :func:`run_argv` leaves the tails of one run's output for its terminal fact.
+
+    The executor's shape is the record's ``(exit_code, detail)``, which has no room for
+    two streams; the supervisor instead sets a capture in the context the executor's task
+    runs in (:func:`capturing`), and any executor that launches through :func:`run_argv`
+    fills it, also when the run is cancelled or timed out half way (its output up to the
+    kill is often what explains it). An executor that launches nothing leaves it empty.
+    """
+
+    #: Bytes kept of each stream (0: keep nothing).
+    limit: int
+    stdout: str | None = None
+    stderr: str | None = None
+
+    def columns(self) -> dict[str, str | None]:
+        """The run columns this capture fills (the spec's ``stdout_tail``/``stderr_tail``)."""
+        return {"stdout_tail": self.stdout, "stderr_tail": self.stderr}
+
+
+_capture: contextvars.ContextVar[OutputCapture | None] = contextvars.ContextVar(
+    "ledgerq_output_capture", default=None)
+
+
+@contextlib.contextmanager
+def capturing(capture: OutputCapture) -> Iterator[OutputCapture]:
+    """Set ``capture`` for tasks created inside the block (they copy the context)."""
+    token = _capture.set(capture)
+    try:
+        yield capture
+    finally:
+        _capture.reset(token)
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -164,7 +208,9 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
     ledger = orphans.current()
     if ledger is not None:
         ledger.record(proc.pid)  # the child leads its own group: pgid == pid
-    tails = (_Tail(out_r, tail_bytes), _Tail(err_r, tail_bytes))
+    capture = _capture.get()
+    kept = tail_bytes if capture is None else max(tail_bytes, capture.limit)
+    tails = (_Tail(out_r, kept), _Tail(err_r, kept))
     readers = asyncio.gather(*(t.drain() for t in tails))
     # A cancelled gather keeps a CancelledError as its exception; retrieve it, or asyncio
     # logs "_GatheringFuture exception was never retrieved" on every stop.
@@ -191,7 +237,9 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
         readers.cancel()
         for tail in tails:
             tail.close_unadopted()
-    return code, tails[0].text(), tails[1].text()
+        if capture is not None and capture.limit > 0:
+            capture.stdout, capture.stderr = (t.text(capture.limit) for t in tails)
+    return code, tails[0].text(tail_bytes), tails[1].text(tail_bytes)
 
 
 def make_default_execute(prefix: str = DEFAULT_COMMAND_PREFIX,

@@ -44,11 +44,14 @@ class Move:
     #: None: the queue always needs the move. A state: the move belongs to the feature
     #: that state stands for (retries, dependencies); specs without the state are an older
     #: version that lacks the feature, and the move is required once the state is declared.
+    #: A reason code: the same for a feature that is a code alone (an operator's retry
+    #: creates a run in a state every release has; only its reason is new).
     feature: str | None = None
 
     def offered_by(self, policy: EntityPolicy) -> bool:
         """Whether the loaded specs have this move's feature (always, for a core move)."""
-        return self.feature is None or self.feature in policy.states
+        return self.feature is None or self.feature in policy.states \
+            or self.feature in policy.reason_codes
 
     def __str__(self) -> str:
         src = "(created)" if self.source is None else self.source
@@ -92,12 +95,17 @@ LEASE_EXPIRED = Move("running", "queued", "run.queued.lease_expired",
 LEASES_EXHAUSTED = Move("running", "failed", "run.failed.lease_attempts_exhausted",
                         "the reaper failing a run whose lease expired too often")
 CANCELLED = Move(ANY, "cancelled", "run.cancelled.operator", "an operator's cancel")
+#: Run again: a new run, created from an ended run's application (which stays as it
+#: ended); its creation fact names the original.
+RETRIED = Move(None, "queued", "run.queued.retried", "a new run of an ended run's application",
+               feature="run.queued.retried")
 
 #: The table: every move above.
 MOVES: tuple[Move, ...] = (
     SUBMITTED, SUBMITTED_WAITING, DEPENDENCIES_MET, DEPENDENCY_FAILED, CLAIM, RENEWED,
     EXITED_ZERO, EXITED_NONZERO, RAISED, UNAUTHORIZED, TIMED_OUT, SHUTDOWN, BACKOFF,
     RETRY_DUE, SUBMITTED_DELAYED, START_DUE, LEASE_EXPIRED, LEASES_EXHAUSTED, CANCELLED,
+    RETRIED,
 )
 
 # The scheduler's moves of runs: required once the specs declare the schedule entity.

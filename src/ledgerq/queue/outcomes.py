@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import loads
@@ -48,6 +48,9 @@ class Outcome:
     retryable: bool = False
     #: The fact's summary; None: the detail.
     summary: str | None = None
+    #: The output tails to record (``stdout_tail``/``stderr_tail``), written with the
+    #: fact that ends the run or sends it to retry_wait; empty when nothing ran.
+    output: Mapping[str, str | None] = field(default_factory=dict)
 
     @property
     def to_state(self) -> str:
@@ -67,6 +70,12 @@ def lost_outcome(row: dict[str, Any] | None, lease: dict[str, Any]) -> str:
             and row["lease_token"] == lease["lease_token"]:
         return cancelled
     return "lost"
+
+
+def output_patch(policy: EntityPolicy, outcome: Outcome) -> dict[str, str | None]:
+    """The output columns of ``outcome`` the loaded specs let a move patch: specs of a
+    release before the output columns (a rolling upgrade) record none."""
+    return {c: v for c, v in outcome.output.items() if c in policy.patch_columns}
 
 
 def _finish(tx: Tx, policy: EntityPolicy, run: dict[str, Any], outcome: Outcome,
@@ -108,7 +117,7 @@ async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: d
         due = now + policy_.delay(runs_done)
         patch = {**no_lease(policy), "retry_due_at": due,
                  "run_attempts": runs_done, "exit_code": outcome.exit_code,
-                 "error_detail": detail[-DETAIL_LIMIT:]}
+                 "error_detail": detail[-DETAIL_LIMIT:], **output_patch(policy, outcome)}
         retry = Outcome(moves.BACKOFF, outcome.exit_code, detail,
                         summary=f"attempt {runs_done} of {policy_.max_attempts} failed")
         applied = await _write_outcome(db, lambda tx: _finish(
@@ -147,7 +156,8 @@ async def _end(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: di
     else:
         patch = {"ended_at": now, "exit_code": outcome.exit_code,
                  "error_detail": detail[-DETAIL_LIMIT:] if detail else None,
-                 "run_attempts": int(run.get("run_attempts") or 0) + 1}
+                 "run_attempts": int(run.get("run_attempts") or 0) + 1,
+                 **output_patch(policy, outcome)}
     applied = await _write_outcome(db, lambda tx: _finish(
         tx, policy, run, outcome, dict(lease), patch, now, ctx.worker_id))
     if not applied:

@@ -31,9 +31,10 @@ from ledgerq.queue.claim import claim_pass
 from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, WorkerConfig
 from ledgerq.queue.executors import Executors
 from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS, beat
-from ledgerq.queue.launcher import ExecuteFn
+from ledgerq.queue.launcher import OUTPUT_TAIL_BYTES, ExecuteFn
 from ledgerq.queue.promotion import promote_due
 from ledgerq.queue.reaper import reap_expired_leases
+from ledgerq.queue.recycling import Recycling
 from ledgerq.queue.scheduler import fire_due
 from ledgerq.queue.stuck import STUCK_RETRY_SECONDS, StuckRows
 from ledgerq.queue.supervision import Authorize, RunContext, execute_claimed
@@ -101,7 +102,8 @@ class Worker:
                  handle_signals: bool = True,
                  claim_cooldown: float = DEFAULT_CLAIM_COOLDOWN,
                  stuck_retry: float = STUCK_RETRY_SECONDS,
-                 scheduler: bool = True) -> None:
+                 scheduler: bool = True, output_tail: int = OUTPUT_TAIL_BYTES,
+                 max_tasks: int | None = None, max_runtime: float | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, not {capacity}")
         if claim_cooldown < 0:
@@ -118,7 +120,7 @@ class Worker:
             # A worker given no targets (or an empty list) serves and advertises host.
             execution_targets=execution_targets or ["host"], execute=execute,
             adapters=adapters, authorize=authorize, lock_dir=lock_dir,
-            check_interval=check_interval)
+            check_interval=check_interval, output_tail=output_tail)
         self.db = db
         self.capacity = capacity
         self.poll_interval = poll_interval
@@ -132,6 +134,8 @@ class Worker:
         self._scheduler_actor = Actor(type="scheduler", id=self.config.worker_id)
         #: Runs this worker's scheduler passes fired (observability).
         self.fired = 0
+        #: When it drains and exits by itself (max_tasks, max_runtime, a stop request).
+        self.recycling = Recycling(max_tasks=max_tasks, max_runtime=max_runtime)
         #: Rows the passes could not move (skipped, reported once; see StuckRows).
         self.stuck = StuckRows(stuck_retry)
         #: Runs in states the loaded specs lack (a newer release's): counted, logged.
@@ -195,6 +199,7 @@ class Worker:
             raise RuntimeError(f"worker {self.worker_id} is already running")
         self._running = True
         self._gone = None
+        self.recycling.started = time.time()
         loop = asyncio.get_running_loop()
         installed = self._install_signals(loop)
         wakeup.subscribe(self.db.path, self._wake)
@@ -269,6 +274,7 @@ class Worker:
                 await self._step("reaper", reap_expired_leases(self.db, now=now,
                                                                stuck=self.stuck))
                 await self._step("promotion", promote_due(self.db, now=now, stuck=self.stuck))
+                await self._step("recycling", self.recycling.check(self.db, self.worker_id, now))
                 last_maintain = now
             if self.scheduler and now - last_schedule >= self.poll_interval:
                 await self._step("scheduler", self._fire(now))
@@ -278,10 +284,10 @@ class Worker:
                 last_undeclared = now
             if self.capacity > len(self.active):
                 await self._cool_down()
-            free = self.capacity - len(self.active)
+            free = self.recycling.allowance(self.capacity - len(self.active))
             if free > 0 and not self._stop.is_set():
                 await self._step("claim", self._claim(min(free, self.config.claim_limit)))
-            if self._stop.is_set():
+            if self._stop.is_set() or (self.recycling.draining and not self.active):
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
@@ -329,6 +335,7 @@ class Worker:
         started = time.monotonic()
         self.claim_passes += 1
         got = await claim_pass(self.db, self.config, limit=limit, stuck=self.stuck)
+        self.recycling.note_claimed(len(got.claimed), self.worker_id)
         for run in got.claimed:
             task = asyncio.get_running_loop().create_task(self._execute(run))
             self.active[run["id"]] = task

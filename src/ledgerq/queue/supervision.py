@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
@@ -21,7 +22,7 @@ from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue import moves
 from ledgerq.queue.config import DEFAULT_LEASE_TTL_SECONDS, LEASE_CHECK_SECONDS
 from ledgerq.queue.executors import Executors
-from ledgerq.queue.launcher import ExecuteFn
+from ledgerq.queue.launcher import OUTPUT_TAIL_BYTES, ExecuteFn, OutputCapture, capturing
 from ledgerq.queue.leases import LeaseReads, until_next_check
 from ledgerq.queue.locks import KeyLock
 from ledgerq.queue.outcomes import Outcome, lost_outcome, record_outcome
@@ -65,6 +66,8 @@ class RunContext:
     stopping: asyncio.Event | None = None
     #: Shared by the runs of one worker (or one pass): their checks become one read.
     lease_reads: LeaseReads = field(default_factory=LeaseReads)
+    #: Bytes of each output stream a run records (see launcher.OutputCapture).
+    output_tail: int = OUTPUT_TAIL_BYTES
 
     @classmethod
     def from_config(cls, config: WorkerConfig, *, clock: Callable[[], float] = time.time,
@@ -72,7 +75,7 @@ class RunContext:
         return cls(worker_id=config.worker_id, lease_ttl=config.lease_ttl, clock=clock,
                    executors=config.executors, authorize=config.authorize,
                    lock_dir=config.lock_dir, check_interval=config.check_interval,
-                   stopping=stopping)
+                   stopping=stopping, output_tail=config.output_tail)
 
 
 class LeaseLost(Exception):
@@ -142,7 +145,13 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
     started = ctx.clock()
     timeout = run.get("timeout_seconds")
     deadline = started + timeout if timeout else None
-    task: asyncio.Task[tuple[int, str]] = asyncio.ensure_future(_call(executor, decoded))
+    # The task copies the context, capture included: what it launches fills the capture.
+    with capturing(OutputCapture(ctx.output_tail)) as capture:
+        task: asyncio.Task[tuple[int, str]] = asyncio.ensure_future(_call(executor, decoded))
+
+    def ended(outcome: Outcome) -> Outcome:
+        return dataclasses.replace(outcome, output=capture.columns())
+
     try:
         while True:
             wait = until_next_check(ctx.check_interval)
@@ -153,9 +162,9 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
                 break
             if deadline is not None and ctx.clock() >= deadline:
                 await _stop(task)
-                return await record_outcome(db, policy, run, lease, ctx, Outcome(
+                return await record_outcome(db, policy, run, lease, ctx, ended(Outcome(
                     moves.TIMED_OUT, TIMEOUT_EXIT_CODE,
-                    f"timed out after {timeout:g}s; process group killed"))
+                    f"timed out after {timeout:g}s; process group killed")))
             if ctx.stopping is not None and ctx.stopping.is_set():
                 await _stop(task)
                 return await record_outcome(db, policy, run, lease, ctx, SHUTDOWN)
@@ -172,12 +181,13 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
     try:
         code, detail = task.result()
     except Exception as exc:
-        return await record_outcome(db, policy, run, lease, ctx, Outcome(
-            moves.RAISED, 1, f"{type(exc).__name__}: {exc}", retryable=True))
+        return await record_outcome(db, policy, run, lease, ctx, ended(Outcome(
+            moves.RAISED, 1, f"{type(exc).__name__}: {exc}", retryable=True)))
     if code == 0:
-        return await record_outcome(db, policy, run, lease, ctx, Outcome(moves.EXITED_ZERO, 0))
-    return await record_outcome(db, policy, run, lease, ctx, Outcome(
-        moves.EXITED_NONZERO, code, detail or f"exit code {code}", retryable=True))
+        return await record_outcome(db, policy, run, lease, ctx,
+                                    ended(Outcome(moves.EXITED_ZERO, 0)))
+    return await record_outcome(db, policy, run, lease, ctx, ended(Outcome(
+        moves.EXITED_NONZERO, code, detail or f"exit code {code}", retryable=True)))
 
 
 async def _call(executor: ExecuteFn, decoded: dict[str, Any]) -> tuple[int, str]:

@@ -242,6 +242,17 @@ class SqlTx(Tx):
     def workers(self) -> list[Row]:
         return self.dicts(self.execute(self.q("workers")))
 
+    def worker_rows(self) -> list[Row]:
+        return self.dicts(self.execute(self.q("worker_rows")))
+
+    def request_worker_stop(self, worker_id: str, now: float) -> bool:
+        return self.execute(self.q("request_worker_stop"), (now, worker_id)).fetchone() \
+            is not None
+
+    def worker_stop_requested(self, worker_id: str) -> float | None:
+        row = self.execute(self.q("worker_stop_requested"), (worker_id,)).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def expired_leases(self, policy: EntityPolicy, now: float,
                        limit: int | None = None) -> list[Row]:
         sql = self.q("expired_leases", table=self.table(policy),
@@ -316,6 +327,9 @@ class SqlTx(Tx):
     def facts_of(self, entity_type: str, entity_id: str) -> list[Row]:
         return self.dicts(self.execute(self.q("facts_of"), (entity_type, entity_id)))
 
+    def facts_after(self, entity_type: str, after_id: str, limit: int) -> list[Row]:
+        return self.dicts(self.execute(self.q("facts_after"), (after_id, entity_type, limit)))
+
     def fact_stream(self, entity_type: str) -> Iterator[tuple[str, str, int, Any]]:
         return self.stream(self.q("fact_stream"), (entity_type,))[1]
 
@@ -332,10 +346,14 @@ class SqlTx(Tx):
     # ------------------------------------------------------------ read models
 
     def run_page(self, policy: EntityPolicy, filters: dict[str, list[Any]],
-                 columns: tuple[str, ...], limit: int, offset: int) -> tuple[int, list[Row]]:
+                 columns: tuple[str, ...], limit: int, offset: int, *,
+                 since: tuple[str, float] | None = None) -> tuple[int, list[Row]]:
         terms = [self.q("and_in_list", column=quote(c), marks=self.marks(len(v)))
                  for c, v in filters.items() if v]
         params = [x for v in filters.values() if v for x in v]
+        if since is not None:
+            terms.append(self.q("and_at_least", column=quote(since[0])))
+            params.append(since[1])
         where = self.q("where", terms=" ".join(terms)) if terms else ""
         table = self.table(policy)
         total = self.execute(self.q("count_rows", table=table, where=where), params).fetchone()[0]

@@ -17,6 +17,10 @@ AND {column} IS NOT DISTINCT FROM %s
 -- name: and_in_list
 AND {column} IN ({marks})
 
+-- name: and_at_least
+-- A row that never moved has no updated_at (nor ended_at): its creation stands in.
+AND COALESCE({column}, created_at) >= %s
+
 -- name: where
 WHERE TRUE {terms}
 
@@ -119,6 +123,15 @@ SELECT last_heartbeat_at FROM workers WHERE worker_id = %s
 -- name: workers
 SELECT worker_id, hostname, pid, last_heartbeat_at FROM workers ORDER BY worker_id
 
+-- name: worker_rows
+SELECT * FROM workers ORDER BY worker_id
+
+-- name: request_worker_stop
+UPDATE workers SET stop_requested_at = %s WHERE worker_id = %s RETURNING worker_id
+
+-- name: worker_stop_requested
+SELECT stop_requested_at FROM workers WHERE worker_id = %s
+
 -- name: expired_leases
 SELECT {columns} FROM {table}
 WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < %s
@@ -178,6 +191,10 @@ SELECT {columns} FROM {table} WHERE id IN ({marks})
 -- name: facts_of
 SELECT * FROM status_transitions WHERE entity_type = %s AND entity_id = %s
 ORDER BY entity_version
+
+-- name: facts_after
+-- Fact ids are time-ordered (UUIDv7): the primary key's index reads them in log order.
+SELECT * FROM status_transitions WHERE id > %s AND entity_type = %s ORDER BY id LIMIT %s
 
 -- name: fact_stream
 SELECT entity_id, status, entity_version, patch FROM status_transitions

@@ -87,10 +87,17 @@ CREATE TABLE IF NOT EXISTS workers (
   leased_run_id           text REFERENCES {runs}(id) DEFERRABLE INITIALLY IMMEDIATE,
   hostname                text,
   pid                     bigint,
-  started_at              double precision
+  started_at              double precision,
+  stop_requested_at       double precision
 );
 CREATE INDEX IF NOT EXISTS idx_workers_leased_run
   ON workers(leased_run_id) WHERE leased_run_id IS NOT NULL;
+"""
+
+#: Columns of ``workers`` added after it was first shipped (see the SQLite twin): a table
+#: an older version made gets them in the migration that finds its schema version lower.
+WORKERS_UPGRADE = """
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS stop_requested_at double precision;
 """
 
 
@@ -159,6 +166,8 @@ def _in_migration(conn: psycopg.Connection[Any], registry: Registry,
             workers = ddl.workers_ddl(WORKERS_DDL, registry)
             if workers is not None:
                 conn.execute(workers)
+                if schema_version(conn) < SCHEMA_VERSION:  # an ALTER locks even when idle
+                    conn.execute(WORKERS_UPGRADE)
             conn.execute(QUERIES("record_schema_version"), (str(SCHEMA_VERSION),))
             if rollback:
                 raise _Rollback

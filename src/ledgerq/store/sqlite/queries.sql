@@ -17,6 +17,10 @@ AND {column} IS ?
 -- name: and_in_list
 AND {column} IN ({marks})
 
+-- name: and_at_least
+-- A row that never moved has no updated_at (nor ended_at): its creation stands in.
+AND COALESCE({column}, created_at) >= ?
+
 -- name: where
 WHERE 1 {terms}
 
@@ -112,6 +116,15 @@ SELECT last_heartbeat_at FROM workers WHERE worker_id = ?
 -- name: workers
 SELECT worker_id, hostname, pid, last_heartbeat_at FROM workers ORDER BY worker_id
 
+-- name: worker_rows
+SELECT * FROM workers ORDER BY worker_id
+
+-- name: request_worker_stop
+UPDATE workers SET stop_requested_at = ? WHERE worker_id = ? RETURNING worker_id
+
+-- name: worker_stop_requested
+SELECT stop_requested_at FROM workers WHERE worker_id = ?
+
 -- name: expired_leases
 SELECT {columns} FROM {table}
 WHERE {hint} AND status = 'running' AND lease_expires_at IS NOT NULL
@@ -172,6 +185,10 @@ SELECT {columns} FROM {table} WHERE id IN ({marks})
 -- name: facts_of
 SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ?
 ORDER BY entity_version
+
+-- name: facts_after
+-- Fact ids are time-ordered (UUIDv7): the primary key's index reads them in log order.
+SELECT * FROM status_transitions WHERE id > ? AND entity_type = ? ORDER BY id LIMIT ?
 
 -- name: fact_stream
 -- Streamed from the unique (entity_type, entity_id, entity_version) index: no sort.

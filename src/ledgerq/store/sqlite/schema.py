@@ -70,12 +70,26 @@ CREATE TABLE IF NOT EXISTS workers (
   leased_run_id           TEXT REFERENCES {runs}(id),
   hostname                TEXT,
   pid                     INTEGER,
-  started_at              REAL
+  started_at              REAL,
+  stop_requested_at       REAL
 );
 -- The foreign key's child side: deleting a run (rebuild) looks up referencing workers.
 CREATE INDEX IF NOT EXISTS idx_workers_leased_run
   ON workers(leased_run_id) WHERE leased_run_id IS NOT NULL;
 """
+
+#: Columns of ``workers`` added after it was first shipped, each with its DDL: a table
+#: made by an older version (CREATE TABLE IF NOT EXISTS leaves it as it is) gets them in
+#: the migration of the open that finds the older schema version recorded.
+WORKERS_ADDED = {"stop_requested_at": "ALTER TABLE workers ADD COLUMN stop_requested_at REAL"}
+
+
+def upgrade_workers(conn: sqlite3.Connection) -> None:
+    """Add what :data:`WORKERS_ADDED` names and the table lacks (idempotent)."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(workers)")}
+    for column, statement in WORKERS_ADDED.items():
+        if column not in have:
+            conn.execute(statement)
 
 
 #: SQLite's declared type per logical type. JSON keeps the declared name ``JSON`` (as
@@ -156,8 +170,10 @@ def _in_migration(conn: sqlite3.Connection, registry: Registry,
             catalog = SqliteCatalog(SqliteTx(conn), column_ddl)
             plan = step(catalog)
             workers = ddl.workers_ddl(WORKERS_DDL, registry)
-            for statement in statements(workers or ""):
-                conn.execute(statement)
+            if workers is not None:
+                for statement in statements(workers):
+                    conn.execute(statement)
+                upgrade_workers(conn)
             check_foreign_keys(catalog)
             conn.execute("INSERT INTO ledgerq_schema (key, value) VALUES ('schema_version', ?) "
                          "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
