@@ -507,7 +507,7 @@ def test_verify_rebuild_and_drift(seeded: Path) -> None:
     assert counts(seeded) == before
     assert row(seeded, run_id)["exit_code"] is None
     assert as_json("rebuild", "--db", seeded) == {
-        "rows": 1, "facts": 1, "tables": {"dispatch_outbox": 0, "schedule_runs": 1},
+        "rows": 1, "facts": 1, "tables": {"dispatch_outbox": 0, "schedule_definitions": 0, "schedule_runs": 1},
         "verify_ok": True}
 
 
@@ -539,7 +539,7 @@ def test_stats_counts_oldest_age_and_running_per_worker(dbfile: Path) -> None:
 
 
 def test_specs_check_packaged_and_json() -> None:
-    assert ok("specs", "check").stdout.startswith("ok: 2 file(s), 2 entities")
+    assert ok("specs", "check").stdout.startswith("ok: 3 file(s), 3 entities")
     report = as_json("specs", "check")
     assert report["ok"] is True and report["problems"] == []
     assert report["entities"] == ["dispatch", "schedule", "schedule_run"]
@@ -679,7 +679,7 @@ def test_global_specs_option_and_env(tmp_path: Path) -> None:
         '[states.new]\ndescription = "n"\n[states.done]\ndescription = "d"\n'
         '[reason_codes]\n"gadget.done.ok" = "ok"\n')
     assert as_json("--specs", str(specs), "specs", "check")["entities"] == [
-        "dispatch", "gadget", "schedule_run"]
+        "dispatch", "gadget", "schedule", "schedule_run"]
     assert ok("specs", "graph", "gadget", env={"LEDGERQ_SPECS": str(specs)}).stdout == (
         "stateDiagram-v2\n    [*] --> new\n    new --> done\n    done --> [*]\n")
     db = tmp_path / "g.db"
