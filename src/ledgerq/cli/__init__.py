@@ -31,6 +31,7 @@ from ledgerq.cli import stats  # noqa: F401
 from ledgerq.cli import specs  # noqa: F401
 from ledgerq.cli import demo  # noqa: F401
 from ledgerq.cli import migrate  # noqa: F401
+from ledgerq.cli import serve  # noqa: F401
 # isort: on
 from ledgerq.cli.app import app, main, run_cli
 
