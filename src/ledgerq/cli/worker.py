@@ -55,6 +55,10 @@ def worker(
                                         help="No per-run lines on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
                                           help="Log the worker's INFO messages.")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=0, max=65535, show_default=False,
+        help="Serve Prometheus /metrics on 127.0.0.1:PORT (as ledgerq serve has them).")
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Run a worker until SIGINT/SIGTERM: claim, execute, renew leases, reap, retry.
@@ -115,7 +119,17 @@ def worker(
                 f"lease {lease_ttl:g}s, {durability}, "
                 f"db {path}") + "\n")
             sys.stderr.flush()
-            await w.run()
+            exporter = None
+            if metrics_port is not None:
+                from ledgerq.web.metrics import exporter as serve_metrics
+
+                exporter = asyncio.create_task(serve_metrics(handle, metrics_port))
+            try:
+                await w.run()
+            finally:
+                if exporter is not None:
+                    exporter.cancel()
+                    await asyncio.gather(exporter, return_exceptions=True)
             summary = ", ".join(f"{n} {k}" for k, n in sorted(w.outcomes.items())) or "no runs"
             sys.stderr.write(printable(f"ledgerq worker {w.worker_id} stopped: {summary}")
                              + "\n")

@@ -23,8 +23,8 @@ UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="ledgerq"'}
 
 def token_matches(expected: str, presented: str) -> bool:
     """Constant-time comparison of the presented token with the configured one."""
-    return hmac.compare_digest(expected.encode("utf-8"), presented.encode("utf-8",
-                                                                          "surrogatepass"))
+    return hmac.compare_digest(expected.encode("utf-8", "surrogatepass"),
+                               presented.encode("utf-8", "surrogatepass"))
 
 
 def _check(request: Request, credentials: HTTPAuthorizationCredentials | None,

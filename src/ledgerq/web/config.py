@@ -48,6 +48,10 @@ class ServeConfig:
         """Refuse a configuration that would expose the queue: no token off loopback."""
         if self.token is not None and not self.token.strip():
             raise InvalidInput("the API token is empty")
+        if self.token is not None and not (self.token.isascii() and self.token.isprintable()):
+            # HTTP headers carry bytes a server reads as Latin-1: only printable ASCII
+            # arrives as it was typed.
+            raise InvalidInput("the API token must be printable ASCII")
         if self.token is None and not is_loopback(self.host):
             raise InvalidInput(
                 f"refusing to serve on {self.host} without a token: set {TOKEN_ENV} or "

@@ -152,9 +152,11 @@ async def exporter(db: StateDB, port: int, *, host: str = "127.0.0.1",
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     server, thread = start_http_server(port, addr=host, registry=registry)
+    delay = min(interval, 0.5)  # soon after start: the worker has registered by then
     try:
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
+            delay = interval
             try:
                 collector.snapshot = await take_snapshot(db)
             except Exception as exc:
