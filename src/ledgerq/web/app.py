@@ -26,7 +26,7 @@ from ledgerq.errors import DatabaseError
 from ledgerq.web import dashboard, queue_api, tasks_api
 from ledgerq.web.config import ServeConfig
 from ledgerq.web.limits import BodyLimit
-from ledgerq.web.models import RetryBody, TaskApplicationBody
+from ledgerq.web.models import Error, RetryBody, TaskApplicationBody
 from ledgerq.web.security import SecurityHeaders
 
 
@@ -89,6 +89,18 @@ def create_app(config: ServeConfig) -> FastAPI:
                               description=app.description, routes=app.routes)
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             ref = "#/components/schemas/{model}"
+            schemas.setdefault("Error", Error.model_json_schema())
+            # Parameter refusals are answered as {"detail": "<one line>"} like every other
+            # refusal (see bad_request): the document says so, not FastAPI's default.
+            for operation in (op for item in doc["paths"].values() for op in item.values()):
+                refused = operation.get("responses", {}).get("422")
+                if refused is not None and "HTTPValidationError" in str(refused):
+                    operation["responses"]["422"] = {
+                        "description": "A parameter is invalid.", "content": {
+                            "application/json": {"schema": {"$ref": ref.format(
+                                model="Error")}}}}
+            for unused in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(unused, None)
             for model in (TaskApplicationBody, RetryBody):
                 body = model.model_json_schema(ref_template=ref)
                 schemas.update(body.pop("$defs", {}))
