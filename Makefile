@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench install
+.PHONY: demo test lint bench install screenshots
 
 $(BIN)/ledgerq: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,3 +28,7 @@ bench: install
 	$(BIN)/python bench/rebuild.py
 	$(BIN)/python bench/postgres.py   # PostgreSQL on 127.0.0.1:5432 (scratch databases)
 	$(BIN)/python bench/pg_scaling.py
+
+# The dashboard screenshots the README shows (headless Chromium: apt-get install chromium).
+screenshots: install
+	LEDGERQ_SCREENSHOTS=docs/img LEDGERQ_REQUIRE_BROWSER=1 $(BIN)/pytest -q tests/test_http_dashboard.py

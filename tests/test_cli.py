@@ -507,7 +507,8 @@ def test_verify_rebuild_and_drift(seeded: Path) -> None:
     assert counts(seeded) == before
     assert row(seeded, run_id)["exit_code"] is None
     assert as_json("rebuild", "--db", seeded) == {
-        "rows": 1, "facts": 1, "tables": {"dispatch_outbox": 0, "schedule_definitions": 0, "schedule_runs": 1},
+        "rows": 1, "facts": 1,
+        "tables": {"dispatch_outbox": 0, "schedule_definitions": 0, "schedule_runs": 1},
         "verify_ok": True}
 
 

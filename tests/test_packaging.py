@@ -77,6 +77,8 @@ def test_installed_wheel_loads_the_packaged_specs(tmp_path: Path) -> None:
         assert f"ledgerq/specs/{name}" in names, sorted(names)
     assert "ledgerq/py.typed" in names
     assert "ledgerq/lifecycle/registry.py" in names
+    for asset in ("index.html", "app.js", "style.css"):  # the dashboard needs no build step
+        assert f"ledgerq/web/static/{asset}" in names, sorted(names)
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", venv])

@@ -349,3 +349,39 @@ async def test_a_claimants_read_skips_a_row_another_transaction_holds(db: StateD
         holder.close()
     assert await db.write(lambda tx: tx.entity_for_move(policy, rid, (), skip_locked=True)) \
         == ("queued", 1)
+
+
+async def test_keyset_pages_and_log_aggregates(db: StateDB) -> None:
+    """run_page_before pages newest first by (created_at, id) with filters; fact_counts
+    groups the log by reason code; wait_histogram measures each fact from the previous."""
+    policy = await policy_of(db)
+    rows = [row_values(id=f"p{i}", created_at=float(i // 2), action_kind="a" if i % 3 else "b")
+            for i in range(7)]
+    for r in rows:
+        await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
+    cols = ("id", "created_at", "action_kind")
+    first = await db.read(lambda tx: tx.run_page_before(policy, {}, cols, None, 3))
+    assert [r["id"] for r in first] == ["p6", "p5", "p4"] and set(first[0]) == set(cols)
+    after = (first[-1]["created_at"], first[-1]["id"])
+    rest = await db.read(lambda tx: tx.run_page_before(policy, {}, cols, after, 10))
+    assert [r["id"] for r in rest] == ["p3", "p2", "p1", "p0"]
+    only_a = await db.read(lambda tx: tx.run_page_before(
+        policy, {"action_kind": ["a"], "status": []}, cols, (2.0, "p5"), 10))
+    assert [r["id"] for r in only_a] == ["p4", "p2", "p1"]
+
+    def fact(eid: str, version: int, code: str, at: float) -> tuple[Any, ...]:
+        return (new_id(), RUN, eid, None, "queued", code, "", "[]", "system", "t", at, "{}",
+                version, "{}", None)
+
+    await db.write(lambda tx: tx.append_facts([
+        fact("x", 1, "run.queued.submitted", 10.0), fact("x", 2, "run.started.ok", 10.5),
+        fact("x", 3, "run.queued.lease_expired", 20.0), fact("x", 4, "run.started.ok", 23.0),
+        fact("y", 1, "run.queued.submitted", 5.0), fact("y", 2, "run.started.ok", 6.0),
+    ]))
+    assert await db.read(lambda tx: tx.fact_counts()) == [
+        (RUN, "run.queued.lease_expired", 1), (RUN, "run.queued.submitted", 2),
+        (RUN, "run.started.ok", 3)]
+    cumulative, count, total = await db.read(
+        lambda tx: tx.wait_histogram(RUN, "run.started.ok", [0.5, 1.0, 2.0]))
+    assert (cumulative, count, total) == ([1, 2, 2], 3, 4.5)
+    assert await db.read(lambda tx: tx.wait_histogram(RUN, "nothing", [1.0])) == ([0], 0, 0.0)

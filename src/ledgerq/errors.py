@@ -17,6 +17,11 @@ class InvalidInput(LedgerqError, ValueError):
     """A request, application, spec or value was refused before anything was written."""
 
 
+class IdempotencyConflict(InvalidInput):
+    """An idempotency key already names a run submitted with a different application
+    (a ValueError like every refusal; the HTTP API answers it with 409, not 422)."""
+
+
 class NotFound(LedgerqError, LookupError):
     """The entity (or run) named does not exist."""
 
@@ -57,5 +62,5 @@ class MigrationRefused(LedgerqError, ValueError):
 
 
 __all__ = ["DatabaseDamaged", "DatabaseError", "DatabaseGone", "DatabaseUnavailable",
-           "IntegrityViolation", "InvalidInput", "LedgerqError", "MigrationRefused",
-           "NotFound", "SchemaMissing"]
+           "IdempotencyConflict", "IntegrityViolation", "InvalidInput", "LedgerqError",
+           "MigrationRefused", "NotFound", "SchemaMissing"]

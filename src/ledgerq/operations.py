@@ -279,6 +279,24 @@ class Tx(abc.ABC):
         the value."""
 
     @abc.abstractmethod
+    def run_page_before(self, policy: EntityPolicy, filters: dict[str, list[Any]],
+                        columns: tuple[str, ...], before: tuple[float, str] | None,
+                        limit: int) -> list[Row]:
+        """One keyset page newest first ((created_at, id) descending), strictly older than
+        ``before`` (None: from the newest), where each column is in its list: a cursor
+        page stays correct while rows are added, which an offset page does not."""
+
+    @abc.abstractmethod
+    def fact_counts(self) -> list[tuple[str, str, int]]:
+        """(entity_type, reason_code, facts) of every pair in the log, sorted."""
+
+    @abc.abstractmethod
+    def wait_histogram(self, entity_type: str, reason_code: str,
+                       bounds: Sequence[float]) -> tuple[list[int], int, float]:
+        """How long entities waited before each fact with ``reason_code``: the seconds from
+        the entity's previous fact to it. (facts at or below each bound, facts, seconds)."""
+
+    @abc.abstractmethod
     def ids_matching(self, policy: EntityPolicy, piece: str, *, suffix: bool,
                      limit: int) -> list[str]:
         """Ids starting (or, ``suffix``, ending) with ``piece``, in id order."""

@@ -36,6 +36,7 @@ from ledgerq.cli import output  # noqa: F401
 from ledgerq.cli import retry  # noqa: F401
 from ledgerq.cli import watch  # noqa: F401
 from ledgerq.cli import workers  # noqa: F401
+from ledgerq.cli import serve  # noqa: F401
 # isort: on
 from ledgerq.cli.app import app, main, run_cli
 

@@ -75,6 +75,10 @@ def worker(
         "--no-scheduler", help="Do not fire schedules from this worker (by default every "
                                "worker runs a scheduler pass; each slot still fires once).")
     ] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=0, max=65535, show_default=False,
+        help="Serve Prometheus /metrics on 127.0.0.1:PORT (as ledgerq serve has them).")
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Run a worker until SIGINT/SIGTERM: claim, execute, renew leases, reap, retry.
@@ -152,7 +156,17 @@ def worker(
                 f"{durability}, "
                 f"db {path}") + "\n")
             sys.stderr.flush()
-            await w.run()
+            exporter = None
+            if metrics_port is not None:
+                from ledgerq.web.metrics import exporter as serve_metrics
+
+                exporter = asyncio.create_task(serve_metrics(handle, metrics_port))
+            try:
+                await w.run()
+            finally:
+                if exporter is not None:
+                    exporter.cancel()
+                    await asyncio.gather(exporter, return_exceptions=True)
             summary = ", ".join(f"{n} {k}" for k, n in sorted(w.outcomes.items())) or "no runs"
             if w.recycling.why is not None:
                 summary += f"; drained: {w.recycling.why}"

@@ -8,13 +8,15 @@ Every JSON column of a run comes back decoded.
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ledgerq.codec import loads
+from ledgerq.codec import dumps, loads
+from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import STUCK_KINDS, Tx
 
@@ -158,6 +160,91 @@ async def run_history(db: StateDB, run_id: str) -> list[dict[str, Any]]:
     from ledgerq.projections.log import history
 
     return [decode_fact(f) for f in await history(db, RUN_ENTITY, run_id)]
+
+
+@dataclass
+class CursorPage:
+    """One page of runs, newest first, and the cursor of the next (None: this is the last)."""
+
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+def encode_cursor(created_at: float, run_id: str) -> str:
+    """An opaque cursor: the (created_at, id) of the last run on a page, base64url JSON."""
+    raw = dumps([created_at, run_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """The position a cursor names; InvalidInput for anything :func:`encode_cursor` did not
+    make (a cursor is input from a URL)."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        value = loads(raw)
+    except Exception:
+        value = None
+    if (not isinstance(value, list) or len(value) != 2 or isinstance(value[0], bool)
+            or not isinstance(value[0], int | float) or not isinstance(value[1], str)):
+        raise InvalidInput(f"cursor {cursor[:40]!r} is not a cursor this server made")
+    return float(value[0]), value[1]
+
+
+async def page_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
+                    kinds: Iterable[str] | None = None, targets: Iterable[str] | None = None,
+                    cursor: str | None = None, limit: int = 50,
+                    columns: tuple[str, ...] = SUMMARY_COLUMNS) -> CursorPage:
+    """Runs matching every given filter, newest first, one keyset page after ``cursor``.
+
+    Unlike :func:`list_runs`' offsets, a cursor page neither repeats nor skips a run
+    when new runs arrive between two pages. ``columns`` must include ``created_at``
+    and ``id`` (the cursor is made of them); JSON columns come back decoded.
+    """
+    if limit < 1:
+        raise InvalidInput("limit must be >= 1")
+    policy = db.registry.entity(RUN_ENTITY)
+    cols = tuple(dict.fromkeys((*columns, "created_at", "id")))
+    unknown = [c for c in cols if c not in policy.columns and c not in SUMMARY_COLUMNS]
+    if unknown:
+        raise InvalidInput(f"no column {unknown[0]!r} in {policy.table}")
+    before = decode_cursor(cursor) if cursor is not None else None
+    filters = {col: list(values or []) for col, values in (
+        ("status", statuses), ("action_kind", kinds), ("execution_target", targets))}
+    rows = await db.read(lambda tx: tx.run_page_before(policy, filters, cols, before,
+                                                        limit + 1))
+    items = [decode_run_row(db, r) for r in rows[:limit]]
+    last = items[-1] if len(rows) > limit else None
+    return CursorPage(items, None if last is None else
+                      encode_cursor(float(last["created_at"]), str(last["id"])))
+
+
+async def fact_counts(db: StateDB) -> list[tuple[str, str, int]]:
+    """(entity_type, reason_code, facts) for every pair in the log: how many times each
+    transition happened since the database began (the log is append-only)."""
+    return await db.read(lambda tx: tx.fact_counts())
+
+
+@dataclass
+class WaitHistogram:
+    """Cumulative counts of waits at or below each bound (Prometheus' histogram shape)."""
+
+    bounds: list[float]
+    cumulative: list[int]
+    count: int
+    sum: float
+
+
+async def claim_wait_histogram(db: StateDB, bounds: Iterable[float]) -> WaitHistogram:
+    """How long each claim waited in queued: from the fact that queued the run (its
+    submission, a requeue, a retry falling due) to the fact of the claim, for every claim
+    in the log."""
+    from ledgerq.queue.moves import CLAIM
+
+    claim_code = CLAIM.code
+    edges = sorted(float(b) for b in bounds)
+    cumulative, count, total = await db.read(
+        lambda tx: tx.wait_histogram(RUN_ENTITY, claim_code, edges))
+    return WaitHistogram(edges, cumulative, count, total)
 
 
 @dataclass
@@ -396,18 +483,25 @@ __all__ = [
     "FOLLOW_SETTLE_SECONDS",
     "STUCK_AFTER_SECONDS",
     "SUMMARY_COLUMNS",
+    "CursorPage",
     "FactFollower",
     "QueueStats",
     "RunPage",
     "StuckRun",
+    "WaitHistogram",
     "WorkerInfo",
     "WorkerStatus",
+    "claim_wait_histogram",
+    "decode_cursor",
     "decode_fact",
     "decode_run_row",
+    "encode_cursor",
     "fact_count",
+    "fact_counts",
     "get_run",
     "get_runs",
     "list_runs",
+    "page_runs",
     "queue_stats",
     "resolve_run_id",
     "run_history",

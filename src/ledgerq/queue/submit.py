@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import dumps
-from ledgerq.errors import InvalidInput, NotFound
+from ledgerq.errors import IdempotencyConflict, InvalidInput, NotFound
 from ledgerq.lifecycle.engine import create_entities, create_entity, new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
@@ -44,7 +44,7 @@ def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
         existing = tx.run_by_idempotency_key(policy, app.idempotency_key)
         if existing is not None:
             if existing["application_digest"] != fingerprint:
-                raise InvalidInput(
+                raise IdempotencyConflict(
                     f"idempotency_key {app.idempotency_key!r} was already used by run "
                     f"{existing['id']} with a different application"
                 )

@@ -362,6 +362,31 @@ class SqlTx(Tx):
                    columns=", ".join(quote(c) for c in columns)), [*params, limit, offset]))
         return int(total), rows
 
+    def run_page_before(self, policy: EntityPolicy, filters: dict[str, list[Any]],
+                        columns: tuple[str, ...], before: tuple[float, str] | None,
+                        limit: int) -> list[Row]:
+        terms = [self.q("and_in_list", column=quote(c), marks=self.marks(len(v)))
+                 for c, v in filters.items() if v]
+        params = [x for v in filters.values() if v for x in v]
+        if before is not None:
+            terms.append(self.q("and_before"))
+            params += list(before)
+        where = self.q("where", terms=" ".join(terms)) if terms else ""
+        return self.dicts(self.execute(
+            self.q("run_page_before", table=self.table(policy), where=where,
+                   columns=", ".join(quote(c) for c in columns)), [*params, limit]))
+
+    def fact_counts(self) -> list[tuple[str, str, int]]:
+        return [(r[0], r[1], int(r[2]))
+                for r in self.execute(self.q("fact_counts")).fetchall()]
+
+    def wait_histogram(self, entity_type: str, reason_code: str,
+                       bounds: Sequence[float]) -> tuple[list[int], int, float]:
+        buckets = " ".join(self.q("wait_bucket") for _ in bounds)
+        row = self.execute(self.q("wait_histogram", buckets=buckets),
+                           [*bounds, entity_type, reason_code]).fetchone()
+        return [int(n or 0) for n in row[2:]], int(row[0]), float(row[1] or 0.0)
+
     def ids_matching(self, policy: EntityPolicy, piece: str, *, suffix: bool,
                      limit: int) -> list[str]:
         pattern = f"%{piece}" if suffix else f"{piece}%"

@@ -218,6 +218,31 @@ SELECT COUNT(*) FROM {table} {where}
 -- name: run_page
 SELECT {columns} FROM {table} {where} ORDER BY created_at DESC, id DESC LIMIT %s OFFSET %s
 
+-- name: and_before
+AND (created_at, id) < (%s, %s)
+
+-- name: run_page_before
+SELECT {columns} FROM {table} {where} ORDER BY created_at DESC, id DESC LIMIT %s
+
+-- name: fact_counts
+SELECT entity_type, reason_code, COUNT(*) FROM status_transitions
+GROUP BY entity_type, reason_code ORDER BY entity_type, reason_code
+
+-- name: wait_bucket
+, SUM(CASE WHEN waited <= %s THEN 1 ELSE 0 END)
+
+-- name: wait_histogram
+-- Each fact joined to the entity's previous one through the log's unique
+-- (entity_type, entity_id, entity_version) index. Parameters: the bounds, then
+-- entity_type and reason_code.
+SELECT COUNT(*), SUM(waited) {buckets} FROM (
+  SELECT f.created_at - p.created_at AS waited
+  FROM status_transitions AS f
+  JOIN status_transitions AS p ON p.entity_type = f.entity_type
+    AND p.entity_id = f.entity_id AND p.entity_version = f.entity_version - 1
+  WHERE f.entity_type = %s AND f.reason_code = %s
+) AS w
+
 -- name: ids_like
 SELECT id FROM {table} WHERE id LIKE %s ORDER BY id LIMIT %s
 

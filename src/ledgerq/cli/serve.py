@@ -1,0 +1,74 @@
+"""``ledgerq serve``: the HTTP API, the dashboard and /metrics, served by uvicorn."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ledgerq.cli.app import app
+from ledgerq.cli.db import DbOption, db_path, root_specs
+from ledgerq.cli.failures import die
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The token from --token-file (its first line), else $LEDGERQ_API_TOKEN, else None."""
+    from ledgerq.web.config import TOKEN_ENV
+
+    if token_file is not None:
+        try:
+            text = token_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            die(f"--token-file: cannot read {token_file}: {exc}")
+        token = text.strip()
+        if not token:
+            die(f"--token-file: {token_file} is empty")
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (a non-loopback "
+                                      "address needs a token).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8765,
+    token_file: Annotated[Path | None, typer.Option(
+        "--token-file", help="A file holding the API token (else $LEDGERQ_API_TOKEN).",
+        show_default=False, dir_okay=False)] = None,
+    public_read: Annotated[bool, typer.Option(
+        "--public-read", help="Reads (GET) need no token; writes still do.")] = False,
+    max_body: Annotated[int, typer.Option("--max-body", min=1,
+                                          help="Largest request body in bytes (413 above).")
+                        ] = 1024 * 1024,
+    cors_origin: Annotated[list[str] | None, typer.Option(
+        "--cors-origin", help="An origin allowed by CORS. Repeatable (default: CORS off).",
+        show_default=False)] = None,
+    db: DbOption = None,
+) -> None:
+    """Serve the HTTP API (/api, /openapi.json), the live dashboard (/) and /metrics.
+
+    Without a token the server is read-only and refuses to bind anything but loopback.
+    """
+    import uvicorn
+
+    from ledgerq.errors import InvalidInput
+    from ledgerq.web import ServeConfig, create_app
+
+    specs = root_specs(ctx)
+    config = ServeConfig(db=db_path(ctx, db), token=read_token(token_file),
+                         public_read=public_read, host=host, port=port,
+                         max_body_bytes=max_body, cors_origins=tuple(cors_origin or ()),
+                         specs=str(specs) if specs is not None else None)
+    try:
+        web = create_app(config)
+    except InvalidInput as exc:
+        die(str(exc))
+    if config.token is None:
+        sys.stderr.write("ledgerq serve: no API token: read-only (writes answer 403)\n")
+    sys.stderr.flush()
+    uvicorn.run(web, host=host, port=port, log_level="warning", server_header=False,
+                proxy_headers=False)

@@ -1,0 +1,151 @@
+"""The API's JSON shapes, as pydantic models: they generate the OpenAPI document.
+
+Request bodies are described here but validated by the library: ``POST /api/tasks``
+reads its body itself and builds a :class:`~ledgerq.queue.TaskApplication`, so a refusal
+carries ``submit_task()``'s own message (the HTTP binding adds no second, different set
+of rules). Responses are validated against these models on the way out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Row = dict[str, Any]
+
+
+class Error(BaseModel):
+    """Every refusal: one line saying what is wrong."""
+
+    detail: str
+
+
+class RetryBody(BaseModel):
+    max_attempts: int = Field(ge=1)
+    base_delay: float = Field(ge=0)
+    factor: float = Field(default=2.0, ge=1)
+    max_delay: float = Field(default=3600.0, ge=0)
+    jitter: float = Field(default=0.1, ge=0, le=1)
+
+
+class TaskApplicationBody(BaseModel):
+    """A TaskApplication as JSON (docs/queue.md, "Submitting")."""
+
+    model_config = ConfigDict(extra="forbid")
+    action_kind: str = Field(description="command, agent, flow, ... (see docs/queue.md)")
+    args: dict[str, Any] = Field(description='For command: {"argv": [...], "cwd": ...}')
+    execution_target: str = Field(description="host, process, local_worktree, ...")
+    required_capabilities: list[str] = Field(default_factory=list)
+    library_ref: str | None = None
+    library_content_hash: str | None = None
+    idempotency_key: str | None = Field(
+        default=None, description="Or the Idempotency-Key header (they must agree).")
+    retry: RetryBody | None = None
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    depends_on: list[str] = Field(default_factory=list)
+
+
+class Created(BaseModel):
+    id: str
+
+
+class Cancelled(BaseModel):
+    id: str
+    cancelled: bool
+    status: str
+
+
+class TaskPage(BaseModel):
+    items: list[Row] = Field(description="Run summaries, newest first.")
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
+
+
+class Fact(BaseModel):
+    """One fact of the log, keyed by its column names (JSON columns decoded)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    entity_type: str
+    entity_id: str
+    previous_status: str | None
+    status: str
+    reason_code: str
+    entity_version: int
+    created_at: float
+
+
+class TaskDetail(BaseModel):
+    run: Row
+    history: list[Fact]
+
+
+class WorkerOut(BaseModel):
+    worker_id: str
+    hostname: str | None
+    pid: int | None
+    last_heartbeat_at: float
+    heartbeat_age_seconds: float
+    running: int
+
+
+class StuckOut(BaseModel):
+    id: str
+    status: str
+    why: str
+
+
+class Stats(BaseModel):
+    now: float
+    counts: dict[str, int]
+    total: int
+    oldest_queued_at: float | None
+    oldest_queued_age_seconds: float | None
+    running_by_worker: dict[str, int]
+    workers: list[WorkerOut]
+    stuck: int
+    stuck_runs: list[StuckOut]
+
+
+class Edge(BaseModel):
+    source: str
+    target: str
+    label: str
+
+
+class SpecSummary(BaseModel):
+    entity: str
+    table: str
+    description: str
+    states: list[str]
+    terminal: list[str]
+
+
+class SpecDetail(SpecSummary):
+    initial: list[str]
+    state_descriptions: dict[str, str]
+    edges: list[Edge]
+    reason_codes: dict[str, str]
+    mermaid: str
+
+
+class DriftOut(BaseModel):
+    entity_type: str
+    entity_id: str
+    problem: str
+    column: str | None
+    expected: Any = None
+    actual: Any = None
+    text: str
+
+
+class VerifyOut(BaseModel):
+    ok: bool
+    rows: int
+    facts: int
+    drift: list[DriftOut]
+
+
+class Health(BaseModel):
+    ok: bool
+    dialect: str

@@ -1,0 +1,230 @@
+// The ledgerq dashboard. Every value is put on the page with textContent (never as
+// HTML), the token lives in sessionStorage and travels only in the Authorization header,
+// and the page polls the API once a second instead of reloading.
+"use strict";
+
+const TOKEN_KEY = "ledgerq-token";
+const POLL_MS = 1000;
+const DEPTH_SAMPLES = 120;
+const depth = [];
+let timer = null;
+let diagramsShown = false;
+
+function token() { return sessionStorage.getItem(TOKEN_KEY); }
+
+class Unauthorized extends Error {}
+
+async function api(path, asBlob) {
+  const headers = { "Accept": asBlob ? "image/svg+xml" : "application/json" };
+  const t = token();
+  if (t) headers["Authorization"] = "Bearer " + t;
+  const response = await fetch(path, { headers, cache: "no-store" });
+  if (response.status === 401) throw new Unauthorized("token refused");
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { detail = (await response.json()).detail; } catch (e) { /* not JSON */ }
+    throw new Error(path + ": " + response.status + " " + detail);
+  }
+  return asBlob ? response.blob() : response.json();
+}
+
+function el(tag, text, cls) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (cls) node.className = cls;
+  return node;
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "-";
+  if (seconds < 60) return seconds.toFixed(1) + "s";
+  if (seconds < 3600) return (seconds / 60).toFixed(1) + "m";
+  return (seconds / 3600).toFixed(1) + "h";
+}
+
+function when(epoch) { return epoch ? new Date(epoch * 1000).toLocaleString() : "-"; }
+
+function taskLink(id) {
+  const a = el("a", id);
+  a.href = "#/task/" + encodeURIComponent(id);
+  return a;
+}
+
+function fillRows(tableId, rows, cells) {
+  const body = document.querySelector("#" + tableId + " tbody");
+  const fresh = document.createElement("tbody");
+  for (const row of rows) {
+    const tr = document.createElement("tr");
+    tr.dataset.id = row.id || row.worker_id || "";
+    for (const c of cells(row)) tr.appendChild(c);
+    fresh.appendChild(tr);
+  }
+  body.replaceWith(fresh);
+}
+
+function td(value, cls) {
+  const cell = el("td", null, cls);
+  if (value instanceof Node) cell.appendChild(value); else cell.textContent = value ?? "";
+  return cell;
+}
+
+function statusCell(status) { return td(el("span", status, "status " + status)); }
+
+function show(section) {
+  for (const id of ["login", "overview", "task"]) {
+    document.getElementById(id).hidden = id !== section;
+  }
+  document.getElementById("logout").hidden = section === "login" || !token();
+}
+
+function drawDepth() {
+  const svg = document.getElementById("depth");
+  while (svg.firstChild) svg.removeChild(svg.firstChild);
+  const max = Math.max(1, ...depth);
+  const w = svg.width.baseVal.value, h = svg.height.baseVal.value;
+  const points = depth.map((v, i) =>
+    (i * w / (DEPTH_SAMPLES - 1)).toFixed(1) + "," + (h - 4 - (v / max) * (h - 8)).toFixed(1));
+  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+  line.setAttribute("points", points.join(" "));
+  svg.appendChild(line);
+  const label = document.createElementNS("http://www.w3.org/2000/svg", "text");
+  label.setAttribute("x", "4"); label.setAttribute("y", "12"); label.setAttribute("font-size", "10");
+  label.textContent = "max " + max;
+  svg.appendChild(label);
+}
+
+async function showDiagrams() {
+  if (diagramsShown) return;
+  diagramsShown = true;
+  const box = document.getElementById("diagrams");
+  while (box.firstChild) box.removeChild(box.firstChild);
+  for (const spec of await api("/api/specs")) {
+    const blob = await api("/api/specs/" + encodeURIComponent(spec.entity) + "/diagram.svg", true);
+    const img = el("img");
+    img.alt = spec.entity + " lifecycle";
+    img.dataset.entity = spec.entity;
+    img.src = URL.createObjectURL(blob);
+    box.appendChild(el("h4", spec.entity + " (" + spec.table + ")"));
+    box.appendChild(img);
+  }
+}
+
+async function refreshOverview() {
+  const now = Date.now() / 1000;
+  const [stats, running, failures, recent] = await Promise.all([
+    api("/api/stats"),
+    api("/api/tasks?status=running&limit=50"),
+    api("/api/tasks?status=failed&status=timed_out&limit=10"),
+    api("/api/tasks?limit=25"),
+  ]);
+  const counts = document.getElementById("counts");
+  const cards = document.createElement("div");
+  cards.className = "cards"; cards.id = "counts";
+  for (const [status, n] of Object.entries(stats.counts)) {
+    const card = el("div", null, "card");
+    card.dataset.status = status;
+    card.appendChild(el("div", n, "n"));
+    card.appendChild(el("div", status, "s"));
+    cards.appendChild(card);
+  }
+  counts.replaceWith(cards);
+  depth.push(stats.counts.queued || 0);
+  while (depth.length > DEPTH_SAMPLES) depth.shift();
+  drawDepth();
+  document.getElementById("oldest").textContent = age(stats.oldest_queued_age_seconds);
+  fillRows("workers", stats.workers, (w) => [td(w.worker_id, "id"), td(w.hostname),
+    td(age(w.heartbeat_age_seconds)), td(w.running)]);
+  fillRows("running", running.items, (r) => [td(taskLink(r.id), "id"), td(r.action_kind),
+    td(r.leased_by), td(r.lease_expires_at ? age(r.lease_expires_at - now) : "-")]);
+  fillRows("failures", failures.items, (r) => [td(taskLink(r.id), "id"), statusCell(r.status),
+    td(r.status_reason_code), td(r.error_detail, "detail")]);
+  fillRows("tasks", recent.items, (r) => [td(taskLink(r.id), "id"), statusCell(r.status),
+    td(r.action_kind), td(r.execution_target), td(when(r.created_at))]);
+  await showDiagrams();
+}
+
+async function refreshTask(id) {
+  const detail = await api("/api/tasks/" + encodeURIComponent(id));
+  document.getElementById("task-id").textContent = id;
+  const badge = document.getElementById("task-status");
+  badge.textContent = detail.run.status;
+  badge.className = "status " + detail.run.status;
+  const body = document.createElement("tbody");
+  for (const [key, value] of Object.entries(detail.run)) {
+    const tr = document.createElement("tr");
+    tr.appendChild(el("th", key));
+    const shown = value !== null && typeof value === "object" ? JSON.stringify(value) : value;
+    tr.appendChild(td(shown, key === "error_detail" ? "detail" : ""));
+    body.appendChild(tr);
+  }
+  document.querySelector("#task-row tbody").replaceWith(body);
+  const list = document.createElement("ol");
+  list.id = "timeline"; list.className = "timeline";
+  for (const fact of detail.history) {
+    const li = el("li");
+    li.dataset.status = fact.status;
+    li.appendChild(el("div", when(fact.created_at) + "  v" + fact.entity_version, "when"));
+    const move = el("div");
+    move.appendChild(el("span", (fact.previous_status || "(created)") + " \u2192 "));
+    move.appendChild(el("span", fact.status, "status " + fact.status));
+    move.appendChild(el("span", "  " + fact.reason_code));
+    li.appendChild(move);
+    const who = [fact.actor, fact.reason_summary].filter(Boolean).join(" \u2014 ");
+    if (who) li.appendChild(el("div", who, "muted"));
+    list.appendChild(li);
+  }
+  document.getElementById("timeline").replaceWith(list);
+}
+
+function route() {
+  const hash = location.hash || "#/";
+  if (hash.startsWith("#/task/")) return { view: "task", id: decodeURIComponent(hash.slice(7)) };
+  return { view: "overview" };
+}
+
+async function tick() {
+  const where = route();
+  const problem = document.getElementById("error");
+  try {
+    if (where.view === "task") await refreshTask(where.id); else await refreshOverview();
+    show(where.view);
+    problem.textContent = "";
+    document.getElementById("live").textContent = "live \u00b7 " + new Date().toLocaleTimeString();
+  } catch (err) {
+    if (err instanceof Unauthorized) {
+      stop();
+      if (token()) document.getElementById("login-error").textContent = "That token was refused.";
+      sessionStorage.removeItem(TOKEN_KEY);
+      show("login");
+      return;
+    }
+    problem.textContent = String(err.message || err);
+  }
+}
+
+function stop() { if (timer !== null) { clearInterval(timer); timer = null; } }
+
+function start() {
+  stop();
+  tick();
+  timer = setInterval(tick, POLL_MS);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = document.getElementById("token");
+    sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    input.value = "";
+    document.getElementById("login-error").textContent = "";
+    diagramsShown = false;
+    start();
+  });
+  document.getElementById("logout").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    stop();
+    show("login");
+  });
+  window.addEventListener("hashchange", start);
+  start();
+});

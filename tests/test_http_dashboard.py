@@ -1,0 +1,127 @@
+"""The dashboard in headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+The page loads behind the login form, takes the token, shows a task submitted through
+the API and follows it to ``completed`` without a reload, shows its timeline and the
+lifecycle diagrams; any JavaScript error or console error fails the test. Screenshots
+go to ``$LEDGERQ_SCREENSHOTS`` when set (``make screenshots`` sets docs/img).
+
+Chromium is required in CI (``.ci/run`` installs it and sets LEDGERQ_REQUIRE_BROWSER=1):
+missing, these tests fail there instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.server import TOKEN, Server, command, serve, start_worker, stop
+
+CHROMIUM = os.environ.get("LEDGERQ_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update"]
+#: Waits for the page (not assertions on time): generous for a loaded CI machine.
+WAIT_MS = 60_000
+
+
+def _require_browser() -> None:
+    if Path(CHROMIUM).exists():
+        return
+    why = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    if os.environ.get("LEDGERQ_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"a browser is required (LEDGERQ_REQUIRE_BROWSER=1): {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Server]:
+    with serve(str(tmp_path / "ui.db")) as s:
+        yield s
+
+
+def shoot(page: Any, name: str) -> None:
+    folder = os.environ.get("LEDGERQ_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / name), full_page=True)
+
+
+def test_dashboard_follows_a_task_to_completed(browser: Any, site: Server) -> None:
+    errors: list[str] = []
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.on("console", lambda msg: errors.append(f"console: {msg.text}")
+            if msg.type == "error" else None)
+    page.goto(site.url + "/")
+    page.wait_for_selector("#login:not([hidden])", timeout=WAIT_MS)  # the token is asked
+    page.fill("#token", "wrong")
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("#login-error:has-text('refused')", timeout=WAIT_MS)
+    errors.clear()  # the refused token's 401 is logged by the browser itself
+    page.fill("#token", TOKEN)
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("#overview:not([hidden])", timeout=WAIT_MS)
+    assert TOKEN not in page.url
+    assert page.evaluate("sessionStorage.getItem('ledgerq-token')") == TOKEN
+
+    with site.client() as api:
+        failing = api.post("/api/tasks", json=command(sys.executable, "-c",
+                                                      "import sys; sys.exit('<b>boom</b>')"))
+        run_id = api.post("/api/tasks", json=command(
+            sys.executable, "-c", "import time; time.sleep(1)")).json()["id"]
+    row = f"#tasks tr[data-id='{run_id}']"
+    page.wait_for_selector(row, timeout=WAIT_MS)  # appears without a reload
+    assert page.inner_text(f"{row} .status") == "queued"
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    worker = start_worker(site.db, "--worker-id", "ui-worker")
+    try:
+        page.wait_for_selector(f"{row} .status:has-text('completed')", timeout=WAIT_MS)
+        page.wait_for_selector("#workers tr[data-id='ui-worker']", timeout=WAIT_MS)
+        page.wait_for_selector(f"#failures tr[data-id='{failing.json()['id']}']",
+                               timeout=WAIT_MS)
+    finally:
+        stop(worker)
+    assert navigations == []  # live updates, no reload
+    # Task text is shown as text: the failure's "<b>boom</b>" is not markup.
+    detail = page.inner_text(f"#failures tr[data-id='{failing.json()['id']}'] td.detail")
+    assert "<b>boom</b>" in detail
+    assert page.locator("#failures b").count() == 0
+    # Every lifecycle diagram is drawn (a decoded image with a size).
+    page.wait_for_selector("#diagrams img[data-entity='schedule_run']", timeout=WAIT_MS)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#diagrams img')].length >= 2 && "
+        "[...document.querySelectorAll('#diagrams img')].every(i => i.complete && "
+        "i.naturalWidth > 0)", timeout=WAIT_MS)
+    page.wait_for_selector("#depth polyline", timeout=WAIT_MS)
+    shoot(page, "dashboard.png")
+
+    page.click(f"{row} a")
+    page.wait_for_selector("#task:not([hidden])", timeout=WAIT_MS)
+    page.wait_for_selector("#timeline li[data-status='completed']", timeout=WAIT_MS)
+    statuses = page.eval_on_selector_all("#timeline li",
+                                         "items => items.map(i => i.dataset.status)")
+    assert statuses[0] == "queued" and statuses[-1] == "completed" and "running" in statuses
+    assert "run.completed.ok" in page.inner_text("#timeline")
+    assert page.inner_text("#task-id") == run_id
+    shoot(page, "task.png")
+    context.close()
+    assert errors == []
