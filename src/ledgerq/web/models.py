@@ -44,6 +44,9 @@ class TaskApplicationBody(BaseModel):
     retry: RetryBody | None = None
     timeout_seconds: float | None = Field(default=None, gt=0)
     depends_on: list[str] = Field(default_factory=list)
+    not_before: float | None = Field(
+        default=None, description="Epoch seconds: start no sooner (the run waits in "
+        "`delayed`). Not with depends_on.")
 
 
 class Created(BaseModel):
