@@ -19,7 +19,8 @@ demo: install
 test: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 -m "not serial"
+	$(BIN)/pytest -q -m serial
 
 bench: install
 	$(BIN)/python bench/transition.py

@@ -40,7 +40,8 @@ def test_packaged_run_statuses() -> None:
     run = default_registry().entity("schedule_run")
     assert {s: status_style(run, s) for s in run.states} == {
         "queued": LIVE_STYLE, "waiting_dependency": LIVE_STYLE, "running": LIVE_STYLE,
-        "retry_wait": LIVE_STYLE, "completed": "green", "failed": "red", "timed_out": "red",
+        "retry_wait": LIVE_STYLE, "delayed": LIVE_STYLE, "completed": "green", "failed": "red",
+        "timed_out": "red",
         "skipped": "dim", "cancelled": "yellow",
     }
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -272,7 +273,8 @@ def test_a_worker_shows_in_workers_stats_and_metrics(server: Server, api: httpx.
     assert count and float(count[0].split()[-1]) >= 1
 
 
-READS = ["/api/tasks", "/api/tasks/x", "/api/workers", "/api/stats", "/api/specs",
+READS = ["/api/tasks", "/api/tasks/x", "/api/workers", "/api/schedules", "/api/stats",
+         "/api/specs",
          "/api/specs/schedule_run", "/api/specs/schedule_run/diagram.svg", "/api/verify",
          "/metrics"]
 WRITES = ["/api/tasks", "/api/tasks/x/cancel"]
@@ -337,6 +339,7 @@ def test_openapi_is_complete(server: Server) -> None:
         ("get", "/api/tasks/{task_id}"): {"200", "401", "404"},
         ("post", "/api/tasks/{task_id}/cancel"): {"200", "401", "403", "404", "409"},
         ("get", "/api/workers"): {"200", "401"}, ("get", "/api/stats"): {"200", "401"},
+        ("get", "/api/schedules"): {"200", "401"},
         ("get", "/api/specs"): {"200", "401"}, ("get", "/api/specs/{entity}"): {"200", "404"},
         ("get", "/api/specs/{entity}/diagram.svg"): {"200", "404"},
         ("get", "/api/verify"): {"200", "401"}, ("get", "/healthz"): {"200"},
@@ -398,3 +401,23 @@ def test_tokens_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(auth.hmac, "compare_digest", spy)
     assert auth.token_matches(TOKEN, TOKEN) and not auth.token_matches(TOKEN, "x")
     assert calls == [(TOKEN.encode(), TOKEN.encode()), (TOKEN.encode(), b"x")]
+
+
+def test_schedules_are_listed_with_their_next_fire(server: Server, api: httpx.Client) -> None:
+    """A schedule added through the library appears, with its next fire time (issue 14)."""
+    import asyncio
+
+    from ledgerq import StateDB
+    from ledgerq.queue import TaskApplication
+    from ledgerq.queue.schedules import add_schedule
+
+    async def add() -> str:
+        async with StateDB(server.db) as db:
+            return str(await add_schedule(db, f"nightly-{uuid.uuid4().hex[:6]}",
+                                          cron="0 2 * * *",
+                                          application=TaskApplication("flow", {}, "host")))
+
+    sid = asyncio.run(add())
+    listed = {s["id"]: s for s in api.get("/api/schedules").json()}
+    assert sid in listed and listed[sid]["next_fire_at"] > 0
+    assert listed[sid]["last_fire"] is None

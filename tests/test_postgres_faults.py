@@ -26,6 +26,9 @@ from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, Worker, submit_many
 from ledgerq.queue.runs import ENTITY
 
+#: The server restart would cut every other test's connections: run alone.
+pytestmark = pytest.mark.serial
+
 TERMINAL = ("completed", "failed", "timed_out", "cancelled", "skipped")
 
 

@@ -292,7 +292,8 @@ async def test_rebuild_recreates_everything_from_the_log_alone(db: StateDB) -> N
     assert len(report.drift) == len(ids["schedule_runs"]) + len(ids["dispatch_outbox"])
     result = await rebuild(db)
     assert result.tables == {"schedule_runs": len(ids["schedule_runs"]),
-                             "dispatch_outbox": len(ids["dispatch_outbox"])}
+                             "dispatch_outbox": len(ids["dispatch_outbox"]),
+                             "schedule_definitions": 0}
     assert result.facts == len(before["status_transitions"])
     assert await tables(db) == before
     assert (await verify(db)).ok

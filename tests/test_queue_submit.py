@@ -8,7 +8,7 @@ import dataclasses
 import math
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -564,11 +564,19 @@ def _expected_valid(drawn: dict[str, tuple[Any, bool]]) -> bool:
     """An independent statement of D1 for the values the strategy draws."""
     if not all(ok for _, ok in drawn.values()):
         return False
-    texts = [v for v, _ in drawn.values() if isinstance(v, str)] + [
-        t for v, _ in drawn.values() if isinstance(v, list | tuple) for t in v
-        if isinstance(t, str)]
-    if any("\x00" in t for t in texts):
-        return False  # no text column holds NUL, on either backend
+    def texts(value: Any) -> Iterator[str]:
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                yield from texts(k)
+                yield from texts(v)
+        elif isinstance(value, list | tuple):
+            for v in value:
+                yield from texts(v)
+
+    if any("\x00" in t for v, _ in drawn.values() for t in texts(v)):
+        return False  # no text column (nor jsonb) holds NUL, on either backend
     if drawn["action_kind"][0] == "command":
         argv = drawn["args"][0].get("argv")
         return (isinstance(argv, list) and bool(argv) and all(isinstance(a, str) for a in argv)

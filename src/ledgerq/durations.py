@@ -1,14 +1,17 @@
-"""Durations as operators type them (``90s``, ``10m``, ``1h30m``, ``2d``), parsed once.
+"""Times as operators type them: durations (``90s``, ``10m``, ``1h30m``, ``2d``) and ISO
+8601 instants, each parsed in one place.
 
 Every option that takes a span of time (``ls --since``, ``retry --since``, ``wait
---timeout``, ``worker --max-runtime``) goes through :func:`parse_duration`, so each
-accepts the same spellings and refuses a bad one with the same message, naming it.
+--timeout``, ``worker --max-runtime``, ``submit --delay``, a schedule's ``every``) goes
+through :func:`parse_duration`, so each accepts the same spellings and refuses a bad one
+with the same message, naming it; ``submit --at`` goes through :func:`parse_instant`.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 
 from ledgerq.errors import InvalidInput
 
@@ -35,3 +38,13 @@ def parse_duration(text: str, what: str = "duration") -> float:
         raise InvalidInput(f"{what}: {text!r} is not a duration (a finite, non-negative "
                            "span is needed)")
     return seconds
+
+
+def parse_instant(text: str, what: str = "time") -> float:
+    """Epoch seconds of an ISO 8601 time; one without an offset is in local time."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidInput(f"{what}: {text!r} is not an ISO 8601 time (e.g. 2026-12-03T14:00 "
+                           "or 2026-12-03T14:00:00+01:00)") from None
+    return moment.timestamp() if moment.tzinfo is not None else moment.astimezone().timestamp()

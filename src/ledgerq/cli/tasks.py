@@ -91,16 +91,16 @@ def build_args(args_json: str | None, pairs: list[str], argv: list[str] | None) 
 
 def _start_time(delay: str | None, at: str | None) -> float | None:
     """``--delay`` or ``--at`` as epoch seconds (None: start now)."""
-    from ledgerq.cli.times import parse_duration, parse_instant
+    from ledgerq.durations import parse_duration, parse_instant
 
     if delay is not None and at is not None:
         die("give a start time either as --delay or as --at, not both")
     try:
         if delay is not None:
-            return time.time() + parse_duration(delay)
-        return parse_instant(at) if at is not None else None
+            return time.time() + parse_duration(delay, "--delay")
+        return parse_instant(at, "--at") if at is not None else None
     except ValueError as exc:
-        die(f"--{'delay' if delay is not None else 'at'}: {exc}")
+        die(str(exc))
 
 
 @app.command()

@@ -23,7 +23,6 @@ fires at :00, :05, ... UTC), independent of the timezone.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -31,6 +30,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from ledgerq.durations import parse_duration
 from ledgerq.errors import InvalidInput
 
 #: The smallest interval accepted: below it a scheduler loop (polling every 0.2 s by
@@ -38,8 +38,6 @@ from ledgerq.errors import InvalidInput
 MIN_EVERY_SECONDS = 0.1
 #: Fields of a cron expression: minute hour day-of-month month day-of-week.
 CRON_FIELDS = 5
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 #: cronsim's reverse search is strict: starting a second later includes the start itself.
 _ONE_SECOND = timedelta(seconds=1)
 
@@ -61,11 +59,11 @@ def parse_every(value: float | int | str) -> float:
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
-        m = _EVERY.match(value)
-        if m is None:
-            raise InvalidInput(f"every {value!r} is not an interval: give seconds or a number "
-                               "with a unit s, m, h or d (e.g. '90s', '5m', '2h')")
-        seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+        try:
+            seconds = parse_duration(value, "every")
+        except InvalidInput:
+            raise InvalidInput(f"every {value!r} is not an interval: give seconds or a "
+                               "duration such as '90s', '5m', '2h', '1h30m'") from None
     else:
         raise InvalidInput(f"every must be a number of seconds or like '5m', not {value!r}")
     if not math.isfinite(seconds) or seconds < MIN_EVERY_SECONDS:

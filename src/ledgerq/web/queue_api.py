@@ -17,6 +17,7 @@ from ledgerq.web.diagram import edge_label, edges_of, render_svg
 from ledgerq.web.models import (
     Error,
     Health,
+    Row,
     SpecDetail,
     SpecSummary,
     Stats,
@@ -33,6 +34,18 @@ read = [Depends(require_read)]
             tags=["queue"], summary="Workers and their heartbeat age", responses=READ)
 async def workers(request: Request) -> list[dict[str, Any]]:
     return [w.__dict__ for w in (await queue_stats(db_of(request))).workers]
+
+
+@router.get("/api/schedules", response_model=list[Row], dependencies=read, tags=["queue"],
+            summary="Schedules with their next fire time and last fire", responses=READ)
+async def schedules(request: Request) -> list[dict[str, Any]]:
+    from ledgerq.queue.moves import SCHEDULE_ENTITY
+    from ledgerq.queue.scheduler import schedule_overview
+
+    db = db_of(request)
+    if SCHEDULE_ENTITY not in db.registry.entities:
+        return []  # specs from before schedules: nothing to list
+    return await schedule_overview(db)
 
 
 @router.get("/api/stats", response_model=Stats, dependencies=read, tags=["queue"],

@@ -111,11 +111,12 @@ async function showDiagrams() {
 
 async function refreshOverview() {
   const now = Date.now() / 1000;
-  const [stats, running, failures, recent] = await Promise.all([
+  const [stats, running, failures, recent, schedules] = await Promise.all([
     api("/api/stats"),
     api("/api/tasks?status=running&limit=50"),
     api("/api/tasks?status=failed&status=timed_out&limit=10"),
     api("/api/tasks?limit=25"),
+    api("/api/schedules"),
   ]);
   const counts = document.getElementById("counts");
   const cards = document.createElement("div");
@@ -138,6 +139,10 @@ async function refreshOverview() {
     td(r.leased_by), td(r.lease_expires_at ? age(r.lease_expires_at - now) : "-")]);
   fillRows("failures", failures.items, (r) => [td(taskLink(r.id), "id"), statusCell(r.status),
     td(r.status_reason_code), td(r.error_detail, "detail")]);
+  fillRows("schedules", schedules, (s) => [td(s.name), statusCell(s.status),
+    td(s.cron || (s.every_seconds ? s.every_seconds + "s" : "-")),
+    td(s.next_fire_at ? when(s.next_fire_at) : "-"),
+    s.last_fire ? statusCell(s.last_fire.status) : td("-")]);
   fillRows("tasks", recent.items, (r) => [td(taskLink(r.id), "id"), statusCell(r.status),
     td(r.action_kind), td(r.execution_target), td(when(r.created_at))]);
   await showDiagrams();
