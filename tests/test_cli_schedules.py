@@ -10,7 +10,7 @@ import sys
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ledgerq", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ})
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
 
 
 def test_add_ls_show_pause_resume_rm(db_target: str) -> None:

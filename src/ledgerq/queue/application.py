@@ -229,11 +229,13 @@ def _check_args(args: dict[str, Any], limits: SubmitLimits) -> None:
                 if not isinstance(key, str):
                     raise InvalidInput(f"{_path(_where(args, node))} has a key that is not a "
                                        f"string: {shown(key)} ({type(key).__name__})")
-                if not key.isascii():
+                if not key.isascii() or "\x00" in key:
                     check_text(key, f"a key of {_path(_where(args, node))} ({shown(key)})")
             kind = type(item)
             if kind is str:
-                if not item.isascii():  # ASCII is valid UTF-8: skip the search
+                # ASCII is valid UTF-8: only NUL (which PostgreSQL's jsonb refuses as
+                # \u0000) needs a look.
+                if not item.isascii() or "\x00" in item:
                     check_text(item, _path((*_where(args, node), key)))
             elif kind is dict or kind is list:
                 stack.append((item, level + 1))
