@@ -7,7 +7,6 @@ is exit 1.
 
 from __future__ import annotations
 
-import shlex
 from typing import Annotated, Any
 
 import typer
@@ -17,7 +16,7 @@ from ledgerq.cli.app import app
 from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import DOMAIN_FAILURE, die, text_option
 from ledgerq.cli.render import JsonOption, cell, emit_json, fmt_ts, out, printable
-from ledgerq.cli.tasks import build_args, current_user
+from ledgerq.cli.tasks import current_user, task_args
 
 schedule_app = typer.Typer(
     help="Recurring schedules (cron or interval) that fire queued runs, once per slot.",
@@ -85,17 +84,7 @@ def add(
     from ledgerq.queue.schedules import add_schedule
 
     text_option(name, "NAME")
-    if command and argv is not None:
-        die("give the argv either as --argv or after `--`, not both")
-    argv_list: list[str] | None = list(command) if command else None
-    if argv is not None:
-        try:
-            argv_list = shlex.split(argv)
-        except ValueError as exc:
-            die(f"--argv cannot be split: {exc}")
-    if argv_list is not None and kind != "command":
-        die(f"an argv is only for command tasks, not {kind!r}; use --arg/--args")
-    args = build_args(args_json, arg or [], argv_list)
+    args = task_args(kind, command, argv, args_json, arg)
     try:
         retry = None if retry_max is None else RetryPolicy(retry_max, retry_delay)
         application = TaskApplication(kind, args, target, required_capabilities=list(cap or []),

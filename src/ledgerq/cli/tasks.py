@@ -72,6 +72,23 @@ def parse_arg(item: str) -> tuple[str, Any]:
     return item[:eq], item[eq + 1:]
 
 
+def task_args(kind: str, command: list[str] | None, argv: str | None,
+              args_json: str | None, pairs: list[str] | None) -> dict[str, Any]:
+    """A task's args from the command line: an argv after ``--`` or as ``--argv`` (command
+    tasks only), ``--args JSON`` and ``--arg`` pairs; shared by submit and schedule add."""
+    if command and argv is not None:
+        die("give the argv either as --argv or after `--`, not both")
+    argv_list: list[str] | None = list(command) if command else None
+    if argv is not None:
+        try:
+            argv_list = shlex.split(argv)
+        except ValueError as exc:
+            die(f"--argv cannot be split: {exc}")
+    if argv_list is not None and kind != "command":
+        die(f"an argv is only for command tasks, not {kind!r}; use --arg/--args")
+    return build_args(args_json, pairs or [], argv_list)
+
+
 def build_args(args_json: str | None, pairs: list[str], argv: list[str] | None) -> dict[str, Any]:
     args: dict[str, Any] = {}
     if args_json is not None:
@@ -168,17 +185,7 @@ def submit(
     """Submit one task; prints its run id. Validated exactly like submit_task()."""
     from ledgerq.queue.application import RetryPolicy, TaskApplication, validate
 
-    if command and argv is not None:
-        die("give the argv either as --argv or after `--`, not both")
-    argv_list: list[str] | None = list(command) if command else None
-    if argv is not None:
-        try:
-            argv_list = shlex.split(argv)
-        except ValueError as exc:
-            die(f"--argv cannot be split: {exc}")
-    if argv_list is not None and kind != "command":
-        die(f"an argv is only for command tasks, not {kind!r}; use --arg/--args")
-    args = build_args(args_json, arg or [], argv_list)
+    args = task_args(kind, command, argv, args_json, arg)
     retry = None
     extras = {"--retry-delay": retry_delay, "--retry-factor": retry_factor,
               "--retry-max-delay": retry_max_delay, "--retry-jitter": retry_jitter}
