@@ -47,11 +47,15 @@ def token_env(token: str | None) -> dict[str, str]:
 
 
 @contextmanager
-def serve(db: str, *, token: str | None = TOKEN, args: Sequence[str] = ()) -> Iterator[Server]:
-    """Start ``ledgerq serve`` on a free loopback port; stop it (SIGTERM) afterwards."""
+def serve(db: str, *, token: str | None = TOKEN, args: Sequence[str] = (),
+          root: Sequence[str] = ()) -> Iterator[Server]:
+    """Start ``ledgerq [ROOT...] serve`` on a free loopback port; stop it (SIGTERM) after.
+
+    ``root`` are options before the command (``--specs DIR``)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ledgerq", "serve", "--db", db, "--port", str(port), *args],
+        [sys.executable, "-m", "ledgerq", *root, "serve", "--db", db, "--port", str(port),
+         *args],
         env=token_env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_WAIT
