@@ -316,3 +316,24 @@ async def test_concurrent_openers_serialize_and_exactly_one_migrates(
         versions = await db.fetch_all("SELECT spec_hash FROM ledgerq_spec_versions "
                                       "WHERE entity = 'schedule_run'")
         assert len(versions) == 2  # v1, and the one migration
+
+
+async def test_an_older_release_never_lowers_the_recorded_schema_version(
+        v1: tuple[str, dict[str, list[str]]], tmp_path: Path) -> None:
+    """A newer release recorded its own tables' version: this one opens the database,
+    migrates what its specs add, and leaves that version as it is."""
+    from ledgerq.lifecycle.evolution import SCHEMA_VERSION
+
+    target, _ = v1
+    async with StateDB(target) as db:
+        await db.write(lambda tx: tx.execute(
+            "UPDATE ledgerq_schema SET value = ? WHERE key = 'schema_version'",
+            [str(SCHEMA_VERSION + 1)]))
+    specs = SpecDir(tmp_path / "specs").paused()
+    async with StateDB(target, registry=load_registry(specs.path)) as db:
+        assert db.migration is not None and not db.migration.empty
+        row = await db.fetch_one(
+            "SELECT value FROM ledgerq_schema WHERE key = 'schema_version'")
+        assert row == {"value": str(SCHEMA_VERSION + 1)}
+    async with StateDB(target, registry=load_registry(specs.path)) as db:
+        assert db.migration is None  # current: no lock, no DDL

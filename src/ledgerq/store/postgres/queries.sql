@@ -292,8 +292,10 @@ SELECT COUNT(*) FROM ({inner}) AS inner_rows
 SELECT pg_advisory_xact_lock(hashtextextended('ledgerq schema', 0))
 
 -- name: record_schema_version
+-- Never lowered: a newer release's tables stay recorded as the newer version.
 INSERT INTO ledgerq_schema (key, value) VALUES ('schema_version', %s)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value
+WHERE ledgerq_schema.value::bigint < excluded.value::bigint
 
 -- name: tables_present
 SELECT table_name FROM information_schema.tables

@@ -127,7 +127,7 @@ def is_current(conn: psycopg.Connection[Any], registry: Registry) -> bool:
     even when they change nothing, so a worker starting beside busy writers would queue
     behind them."""
     try:
-        return schema_version(conn) == SCHEMA_VERSION and not migrate.needed(
+        return schema_version(conn) >= SCHEMA_VERSION and not migrate.needed(
             PostgresCatalog(PostgresTx(conn), column_ddl), registry)
     finally:
         conn.rollback()

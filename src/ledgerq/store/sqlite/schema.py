@@ -143,7 +143,7 @@ def open_schema(conn: sqlite3.Connection, registry: Registry) -> Plan | None:
 
     A database already at these specs is only read: opening it takes no write lock.
     """
-    if schema_version(conn) == SCHEMA_VERSION and not migrate.needed(
+    if schema_version(conn) >= SCHEMA_VERSION and not migrate.needed(
             SqliteCatalog(SqliteTx(conn), column_ddl), registry):
         return None
     return _in_migration(conn, registry, lambda cat: migrate.on_open(cat, registry))
@@ -175,10 +175,13 @@ def _in_migration(conn: sqlite3.Connection, registry: Registry,
                     conn.execute(statement)
                 upgrade_workers(conn)
             check_foreign_keys(catalog)
+            # Never lowered: a newer release's tables stay recorded as the newer version
+            # when this one opens them (its upgrades only add).
             conn.execute("INSERT INTO ledgerq_schema (key, value) VALUES ('schema_version', ?) "
-                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                         (str(SCHEMA_VERSION),))
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value "
+                         "WHERE CAST(ledgerq_schema.value AS INTEGER) < "
+                         "CAST(excluded.value AS INTEGER)", (str(SCHEMA_VERSION),))
+            conn.execute(f"PRAGMA user_version = {max(SCHEMA_VERSION, schema_version(conn))}")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
