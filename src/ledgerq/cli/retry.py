@@ -12,8 +12,8 @@ from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
 from ledgerq.cli.render import JsonOption, emit_json, err_console, printable
 from ledgerq.cli.watch import since_time
 from ledgerq.errors import InvalidInput
+from ledgerq.projections.read_models import RUN_ENTITY
 
-RUN_ENTITY = "schedule_run"
 #: Runs read per page when a bulk retry collects what it matches.
 PAGE = 500
 

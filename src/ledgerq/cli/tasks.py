@@ -25,12 +25,11 @@ from ledgerq.cli.render import (
     printable,
     styled_status,
 )
-from ledgerq.projections.read_models import run_status
+from ledgerq.projections.read_models import RUN_ENTITY, run_status
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
 
-RUN_ENTITY = "schedule_run"
 #: Run ids are time-ordered (UUIDv7): the random part, and so the easy short piece, is the tail.
 ID_HELP = "Run id, or a unique prefix or suffix of 4+ characters."
 

@@ -34,11 +34,11 @@ from ledgerq.cli.render import (
 )
 from ledgerq.durations import parse_duration
 from ledgerq.errors import InvalidInput
+from ledgerq.projections.read_models import RUN_ENTITY
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import EntityPolicy
 
-RUN_ENTITY = "schedule_run"
 #: Seconds between polls of the log while following or waiting.
 FOLLOW_INTERVAL = 0.5
 

@@ -213,13 +213,15 @@ class EntityPolicy:
             for dst in self.states:
                 if dst in self.edges.get(src, frozenset()):
                     rule = self.edge_rules[(src, dst)]
-                    label = _edge_label(rule)
+                    label = edge_label(rule)
                     lines.append(f"    {src} --> {dst}" + (f": {label}" if label else ""))
         lines += [f"    {s} --> [*]" for s in self.states if s in self.terminal]
         return "\n".join(lines) + "\n"
 
 
-def _edge_label(rule: EdgeRule) -> str:
+def edge_label(rule: EdgeRule) -> str:
+    """What an edge demands beyond being declared (actors, guards, patch, tokens), as the
+    diagrams label it: the mermaid text here, the dashboard's SVG (``ledgerq.web``)."""
     parts = []
     if rule.actors is not None:
         parts.append("actor " + "|".join(sorted(rule.actors)))

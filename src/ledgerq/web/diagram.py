@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
+from ledgerq.lifecycle.docs import ordered_edges
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.registry import edge_label as registry_edge_label
 
 CHAR_WIDTH = 7.2
 NODE_HEIGHT = 30
@@ -36,23 +38,11 @@ class _Node:
 
 def edge_label(policy: EntityPolicy, source: str, target: str) -> str:
     """What an edge requires, as the mermaid diagram labels it (actors, guards, patch)."""
-    rule = policy.edge_rules[(source, target)]
-    parts = []
-    if rule.actors is not None:
-        parts.append("actor " + "|".join(sorted(rule.actors)))
-    if rule.requires_guard:
-        parts.append("guard " + ",".join(sorted(rule.requires_guard)))
-    if rule.requires_patch:
-        parts.append("patch " + ",".join(sorted(rule.requires_patch)))
-    if rule.fresh_tokens:
-        parts.append("token " + ",".join(sorted(rule.fresh_tokens)))
-    return " / ".join(parts)
+    return registry_edge_label(policy.edge_rules[(source, target)])
 
 
-def edges_of(policy: EntityPolicy) -> list[tuple[str, str]]:
-    """Every declared edge, in spec order of source then target."""
-    states = list(policy.states)
-    return [(s, t) for s in states for t in states if t in policy.edges.get(s, frozenset())]
+#: Every declared edge, in spec order of source then target (the mermaid diagram's order).
+edges_of = ordered_edges
 
 
 def _ranks(policy: EntityPolicy) -> dict[str, int]:
