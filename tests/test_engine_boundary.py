@@ -154,7 +154,9 @@ async def test_two_moves_from_one_version_never_both_apply(tmp_path: Path) -> No
 
             tx.entity_for_move = stale_read  # type: ignore[method-assign]
             try:
-                return apply_move(tx, policy, rid, "running", "running", reason, actor,
+                # from_state None: the move is computed from the (stale) read, so the
+                # engine reads first and the swap must hold the version it read.
+                return apply_move(tx, policy, rid, None, "running", reason, actor,
                                   patch={"lease_expires_at": 2.0})
             finally:
                 del tx.entity_for_move

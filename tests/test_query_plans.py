@@ -58,6 +58,10 @@ QUERIES: list[tuple[str, Op, str]] = [
         POLICY, "x", observed="queued", version=1, to_state="running",
         changes={"updated_at": 1.0}, guards={"leased_by": None}, returning=()),
      "sqlite_autoindex_schedule_runs_1"),
+    ("a move's unread update", lambda tx: tx.update_entity(
+        POLICY, "x", observed="queued", version=None, to_state="running",
+        changes={"updated_at": 1.0}, guards={"leased_by": None}, returning=("version",)),
+     "sqlite_autoindex_schedule_runs_1"),
     ("an entity's history", lambda tx: tx.facts_of("schedule_run", "x"),
      "uq_status_transitions_version"),
     ("oldest queued", lambda tx: tx.oldest_queued_at(POLICY), "idx_schedule_runs_claim"),

@@ -118,6 +118,71 @@ async def test_update_entity_is_a_compare_and_swap(db: StateDB) -> None:
         == ("running", 3, 9.5)
 
 
+async def test_an_unread_swap_holds_status_and_guards_and_bumps_the_version(
+        db: StateDB) -> None:
+    """``version=None``: nothing was read first, so the swap is the read; status and the
+    guards still decide, and the row's own version is incremented and returned."""
+    policy = await policy_of(db)
+    values = row_values(leased_by=None)
+    rid = values["id"]
+    await db.write(lambda tx: tx.insert_entity(policy, values))
+
+    def swap(observed: str, guard: Any) -> Any:
+        return db.write(lambda tx: tx.update_entity(
+            policy, rid, observed=observed, version=None, to_state="running",
+            changes={"leased_by": "w1", "updated_at": 2.0}, guards={"leased_by": guard},
+            returning=("version", "leased_by")))
+
+    assert await swap("queued", "someone") is None  # guard does not match
+    assert await swap("running", None) is None  # status does not match
+    assert await swap("queued", None) == {"version": 2, "leased_by": "w1"}
+    assert await swap("queued", None) is None  # moved on: no second swap
+    same = await db.write(lambda tx: tx.update_entity(
+        policy, rid, observed="running", version=None, to_state=None,
+        changes={"lease_expires_at": 9.5}, guards={"leased_by": "w1"}, returning=None,
+        skip_locked=True))
+    assert same is not None and (same["status"], same["version"], same["lease_expires_at"]) \
+        == ("running", 3, 9.5)
+
+
+async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB) -> None:
+    """The hot path: a legal move whose caller names the state it expects is one UPDATE
+    and one fact INSERT; the row is read only when the swap matches nothing (to tell a
+    missing row from a conflict, in D3's order)."""
+    from ledgerq.lifecycle import Actor, StateReason
+    from ledgerq.lifecycle.engine import apply_move
+
+    policy = await policy_of(db)
+    rid = await new_run(db)
+    reason = StateReason(code="run.started.ok")
+    actor = Actor(type="system", id="w")
+
+    def traced(tx: Tx, frm: str, to: str, entity: str = rid) -> tuple[Any, list[str]]:
+        seen: list[str] = []
+        real = tx.execute
+
+        def spy(sql: str, params: Any = ()) -> Any:
+            seen.append(" ".join(sql.split())[:6].upper())
+            return real(sql, params)
+
+        tx.execute = spy  # type: ignore[method-assign]
+        try:
+            return apply_move(tx, policy, entity, frm, to, reason, actor,
+                              patch={"leased_by": "w", "lease_expires_at": 5.0}), seen
+        finally:
+            del tx.execute
+
+    moved, seen = await db.write(lambda tx: traced(tx, "queued", "running"))
+    assert moved.applied and seen == ["UPDATE", "INSERT"]
+    stale, seen = await db.write(lambda tx: traced(tx, "queued", "running"))
+    assert not stale.applied and stale.current_state == "running"
+    assert seen[:2] == ["UPDATE", "SELECT"] and "INSERT" not in seen
+    with pytest.raises(LookupError):
+        await db.write(lambda tx: traced(tx, "queued", "running", "no-such-run"))
+    facts = await db.read(lambda tx: tx.facts_of(RUN, rid))
+    assert [f["entity_version"] for f in facts] == [1, 2]
+
+
 async def test_facts_append_and_stream(db: StateDB) -> None:
     facts = [(new_id(), RUN, eid, None, "queued", "run.queued.submitted", "", "[]", "system",
               "t", 1.0, "{}", v, dumps({"x": v}), f"key-{eid}-{v}" if v == 2 else None)
@@ -349,6 +414,34 @@ async def test_a_claimants_read_skips_a_row_another_transaction_holds(db: StateD
         holder.close()
     assert await db.write(lambda tx: tx.entity_for_move(policy, rid, (), skip_locked=True)) \
         == ("queued", 1)
+
+
+async def test_a_claimants_unread_swap_skips_a_row_another_transaction_holds(
+        db: StateDB) -> None:
+    """The unread swap with ``skip_locked`` matches nothing at once while another
+    transaction holds the row (no wait), and applies once it is released."""
+    if db.dialect == "sqlite":
+        pytest.skip("SQLite's single writer never meets another's row lock")
+    from helpers.raw import raw
+
+    policy = await policy_of(db)
+    rid = await new_run(db)
+
+    def claim() -> Any:
+        return db.write(lambda tx: tx.update_entity(
+            policy, rid, observed="queued", version=None, to_state="running",
+            changes={"leased_by": "w1", "updated_at": 2.0}, guards={"leased_by": None},
+            returning=("version",), skip_locked=True))
+
+    holder = raw(db.path)
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT id FROM schedule_runs WHERE id = ? FOR UPDATE", (rid,))
+        assert await asyncio.wait_for(claim(), 5) is None
+        holder.execute("ROLLBACK")
+    finally:
+        holder.close()
+    assert await claim() == {"version": 2}
 
 
 async def test_keyset_pages_and_log_aggregates(db: StateDB) -> None:

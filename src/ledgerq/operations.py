@@ -77,11 +77,15 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def update_entity(self, policy: EntityPolicy, entity_id: str, *, observed: str,
-                      version: int, to_state: str | None, changes: dict[str, Any],
-                      guards: dict[str, Any], returning: tuple[str, ...] | None) -> Row | None:
+                      version: int | None, to_state: str | None, changes: dict[str, Any],
+                      guards: dict[str, Any], returning: tuple[str, ...] | None,
+                      skip_locked: bool = False) -> Row | None:
         """The compare-and-swap: set ``changes`` (and ``status``/``version``) where the row
         still has ``observed``, ``version`` and every guard value (NULL-safe equality).
 
+        ``version`` None: the row was not read first; the swap holds whatever version the
+        row has and increments it (ask for ``version`` in ``returning``), and with
+        ``skip_locked`` a row another transaction holds matches nothing at once.
         ``to_state`` None leaves status as it is (a same-state move). Returns the
         ``returning`` columns as stored (``None``: the whole row), or None when no row
         matched (a conflict).

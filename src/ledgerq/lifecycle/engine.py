@@ -247,6 +247,15 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
         if repeat is not None:
             return repeat
     guard_cols = tuple(sorted(guard))
+    if from_state is not None and _refusal(policy, from_state, to_state, actor,
+                                           guard, patch) is None:
+        # The caller named the state it expects and the move is legal from there: the
+        # swap itself is the read (status and guards in its WHERE). Only when it matches
+        # nothing is the row read, to tell not-found from a conflict in D3's order.
+        done = _swap(tx, policy, entity_id, from_state, to_state, reason, actor, guard,
+                     guard_cols, patch, now, idempotency_key, whole_row, skip_locked, None)
+        if done is not None:
+            return done
     row = tx.entity_for_move(policy, entity_id, guard_cols, skip_locked=skip_locked)
     if row is None:
         if skip_locked:  # held by another writer (or gone): not this caller's to move
@@ -255,31 +264,56 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     observed: str = row[0]
     if from_state is not None and observed != from_state:
         return _conflict(observed)
-    if not policy.allows(observed, to_state):
-        allowed = ", ".join(policy.targets(observed)) or "none (terminal)"
-        raise ValueError(
-            f"{policy.name} {observed} -> {to_state} is {VOCABULARY_ERROR}; "
-            f"allowed from {observed}: {allowed}"
-        )
-    rule = policy.rule(observed, to_state)
-    if rule.actors is not None and actor.type not in rule.actors:
-        raise ValueError(
-            f"{policy.name} {observed} -> {to_state} is restricted to actor type(s) "
-            f"{', '.join(sorted(rule.actors))}; got {actor.type!r}"
-        )
-    for kind, need, given in (("guard", rule.requires_guard, guard),
-                              ("patch", rule.requires_patch, patch)):
-        if need and not need.issubset(given):
-            raise ValueError(
-                f"{policy.name} {observed} -> {to_state} requires {kind} column(s) "
-                f"{', '.join(sorted(need - set(given)))}"
-            )
+    refusal = _refusal(policy, observed, to_state, actor, guard, patch)
+    if refusal is not None:
+        raise ValueError(refusal)
     for i, col in enumerate(guard_cols):
         if row[2 + i] != guard[col]:
             return _conflict(observed)
+    done = _swap(tx, policy, entity_id, observed, to_state, reason, actor, guard,
+                 guard_cols, patch, now, idempotency_key, whole_row, False, row[1])
+    if done is None:
+        # Another writer moved the row between the read and the swap (possible where
+        # writers run at once: PostgreSQL's READ COMMITTED): the conflict reports the
+        # status it left, as a conflict seen at the read would have.
+        now_row = tx.entity_for_move(policy, entity_id, ())
+        return _conflict(observed if now_row is None else now_row[0])
+    return done
+
+
+def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,
+             guard: dict[str, Any], patch: dict[str, Any]) -> str | None:
+    """Why the spec forbids this move from ``observed`` (D3's checks after the read), or
+    None: the edge, its actor types, the guard and patch columns it requires."""
+    if not policy.allows(observed, to_state):
+        allowed = ", ".join(policy.targets(observed)) or "none (terminal)"
+        return (f"{policy.name} {observed} -> {to_state} is {VOCABULARY_ERROR}; "
+                f"allowed from {observed}: {allowed}")
+    rule = policy.rule(observed, to_state)
+    if rule.actors is not None and actor.type not in rule.actors:
+        return (f"{policy.name} {observed} -> {to_state} is restricted to actor type(s) "
+                f"{', '.join(sorted(rule.actors))}; got {actor.type!r}")
+    for kind, need, given in (("guard", rule.requires_guard, guard),
+                              ("patch", rule.requires_patch, patch)):
+        if need and not need.issubset(given):
+            return (f"{policy.name} {observed} -> {to_state} requires {kind} column(s) "
+                    f"{', '.join(sorted(need - set(given)))}")
+    return None
+
+
+def _swap(tx: Tx, policy: EntityPolicy, entity_id: str, observed: str, to_state: str,
+          reason: StateReason, actor: Actor, guard: dict[str, Any],
+          guard_cols: tuple[str, ...], patch: dict[str, Any], now: float | None,
+          idempotency_key: str, whole_row: bool, skip_locked: bool,
+          version: int | None) -> Moved | None:
+    """The compare-and-swap and its fact; None when it matched no row.
+
+    ``version`` is the one read before (the swap requires it), or None when nothing was
+    read: the swap then bumps whatever version the row has and returns it.
+    """
+    rule = policy.rule(observed, to_state)
     if rule.fresh_tokens and not rule.fresh_tokens.issubset(patch):
         patch = {**{c: uuid.uuid4().hex for c in rule.fresh_tokens}, **patch}
-
     ts = time.time() if now is None else now
     changes: dict[str, Any] = {
         "updated_at": ts,
@@ -293,17 +327,15 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     # from what was sent (type affinity; PostgreSQL normalizes jsonb), so the fact records
     # exactly what the row holds. Empty evidence is "[]" everywhere: not worth a column.
     patched = (*patch, "status_evidence_refs") if reason.evidence_refs else tuple(patch)
+    returning: tuple[str, ...] | None = None if whole_row else \
+        patched if version is not None else ("version", *patched)
     after = tx.update_entity(
-        policy, entity_id, observed=observed, version=row[1],
+        policy, entity_id, observed=observed, version=version,
         to_state=None if observed == to_state else to_state, changes=changes,
         guards={c: to_sql(guard[c]) for c in guard_cols},
-        returning=None if whole_row else patched)
+        returning=returning, skip_locked=skip_locked)
     if after is None:
-        # Another writer moved the row between the read and the swap (possible where
-        # writers run at once: PostgreSQL's READ COMMITTED): the conflict reports the
-        # status it left, as a conflict seen at the read would have.
-        now_row = tx.entity_for_move(policy, entity_id, ())
-        return _conflict(observed if now_row is None else now_row[0])
+        return None
     # The stored values (after the column's type affinity or the database's own
     # normalization of JSON), so the fact records exactly what the row holds and
     # folding the log reproduces the row.
@@ -311,10 +343,10 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
         changes[k] = after[k]
     if whole_row:
         changes["status_evidence_refs"] = after["status_evidence_refs"]
-    version = row[1] + 1
+    new_version: int = version + 1 if version is not None else after["version"]
     fact_id = new_id()
     _append_fact(tx, fact_id, policy.name, entity_id, observed, to_state, reason, actor,
-                 ts, version, changes, idempotency_key)
+                 ts, new_version, changes, idempotency_key)
     return Moved(True, observed, to_state, fact_id, after if whole_row else None)
 
 

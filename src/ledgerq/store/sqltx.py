@@ -108,27 +108,37 @@ class SqlTx(Tx):
         return row
 
     def update_entity(self, policy: EntityPolicy, entity_id: str, *, observed: str,
-                      version: int, to_state: str | None, changes: dict[str, Any],
-                      guards: dict[str, Any], returning: tuple[str, ...] | None) -> Row | None:
+                      version: int | None, to_state: str | None, changes: dict[str, Any],
+                      guards: dict[str, Any], returning: tuple[str, ...] | None,
+                      skip_locked: bool = False) -> Row | None:
         guard_cols = tuple(guards)
         change_cols = tuple(changes)
-        key = ("update", policy.table, to_state is None, change_cols, guard_cols, returning)
+        unread = version is None
+        key = ("update", policy.table, to_state is None, change_cols, guard_cols, returning,
+               unread, skip_locked)
         sql = self._texts.get(key)
         if sql is None:
             # A same-state move (a lease renewal) leaves status as it is (the WHERE pins
             # it): assigning it would re-check the CHECK constraint and touch every index
             # whose WHERE names status, which doubles the UPDATE's cost on SQLite.
-            sets = ["version", *change_cols] if to_state is None else \
-                ["status", "version", *change_cols]
+            sets = [*change_cols] if unread else ["version", *change_cols]
+            if to_state is not None:
+                sets.insert(0, "status")
             back = "*" if returning is None else ", ".join(quote(c) for c in returning or ("id",))
+            name = "update_entity" if not unread else \
+                "update_entity_unread_skip_locked" if skip_locked else "update_entity_unread"
             sql = self._texts[key] = self.q(
-                "update_entity", table=self.table(policy),
+                name, table=self.table(policy),
                 assignments=", ".join(self.q("assign", column=quote(c)) for c in sets),
                 guards=" ".join(self.q("guard_term", column=quote(c)) for c in guard_cols),
                 returning=back)
         params: list[Any] = [] if to_state is None else [to_state]
-        params += [version + 1, *changes.values(), entity_id, observed, version,
-                   *guards.values()]
+        if unread:
+            params += [*changes.values(), entity_id, observed, *guards.values()]
+        else:
+            assert version is not None
+            params += [version + 1, *changes.values(), entity_id, observed, version,
+                       *guards.values()]
         cur = self.execute(sql, params)
         stored = cur.fetchall()
         if len(stored) != 1:

@@ -39,6 +39,21 @@ UPDATE {table} SET {assignments}
 WHERE id = %s AND status = %s AND version = %s {guards}
 RETURNING {returning}
 
+-- name: update_entity_unread
+-- A move whose caller named the state it expects, not read first: the swap is the read.
+-- It waits for a row another transaction holds and then re-checks its WHERE against the
+-- row as that one left it (READ COMMITTED), as the read FOR UPDATE would have.
+UPDATE {table} SET version = version + 1, {assignments}
+WHERE id = %s AND status = %s {guards}
+RETURNING {returning}
+
+-- name: update_entity_unread_skip_locked
+-- A claimant's swap: a row another transaction holds matches nothing at once.
+UPDATE {table} SET version = version + 1, {assignments}
+WHERE id = (SELECT id FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED)
+  AND status = %s {guards}
+RETURNING {returning}
+
 -- name: fact_by_idempotency_key
 SELECT id, previous_status, status FROM status_transitions
 WHERE entity_type = %s AND entity_id = %s AND idempotency_key = %s

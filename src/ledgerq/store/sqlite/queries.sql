@@ -36,6 +36,18 @@ UPDATE {table} SET {assignments}
 WHERE id = ? AND status = ? AND version = ? {guards}
 RETURNING {returning}
 
+-- name: update_entity_unread
+-- A move whose caller named the state it expects, not read first: the swap is the read.
+UPDATE {table} SET version = version + 1, {assignments}
+WHERE id = ? AND status = ? {guards}
+RETURNING {returning}
+
+-- name: update_entity_unread_skip_locked
+-- The single writer holds every row: the same swap.
+UPDATE {table} SET version = version + 1, {assignments}
+WHERE id = ? AND status = ? {guards}
+RETURNING {returning}
+
 -- name: fact_by_idempotency_key
 SELECT id, previous_status, status FROM status_transitions
 WHERE entity_type = ? AND entity_id = ? AND idempotency_key = ?
