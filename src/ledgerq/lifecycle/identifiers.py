@@ -10,6 +10,7 @@ before any database is opened.
 
 from __future__ import annotations
 
+import functools
 import re
 
 IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*\Z")
@@ -60,6 +61,7 @@ def reason_code_problem(code: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def quote(name: str) -> str:
     """A validated identifier, double-quoted: never a keyword, never a second statement."""
     problem = identifier_problem(name)

@@ -28,6 +28,10 @@ class SqliteTx(SqlTx):
 
     conn: sqlite3.Connection
 
+    def __init__(self, conn: Any) -> None:
+        super().__init__(conn)
+        self._hints: dict[tuple[int, str, str], tuple[EntityPolicy, str]] = {}
+
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         self.conn.executemany(sql, rows)
 
@@ -36,8 +40,15 @@ class SqliteTx(SqlTx):
         the query's own: it does not see that ``status = 'queued'`` implies ``status IN
         ('queued', 'retry_wait')``. This is the status term of the spec's partial index on
         ``column`` covering ``state``: implied by the query's own condition, so it never
-        changes a result; ``1`` (merely slower) when the spec declares no such index."""
-        return _hint(policy.indexes, state, column)
+        changes a result; ``1`` (merely slower) when the spec declares no such index.
+
+        Remembered per policy object (held, so its id cannot be reused): hashing the
+        policy's indexes on every terminal write cost more than the lookup it served."""
+        key = (id(policy), state, column)
+        hit = self._hints.get(key)
+        if hit is None or hit[0] is not policy:
+            hit = self._hints[key] = (policy, _hint(policy.indexes, state, column))
+        return hit[1]
 
     def database_failure(self, exc: BaseException) -> bool:
         code = getattr(exc, "sqlite_errorcode", None)
