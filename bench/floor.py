@@ -76,15 +76,44 @@ FLOOR_PAGE = ("SELECT id, lease_attempts, version FROM schedule_runs WHERE {clai
               "AND status = 'queued' AND schedule_id IS NULL ORDER BY queued_at, id LIMIT ?")
 
 
+#: Issue 13 item 4, the batched floor: a pass's claims as one guarded multi-row UPDATE
+#: (each row still guarded by status, lease and version; its lease token made in SQL)
+#: and their facts as one multi-row INSERT; the terminal writes likewise, each row
+#: guarded by its own lease through a VALUES list.
+BATCH_CLAIM = (
+    "WITH g(id, attempts, version) AS (VALUES {rows}) "
+    "UPDATE schedule_runs SET status = 'running', version = schedule_runs.version + 1, "
+    "updated_at = ?, status_reason_code = 'run.started.ok', status_reason_summary = ?, "
+    "status_evidence_refs = '[]', leased_by = ?, lease_expires_at = ?, "
+    "lease_token = lower(hex(randomblob(16))), lease_attempts = g.attempts + 1 "
+    "FROM g WHERE schedule_runs.id = g.id "
+    "AND status = 'queued' AND schedule_runs.version = g.version "
+    "AND lease_attempts IS g.attempts AND leased_by IS NULL RETURNING *")
+BATCH_END = (
+    "WITH g(id, leased_by, expires, token) AS (VALUES {rows}) "
+    "UPDATE schedule_runs SET status = 'completed', version = schedule_runs.version + 1, "
+    "updated_at = ?, status_reason_code = 'run.completed.ok', status_reason_summary = '', "
+    "status_evidence_refs = '[]', ended_at = ?, exit_code = 0, error_detail = NULL, "
+    "run_attempts = 1 FROM g "
+    "WHERE schedule_runs.id = g.id AND status = 'running' "
+    "AND schedule_runs.leased_by IS g.leased_by AND lease_expires_at IS g.expires "
+    "AND lease_token IS g.token "
+    "RETURNING schedule_runs.id, version, ended_at, exit_code, error_detail, run_attempts")
+
+
 def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
-                 submit_group: int = 1) -> dict[str, float]:
+                 submit_group: int = 1, batched: bool = False) -> dict[str, float]:
     """ledgerq's own statements in plain sqlite3, ledgerq's commits: a ceiling, not a system.
 
     Per task the row (INSERT ... RETURNING *) and its creation fact, ``submit_group``
     submits per commit; then passes of ``limit``: the guarded claims with their facts in
-    one commit, the guarded terminal writes with theirs in another. Returns lifecycles/s
-    with its submit-only and worker-only parts and CPU per lifecycle.
+    one commit, the guarded terminal writes with theirs in another. ``batched``: each
+    pass's claims and terminal writes as one multi-row statement each, and their facts
+    as one multi-row INSERT each (:data:`BATCH_CLAIM`). Returns lifecycles/s with its
+    submit-only and worker-only parts and CPU per lifecycle.
     """
+    if batched:
+        return _batched(path, registry, sync, n, limit, submit_group)
     conn = connect(path, sync)
     conn.executescript(schema_ddl(registry))
     x = conn.execute
@@ -154,5 +183,94 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
     t2, c2 = time.perf_counter(), time.process_time()
     conn.close()
     assert done == n, done
+    return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t1),
+            "cpu_us": (c2 - c0) / n * 1e6}
+
+
+def _facts_insert(count: int) -> str:
+    head, _, values = RAW_FACT_INSERT.partition("VALUES")
+    return f"{head}VALUES {', '.join([values.strip()] * count)}"
+
+
+def _batched(path: str, registry: Registry, sync: str, n: int, limit: int,
+             submit_group: int) -> dict[str, float]:
+    conn = connect(path, sync)
+    conn.executescript(schema_ddl(registry))
+    x = conn.execute
+    insert = RAW_RUN_INSERT + " RETURNING *"
+    page = FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
+        registry.entity("schedule_run"), "queued", "queued_at"))
+    args = dumps(APP.args)
+    fingerprint = digest(APP)
+
+    def fact(rid: str, prev: str | None, status: str, code: str, summary: str, now: float,
+             version: int, patch: dict[str, Any]) -> tuple[Any, ...]:
+        return (new_id(), "schedule_run", rid, prev, status, code, summary, "[]", "system",
+                WORKER, now, "{}", version, dumps(patch), None)
+
+    def append(facts: list[tuple[Any, ...]]) -> None:
+        x(_facts_insert(len(facts)), [v for f in facts for v in f])
+
+    c0, t0 = time.process_time(), time.perf_counter()
+    for i in range(n):
+        now = time.time()
+        rid = new_id()
+        values = (rid, None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
+                  None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
+                  None, 1, "run.queued.submitted", "", "[]")
+        if i % submit_group == 0:
+            x("BEGIN IMMEDIATE")
+        cur = x(insert, values)
+        names = [d[0] for d in cur.description]
+        patch = {k: v for k, v in zip(names, cur.fetchone(), strict=True)
+                 if v is not None and k not in ("status", "version")}
+        x(RAW_FACT_INSERT, fact(rid, None, "queued", "run.queued.submitted", "", now, 1,
+                                patch))
+        if (i + 1) % submit_group == 0 or i + 1 == n:
+            x("COMMIT")
+    t1 = time.perf_counter()
+    done = 0
+    summary = f"claimed by {WORKER}"
+    while True:
+        x("BEGIN IMMEDIATE")
+        now = time.time()
+        chosen = x(page, (limit,)).fetchall()
+        claimed: list[dict[str, Any]] = []
+        if chosen:
+            cur = x(BATCH_CLAIM.format(rows=", ".join(["(?, ?, ?)"] * len(chosen))),
+                    [*(v for row in chosen for v in row), now, summary, WORKER, now + 300])
+            names = [d[0] for d in cur.description]
+            claimed = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+            append([fact(r["id"], "queued", "running", "run.started.ok", summary, now,
+                         r["version"], {"updated_at": now, "status_reason_code": "run.started.ok",
+                                        "status_reason_summary": summary,
+                                        "status_evidence_refs": "[]",
+                                        "leased_by": r["leased_by"],
+                                        "lease_expires_at": r["lease_expires_at"],
+                                        "lease_token": r["lease_token"],
+                                        "lease_attempts": r["lease_attempts"]})
+                    for r in claimed])
+        x("COMMIT")
+        if not claimed:
+            break
+        x("BEGIN IMMEDIATE")
+        now = time.time()
+        cur = x(BATCH_END.format(rows=", ".join(["(?, ?, ?, ?)"] * len(claimed))),
+                [*(v for r in claimed for v in (r["id"], r["leased_by"],
+                                                r["lease_expires_at"], r["lease_token"])),
+                 now, now])
+        ended = cur.fetchall()
+        append([fact(rid, "running", "completed", "run.completed.ok", "", now, version,
+                     {"updated_at": now, "status_reason_code": "run.completed.ok",
+                      "status_reason_summary": "", "status_evidence_refs": "[]",
+                      "ended_at": ended_at, "exit_code": code, "error_detail": detail,
+                      "run_attempts": attempts})
+                for rid, version, ended_at, code, detail, attempts in ended])
+        done += len(ended)
+        x("COMMIT")
+    t2, c2 = time.perf_counter(), time.process_time()
+    (facts,) = x("SELECT count(*) FROM status_transitions").fetchone()
+    conn.close()
+    assert done == n and facts == 3 * n, (done, facts)
     return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t1),
             "cpu_us": (c2 - c0) / n * 1e6}
