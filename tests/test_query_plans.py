@@ -38,10 +38,15 @@ class PlanTx(SqliteTx):
 Op = Callable[[Tx], object]
 # (what, the operation, the index its plan must use)
 QUERIES: list[tuple[str, Op, str]] = [
-    ("claim scan page", lambda tx: tx.claim_page(POLICY, ["workflow"], (0.0, ""), 50),
-     "idx_schedule_runs_claim"),
-    ("claim scan page, no kind excluded", lambda tx: tx.claim_page(POLICY, [], (0.0, ""), 50),
-     "idx_schedule_runs_claim"),
+    ("claim scan, first page", lambda tx: tx.claim_page(POLICY, ["workflow"], "default",
+                                                        None, 50),
+     "idx_schedule_runs_claim_order"),
+    ("claim scan, next page", lambda tx: tx.claim_page(POLICY, ["workflow"], "default",
+                                                       (5, 0.0, ""), 50),
+     "idx_schedule_runs_claim_order"),
+    ("claim scan page, no kind excluded", lambda tx: tx.claim_page(POLICY, [], "q1",
+                                                                   (0, 0.0, ""), 50),
+     "idx_schedule_runs_claim_order"),
     ("running concurrency keys", lambda tx: tx.running_keys(POLICY), "idx_schedule_runs_lease"),
     ("is this key running", lambda tx: tx.key_running(POLICY, "host:gpu"),
      "idx_schedule_runs_concurrency"),
@@ -81,6 +86,8 @@ def test_query_uses_its_index(conn: sqlite3.Connection, what: str, op: Op, index
     for plan in tx.plans:
         text = "\n".join(plan)
         assert index in text, f"{what}: expected {index} in the plan:\n{text}"
+        # Read in the index's order: a sort would read every row of the range first.
+        assert "FOR ORDER BY" not in text, f"{what}: sorts instead of reading in order:\n{text}"
         for step in plan:
             if step.startswith("SCAN") and ("schedule_runs" in step
                                             or "status_transitions" in step):
