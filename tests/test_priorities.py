@@ -315,3 +315,16 @@ def test_cli_submit_ls_show_and_a_worker_per_queue(db_target: str, tmp_path: Pat
             assert (await verify(handle)).ok
 
     asyncio.run(check())
+
+
+def test_cli_schedule_add_carries_priority_and_queue(db_target: str) -> None:
+    import json
+
+    db = db_target
+    ok("schedule", "add", "nightly", "--every", "5m", "--priority", "4", "--queue", "batch",
+       "--db", db, "--", "true")
+    shown = json.loads(ok("schedule", "show", "nightly", "--db", db, "--json").stdout)
+    assert "'priority': 4" in repr(shown) and "'queue': 'batch'" in repr(shown), shown
+    line = one_error_line(cli("schedule", "add", "bad", "--every", "5m", "--queue", "a b",
+                              "--db", db, "--", "true"), 2)
+    assert "is not a queue name" in line

@@ -92,3 +92,35 @@ def test_query_uses_its_index(conn: sqlite3.Connection, what: str, op: Op, index
             if step.startswith("SCAN") and ("schedule_runs" in step
                                             or "status_transitions" in step):
                 assert "USING" in step, f"{what}: full table scan in the plan:\n{text}"
+
+
+async def test_postgres_claim_pages_read_the_claim_index_in_order(pg_target: str) -> None:
+    """PostgreSQL: each claim statement is a range of idx_schedule_runs_claim_order read in
+    the index's order (no Sort node, so no row past the LIMIT is read). Sequential scans
+    are priced out, as on a deep queue."""
+    from ledgerq import StateDB
+
+    async with StateDB(pg_target) as db:
+        policy = db.registry.entity("schedule_run")
+
+        def probe(tx: Tx) -> list[str]:
+            plans: list[str] = []
+            real = tx.execute
+
+            def recording(sql: str, params: Any = ()) -> Any:
+                if sql.lstrip().startswith("SELECT"):
+                    plans.append("\n".join(
+                        r[0] for r in real(f"EXPLAIN {sql}", params).fetchall()))
+                return real(sql, params)
+
+            real("SET LOCAL enable_seqscan = off")
+            tx.execute = recording  # type: ignore[method-assign]
+            tx.claim_page(policy, ["workflow"], "default", None, 50)
+            tx.claim_page(policy, [], "q1", (5, 0.0, ""), 50)
+            return plans
+
+        plans = await db.read(probe)
+    assert len(plans) == 3, plans  # the first page: one range; the next: level, then below
+    for plan in plans:
+        assert "idx_schedule_runs_claim_order" in plan, plan
+        assert "Sort" not in plan, plan
