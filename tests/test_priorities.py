@@ -328,3 +328,28 @@ def test_cli_schedule_add_carries_priority_and_queue(db_target: str) -> None:
     line = one_error_line(cli("schedule", "add", "bad", "--every", "5m", "--queue", "a b",
                               "--db", db, "--", "true"), 2)
     assert "is not a queue name" in line
+
+
+async def test_specs_without_the_columns_claim_in_age_order(tmp_path: Path) -> None:
+    """A custom spec directory from before priorities and queues keeps working."""
+    from evolution_support import SpecDir
+    from ledgerq.lifecycle.registry import load_registry
+
+    specs = SpecDir(tmp_path / "specs")
+    specs.replace('priority = { type = "integer", not_null = true, default = 0 }\n', "")
+    specs.replace('queue = { type = "text", not_null = true, default = "default" }\n', "")
+    specs.replace('name = "idx_schedule_runs_claim_order"\ncolumns = ["queue", "priority", '
+                  '"queued_at", "id"]\ndescending = ["priority"]\n',
+                  'name = "idx_schedule_runs_claim_order"\ncolumns = ["queued_at", "id"]\n')
+    async with StateDB(str(tmp_path / "old.db"), registry=load_registry(specs.path)) as db:
+        assert "queue" not in db.registry.entity("schedule_run").columns
+        first = await put(db, 1)
+        second = await put(db, 2)
+        for fields in ({"priority": 1}, {"queue": "x"}):
+            with pytest.raises(InvalidInput, match="the loaded specs declare no"):
+                await submit_task(db, app(**fields))
+        assert await claim(db, queues=["x"]) == []
+        assert await claim(db, limit=1) == [first]
+        assert await claim(db) == [second]
+        page = await list_runs(db)
+        assert page.total == 2 and "queue" not in page.runs[0]
