@@ -271,7 +271,7 @@ def ls(
 
     if follow:
         catch_stop_signals()
-    from ledgerq.projections.read_models import list_runs, summary_columns
+    from ledgerq.projections.read_models import list_runs
     from ledgerq.queue.application import (
         ACTION_ALIASES,
         ACTION_KINDS,
@@ -313,7 +313,7 @@ def ls(
         return
     if json_out:
         emit_json({"runs": page.runs, "total": page.total, "limit": page.limit,
-                   "offset": page.offset, "columns": list(summary_columns(policy))})
+                   "offset": page.offset, "columns": list(page.columns)})
         return
     _print_page(page, policy)
 

@@ -42,9 +42,17 @@ def summary_columns(policy: EntityPolicy, columns: Iterable[str] = SUMMARY_COLUM
     return tuple(c for c in columns if c in policy.columns or c not in _OPTIONAL_SUMMARY)
 
 
+def stored_run_policy(db: StateDB) -> EntityPolicy:
+    """The run entity as the database's table has it: a read-only open of a database
+    not yet migrated to this release's specs lacks the columns they add."""
+    return next((p for p in db.log_policies() if p.name == RUN_ENTITY),
+                db.registry.entity(RUN_ENTITY))
+
+
 def _run_filters(policy: EntityPolicy, statuses: Iterable[str] | None,
                  kinds: Iterable[str] | None, targets: Iterable[str] | None,
                  queues: Iterable[str] | None) -> dict[str, list[Any]]:
+    """The run filters; ``policy`` is the table as stored (:func:`stored_run_policy`)."""
     filters = {col: list(values or []) for col, values in (
         ("status", statuses), ("action_kind", kinds), ("execution_target", targets),
         (QUEUE_COLUMN, queues))}
@@ -91,6 +99,8 @@ class RunPage:
     total: int
     limit: int
     offset: int
+    #: The columns each summary has (the optional ones only where the table has them).
+    columns: tuple[str, ...] = SUMMARY_COLUMNS
 
 
 async def list_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
@@ -105,15 +115,16 @@ async def list_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
     policy = db.registry.entity(RUN_ENTITY)
-    filters = _run_filters(policy, statuses, kinds, targets, queues)
+    stored = stored_run_policy(db)
+    filters = _run_filters(stored, statuses, kinds, targets, queues)
     if since_column not in policy.columns:
         raise ValueError(f"no run column {since_column!r}")
     bound = None if since is None else (since_column, since)
+    columns = summary_columns(stored)
 
     def read(tx: Tx) -> RunPage:
-        total, rows = tx.run_page(policy, filters, summary_columns(policy), limit, offset,
-                                  since=bound)
-        return RunPage(rows, total, limit, offset)
+        total, rows = tx.run_page(policy, filters, columns, limit, offset, since=bound)
+        return RunPage(rows, total, limit, offset, columns)
 
     return await db.read(read)
 
@@ -225,12 +236,13 @@ async def page_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
     if limit < 1:
         raise InvalidInput("limit must be >= 1")
     policy = db.registry.entity(RUN_ENTITY)
-    cols = summary_columns(policy, dict.fromkeys((*columns, "created_at", "id")))
+    stored = stored_run_policy(db)
+    cols = summary_columns(stored, dict.fromkeys((*columns, "created_at", "id")))
     unknown = [c for c in cols if c not in policy.columns and c not in SUMMARY_COLUMNS]
     if unknown:
         raise InvalidInput(f"no column {unknown[0]!r} in {policy.table}")
     before = decode_cursor(cursor) if cursor is not None else None
-    filters = _run_filters(policy, statuses, kinds, targets, queues)
+    filters = _run_filters(stored, statuses, kinds, targets, queues)
     rows = await db.read(lambda tx: tx.run_page_before(policy, filters, cols, before,
                                                         limit + 1))
     items = [decode_run_row(db, r) for r in rows[:limit]]
@@ -527,6 +539,7 @@ __all__ = [
     "resolve_run_id",
     "run_history",
     "run_status",
+    "stored_run_policy",
     "summary_columns",
     "wait_for_runs",
     "worker_statuses",
