@@ -105,6 +105,13 @@ def test_submit_is_idempotent_and_conflicts_are_409(server: Server, api: httpx.C
     (command("true", retry={"max_attempts": 2, "base_delay": 1, "x": 1}),
      "unknown retry field"),
     (command("true", colour="red"), "unknown field 'colour'"),
+    (command("true", priority=1001),
+     library_message(action_kind="command", args={"argv": ["true"]}, execution_target="host",
+                     priority=1001)),
+    (command("true", priority=2.5), "priority must be an integer"),
+    (command("true", queue="no spaces"),
+     library_message(action_kind="command", args={"argv": ["true"]}, execution_target="host",
+                     queue="no spaces")),
     ({"action_kind": "command", "execution_target": "host"}, "missing field 'args'"),
     ([1, 2], "must be a JSON object"),
 ])
@@ -197,6 +204,23 @@ def test_list_filters_and_cursor_pages(server: Server, api: httpx.Client) -> Non
     assert api.get("/api/tasks", params={"cursor": "bogus"}).status_code == 422
     assert api.get("/api/tasks", params={"limit": 0}).status_code == 422
     assert api.get("/api/tasks", params={"limit": "x"}).status_code == 422
+
+
+def test_priority_and_queue_are_submitted_shown_and_filtered(server: Server,
+                                                             api: httpx.Client) -> None:
+    made = post(api, command("true", priority=7, queue="http-ops"))
+    assert made.status_code == 201, made.text
+    run_id = made.json()["id"]
+    run = api.get(f"/api/tasks/{run_id}").json()["run"]
+    assert (run["priority"], run["queue"]) == (7, "http-ops")
+    plain = post(api, command("true")).json()["id"]
+    assert api.get(f"/api/tasks/{plain}").json()["run"]["queue"] == "default"
+    listed = api.get("/api/tasks", params={"queue": "http-ops"}).json()["items"]
+    assert [(i["id"], i["priority"], i["queue"]) for i in listed] == [(run_id, 7, "http-ops")]
+    both = api.get("/api/tasks", params=[("queue", "http-ops"), ("queue", "default")]).json()
+    assert {run_id, plain} <= {i["id"] for i in both["items"]}
+    schema = api.get("/openapi.json").json()["components"]["schemas"]["TaskApplicationBody"]
+    assert {"priority", "queue"} <= set(schema["properties"])
 
 
 def test_show_and_cancel(server: Server, api: httpx.Client) -> None:

@@ -38,10 +38,15 @@ class PlanTx(SqliteTx):
 Op = Callable[[Tx], object]
 # (what, the operation, the index its plan must use)
 QUERIES: list[tuple[str, Op, str]] = [
-    ("claim scan page", lambda tx: tx.claim_page(POLICY, ["workflow"], (0.0, ""), 50),
-     "idx_schedule_runs_claim"),
-    ("claim scan page, no kind excluded", lambda tx: tx.claim_page(POLICY, [], (0.0, ""), 50),
-     "idx_schedule_runs_claim"),
+    ("claim scan, first page", lambda tx: tx.claim_page(POLICY, ["workflow"], "default",
+                                                        None, 50),
+     "idx_schedule_runs_claim_order"),
+    ("claim scan, next page", lambda tx: tx.claim_page(POLICY, ["workflow"], "default",
+                                                       (5, 0.0, ""), 50),
+     "idx_schedule_runs_claim_order"),
+    ("claim scan page, no kind excluded", lambda tx: tx.claim_page(POLICY, [], "q1",
+                                                                   (0, 0.0, ""), 50),
+     "idx_schedule_runs_claim_order"),
     ("running concurrency keys", lambda tx: tx.running_keys(POLICY), "idx_schedule_runs_lease"),
     ("is this key running", lambda tx: tx.key_running(POLICY, "host:gpu"),
      "idx_schedule_runs_concurrency"),
@@ -85,7 +90,41 @@ def test_query_uses_its_index(conn: sqlite3.Connection, what: str, op: Op, index
     for plan in tx.plans:
         text = "\n".join(plan)
         assert index in text, f"{what}: expected {index} in the plan:\n{text}"
+        # Read in the index's order: a sort would read every row of the range first.
+        assert "FOR ORDER BY" not in text, f"{what}: sorts instead of reading in order:\n{text}"
         for step in plan:
             if step.startswith("SCAN") and ("schedule_runs" in step
                                             or "status_transitions" in step):
                 assert "USING" in step, f"{what}: full table scan in the plan:\n{text}"
+
+
+async def test_postgres_claim_pages_read_the_claim_index_in_order(pg_target: str) -> None:
+    """PostgreSQL: each claim statement is a range of idx_schedule_runs_claim_order read in
+    the index's order (no Sort node, so no row past the LIMIT is read). Sequential scans
+    are priced out, as on a deep queue."""
+    from ledgerq import StateDB
+
+    async with StateDB(pg_target) as db:
+        policy = db.registry.entity("schedule_run")
+
+        def probe(tx: Tx) -> list[str]:
+            plans: list[str] = []
+            real = tx.execute
+
+            def recording(sql: str, params: Any = ()) -> Any:
+                if sql.lstrip().startswith("SELECT"):
+                    plans.append("\n".join(
+                        r[0] for r in real(f"EXPLAIN {sql}", params).fetchall()))
+                return real(sql, params)
+
+            real("SET LOCAL enable_seqscan = off")
+            tx.execute = recording  # type: ignore[method-assign]
+            tx.claim_page(policy, ["workflow"], "default", None, 50)
+            tx.claim_page(policy, [], "q1", (5, 0.0, ""), 50)
+            return plans
+
+        plans = await db.read(probe)
+    assert len(plans) == 3, plans  # the first page: one range; the next: level, then below
+    for plan in plans:
+        assert "idx_schedule_runs_claim_order" in plan, plan
+        assert "Sort" not in plan, plan

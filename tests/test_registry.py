@@ -551,3 +551,37 @@ async def test_status_check_follows_a_custom_spec(tmp_path: Path) -> None:
             conn.execute("INSERT INTO widgets (id, status, created_at) VALUES ('b', 'queued', 0)")
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------- descending index keys
+
+
+def test_descending_index_keys_are_checked_and_rendered(tmp_path: Path) -> None:
+    from ledgerq.store.ddl import index_statements
+
+    def with_index(descending: str) -> Path:
+        f = tmp_path / "widget.toml"
+        f.write_text(BASELINE + '\n[[indexes]]\nname = "idx_widgets_owner"\n'
+                     f'columns = ["owner", "id"]\ndescending = {descending}\n')
+        return f
+
+    policy = load_registry(with_index('["owner"]')).entity("widget")
+    (ix,) = policy.indexes
+    assert ix.descending == frozenset({"owner"})
+    assert '("owner" DESC, "id")' in index_statements(policy)["idx_widgets_owner"]
+    for bad, message in (('["colour"]', "column 'colour' is not one of the index's columns"),
+                         ('["owner", "owner"]', "column 'owner' is listed twice")):
+        with pytest.raises(SpecError) as info:
+            load_registry(with_index(bad))
+        assert [(p.path.split("[")[0], message in p.message) for p in info.value.problems] == [
+            ("$.indexes", True)], info.value.problems
+
+
+def test_an_index_without_descending_keys_normalizes_as_before() -> None:
+    """Recorded specs from before the field compare equal: opening adds no index change."""
+    from ledgerq.lifecycle.evolution import policy_normal
+
+    normal = policy_normal(default_registry().entity("schedule_run"))
+    by_name = {ix["name"]: ix for ix in normal["indexes"]}
+    assert "descending" not in by_name["idx_schedule_runs_lease"]
+    assert by_name["idx_schedule_runs_claim_order"]["descending"] == ["priority"]

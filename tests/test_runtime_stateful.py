@@ -11,6 +11,9 @@ invariants after every step:
 * a write guarded on a stale belief never applies, and writes nothing;
 * a terminal row never moves again, and no run has two terminal facts;
 * at most one run per concurrency key is running;
+* a claim takes exactly the head of the claim order: of the queued rows in the
+  worker's queues, highest priority first, then oldest, one per concurrency key and
+  none whose key is running (so never a row of another queue, nor a delayed one);
 * ``verify()`` finds no drift.
 """
 
@@ -58,6 +61,9 @@ WORKERS = ("host:0000000a", "host:0000000b", "host:0000000c")
 GPU = "gpu-exclusive"
 TERMINAL = frozenset({"completed", "failed", "timed_out", "skipped", "cancelled"})
 OPERATOR = Actor(type="operator", id="op")
+#: Few values, so ties (equal priority, one queue) are common and the order is tested.
+PRIORITIES = st.sampled_from([0, 0, 0, 1, 5, -1])
+QUEUES = st.sampled_from(["default", "default", "q2"])
 #: A real file, on a RAM-backed filesystem where there is one: the machine opens hundreds.
 SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
@@ -76,6 +82,8 @@ class Run:
     run_attempts: int = 0
     retry_due: float | None = None
     not_before: float | None = None
+    priority: int = 0
+    queue: str = "default"
 
 
 @dataclass
@@ -165,17 +173,19 @@ class WorkerAPIMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ rules
 
     def _submit(self, key: str | None, retry: int, deps: list[str],
-                delay: float | None = None) -> str:
+                delay: float | None = None, priority: int = 0, queue: str = "default") -> str:
         policy = RetryPolicy(retry, base_delay=5.0, factor=2.0, jitter=0) if retry else None
         not_before = None if delay is None else self.clock + delay
         app = TaskApplication("agent", {}, "host", required_capabilities=[GPU] if key else [],
-                              retry=policy, depends_on=deps, not_before=not_before)
+                              retry=policy, depends_on=deps, not_before=not_before,
+                              priority=priority, queue=queue)
         rid = self.run(submit_task(self.db, app, now=self.clock, host=key or "h0"))
         delayed = not_before is not None and not_before > self.clock
         self.model[rid] = Run(status="waiting_dependency" if deps else
                               "delayed" if delayed else "queued",
                               key=f"{key}:{GPU}" if key else None, deps=list(deps),
-                              retry=policy, not_before=not_before if delayed else None)
+                              retry=policy, not_before=not_before if delayed else None,
+                              priority=priority, queue=queue)
         self.resolve()
         return str(rid)
 
@@ -184,15 +194,16 @@ class WorkerAPIMachine(RuleBasedStateMachine):
         return self._submit(key, 0, [])
 
     @rule(target=runs, key=st.sampled_from([None, None, "h1", "h2"]),
-          retry=st.sampled_from([0, 0, 2, 3]))
-    def submit(self, key: str | None, retry: int) -> str:
-        return self._submit(key, retry, [])
+          retry=st.sampled_from([0, 0, 2, 3]), priority=PRIORITIES, queue=QUEUES)
+    def submit(self, key: str | None, retry: int, priority: int, queue: str) -> str:
+        return self._submit(key, retry, [], priority=priority, queue=queue)
 
     @rule(target=runs, key=st.sampled_from([None, "h1"]),
-          delay=st.sampled_from([-1.0, 0.0, 3.0, 7.0, 15.0]))
-    def submit_delayed(self, key: str | None, delay: float) -> str:
-        """A start time: never claimed before it, queued by promotion at it."""
-        return self._submit(key, 0, [], delay)
+          delay=st.sampled_from([-1.0, 0.0, 3.0, 7.0, 15.0]), priority=PRIORITIES)
+    def submit_delayed(self, key: str | None, delay: float, priority: int) -> str:
+        """A start time: never claimed before it (whatever its priority), queued by
+        promotion at it."""
+        return self._submit(key, 0, [], delay, priority=priority)
 
     @rule(target=runs, deps=st.lists(runs, min_size=1, max_size=3, unique=True),
           key=st.sampled_from([None, "h1"]))
@@ -200,20 +211,40 @@ class WorkerAPIMachine(RuleBasedStateMachine):
         return self._submit(key, 0, deps)
 
     @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 4),
-          ttl=st.sampled_from([5.0, 10.0, 30.0]))
-    def claim(self, worker: str, limit: int, ttl: float) -> None:
-        queued = [m for m in self.model.values() if m.status == "queued"]
+          ttl=st.sampled_from([5.0, 10.0, 30.0]),
+          queues=st.sampled_from([("default",), ("q2",), ("default", "q2"), ("q2", "q3")]))
+    def claim(self, worker: str, limit: int, ttl: float, queues: tuple[str, ...]) -> None:
+        # The claim order: among queued rows of the worker's queues, priority descending,
+        # then (queued_at, id); one row per concurrency key, none whose key is running.
+        queued_at = {r["id"]: r["queued_at"] for r in self.run(self.db.fetch_all(
+            "SELECT id, queued_at FROM schedule_runs WHERE status = 'queued'"))}
+        eligible = sorted((rid for rid, m in self.model.items()
+                           if m.status == "queued" and m.queue in queues),
+                          key=lambda rid: (-self.model[rid].priority, queued_at[rid], rid))
         busy = {m.key for m in self.model.values() if m.status == "running" and m.key}
-        free_keys = {m.key for m in queued if m.key and m.key not in busy}
-        expected = min(limit, sum(1 for m in queued if m.key is None) + len(free_keys))
+        expected: list[str] = []
+        blocked = set(busy)
+        for rid in eligible:
+            if len(expected) == limit:
+                break
+            key = self.model[rid].key
+            if key is not None:
+                if key in blocked:
+                    continue
+                blocked.add(key)
+            expected.append(rid)
         got = self.run(claim_runs(self.db, worker_id=worker, now=self.clock, lease_ttl=ttl,
-                                  limit=limit, advertised_capabilities=[GPU]))
-        assert len(got.claimed) == expected, (got, expected)
+                                  limit=limit, advertised_capabilities=[GPU], queues=queues))
+        assert sorted(r["id"] for r in got.claimed) == sorted(expected), (got, expected)
+        if any(self.model[rid].priority for rid in expected):
+            event("claimed by priority")
+        if len(queues) > 1 and len({self.model[rid].queue for rid in expected}) > 1:
+            event("claimed across queues")
         keys = [r["concurrency_key"] for r in got.claimed if r["concurrency_key"]]
         assert len(keys) == len(set(keys)) and not set(keys) & busy
         for r in got.claimed:
             m = self.model[r["id"]]
-            assert m.status == "queued"
+            assert m.status == "queued" and m.queue in queues
             m.status, m.leased_by, m.expires = "running", worker, self.clock + ttl
             m.lease_attempts += 1
             assert r["lease_expires_at"] == m.expires and r["leased_by"] == worker
@@ -359,9 +390,9 @@ class WorkerAPIMachine(RuleBasedStateMachine):
         for rid, m in self.model.items():
             r = rows[rid]
             assert (r["status"], r["leased_by"], r["lease_expires_at"], r["lease_attempts"],
-                    r["run_attempts"], r["retry_due_at"]) == (
+                    r["run_attempts"], r["retry_due_at"], r["priority"], r["queue"]) == (
                 m.status, m.leased_by, m.expires, m.lease_attempts, m.run_attempts,
-                m.retry_due), (rid, r, m)
+                m.retry_due, m.priority, m.queue), (rid, r, m)
             if m.status == "running":
                 assert r["leased_by"] is not None and r["lease_expires_at"] is not None
             elif m.status in ("queued", "retry_wait", "waiting_dependency", "delayed"):

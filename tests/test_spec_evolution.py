@@ -95,9 +95,9 @@ async def test_every_additive_kind_migrates(v1: tuple[str, dict[str, list[str]]]
                                             tmp_path: Path) -> None:
     target, rows = v1
     specs = SpecDir(tmp_path / "specs").paused()
-    specs.replace("[columns]\n", '[columns]\npriority = { type = "integer", default = 5 }\n'
+    specs.replace("[columns]\n", '[columns]\nurgency = { type = "integer", default = 5 }\n'
                   'owner_team = "text"\nlabels = "json"\n')
-    specs.replace('patch_columns = [\n', 'patch_columns = [\n  "owner_team", "priority",\n')
+    specs.replace('patch_columns = [\n', 'patch_columns = [\n  "owner_team", "urgency",\n')
     specs.append('''
 [[indexes]]
 name = "idx_schedule_runs_owner_team"
@@ -110,19 +110,19 @@ where_not_null = ["owner_team"]
                   '"dispatch.pending.deferred" = "Deferred by its sender."',
                   "dispatch.toml")
     async with StateDB(target, registry=load_registry(specs.path)) as db:
-        stored = await db.fetch_all("SELECT id, priority, owner_team FROM schedule_runs")
-        assert {r["priority"] for r in stored} == {5}
+        stored = await db.fetch_all("SELECT id, urgency, owner_team FROM schedule_runs")
+        assert {r["urgency"] for r in stored} == {5}
         assert {r["owner_team"] for r in stored} == {None}
         run = rows["running"][0]
         result = await transition(db, TransitionRequest(
             entity_type="schedule_run", entity_id=run, from_state="running",
             to_state="paused", reason=StateReason(code="run.paused.operator"),
             actor=OPERATOR, idempotency_key=_key()),
-            patch={"owner_team": "infra", "priority": 1})
+            patch={"owner_team": "infra", "urgency": 1})
         assert result.applied, result
-        row = await db.fetch_one("SELECT owner_team, priority FROM schedule_runs WHERE id = ?",
+        row = await db.fetch_one("SELECT owner_team, urgency FROM schedule_runs WHERE id = ?",
                                  [run])
-        assert row == {"owner_team": "infra", "priority": 1}
+        assert row == {"owner_team": "infra", "urgency": 1}
         if db.dialect == "sqlite":
             names = {r["name"] for r in await db.fetch_all(
                 "SELECT name FROM sqlite_master WHERE type = 'index'")}
@@ -337,3 +337,31 @@ async def test_an_older_release_never_lowers_the_recorded_schema_version(
         assert row == {"value": str(SCHEMA_VERSION + 1)}
     async with StateDB(target, registry=load_registry(specs.path)) as db:
         assert db.migration is None  # current: no lock, no DDL
+
+
+async def test_runs_from_before_queues_migrate_to_priority_0_in_the_default_queue(
+        v1: tuple[str, dict[str, list[str]]]) -> None:
+    from ledgerq.queue import TaskApplication, claim_runs, submit_task
+
+    target, rows = v1
+    async with StateDB(target) as db:  # the packaged specs: priority, queue, their index
+        assert db.migration is not None
+        lines = db.migration.lines()
+        assert "additive: add column schedule_run.priority" in lines, lines
+        assert "additive: add index schedule_run.idx_schedule_runs_claim_order" in lines
+        stored = await db.fetch_all("SELECT id, priority, queue FROM schedule_runs")
+        assert {r["id"] for r in stored} == set(rows["all"])
+        assert {(r["priority"], r["queue"]) for r in stored} == {(0, "default")}
+        assert (await verify(db)).ok
+        old = [r for r in rows["all"] if r not in rows["running"] + rows["cancelled"]]
+        urgent = await submit_task(db, TaskApplication("agent", {}, "host", priority=3))
+        elsewhere = await submit_task(db, TaskApplication("agent", {}, "host", queue="other"))
+        # Claim order on the migrated table: the new urgent run, then the old one; the
+        # other queue's run only by a worker serving it.
+        got = await claim_runs(db, worker_id="host:00000001", limit=1)
+        assert [r["id"] for r in got.claimed] == [urgent]
+        got = await claim_runs(db, worker_id="host:00000001", limit=5)
+        assert [r["id"] for r in got.claimed] == old
+        got = await claim_runs(db, worker_id="host:00000002", limit=5, queues=["other"])
+        assert [r["id"] for r in got.claimed] == [elsewhere]
+        assert (await verify(db)).ok

@@ -275,10 +275,10 @@ async def test_queue_scans(db: StateDB) -> None:
     ]
     for r in rows:
         await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
-    page = await db.read(lambda tx: tx.claim_page(policy, ["skipme"], (float("-inf"), ""), 10))
+    page = await db.read(lambda tx: tx.claim_page(policy, ["skipme"], "default", None, 10))
     assert [r["id"] for r in page] == ["q1", "q3"]
     assert set(page[0]) == set(CANDIDATE_COLUMNS)
-    page = await db.read(lambda tx: tx.claim_page(policy, [], (1.0, "q1"), 1))
+    page = await db.read(lambda tx: tx.claim_page(policy, [], "default", (0, 1.0, "q1"), 1))
     assert [r["id"] for r in page] == ["q2"]
     expired = await db.read(lambda tx: tx.expired_leases(policy, 10.0))
     assert [r["id"] for r in expired] == ["r1"] and set(expired[0]) == set(expired_columns(policy))
@@ -308,6 +308,22 @@ async def test_queue_scans(db: StateDB) -> None:
         "d1", "q1", "r1"]
     assert (await db.write(lambda tx: tx.entity_for_move(policy, "q1", (), skip_locked=True))
             == ("queued", 1))
+    # Claim order: priority descending, then (queued_at, id); one queue at a time; a
+    # page continues within its cursor's priority level, then goes below it.
+    for r in (row_values(id="p5a", queued_at=9.0, priority=5),
+              row_values(id="p5b", queued_at=8.0, priority=5),
+              row_values(id="n1", queued_at=0.5, priority=-1),
+              row_values(id="o1", queued_at=0.1, priority=9, queue="other")):
+        await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
+    page = await db.read(lambda tx: tx.claim_page(policy, [], "default", None, 10))
+    assert [r["id"] for r in page] == ["p5b", "p5a", "q1", "q2", "q3", "n1"]
+    page = await db.read(lambda tx: tx.claim_page(policy, [], "default", (5, 8.0, "p5b"), 2))
+    assert [r["id"] for r in page] == ["p5a", "q1"]
+    page = await db.read(lambda tx: tx.claim_page(policy, [], "default", (0, 3.0, "q3"), 5))
+    assert [r["id"] for r in page] == ["n1"]
+    page = await db.read(lambda tx: tx.claim_page(policy, [], "other", None, 5))
+    assert [(r["id"], r["priority"], r["queue"]) for r in page] == [("o1", 9, "other")]
+    assert await db.read(lambda tx: tx.claim_page(policy, [], "nobody", None, 5)) == []
 
 
 async def test_dependencies_and_settling(db: StateDB) -> None:

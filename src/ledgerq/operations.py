@@ -40,7 +40,13 @@ FACT_COLUMNS = (
 LEASE_GROUP = "lease"
 #: What a claim pass reads of a candidate.
 CANDIDATE_COLUMNS = ("id", "queued_at", "required_capabilities", "execution_target",
-                     "concurrency_key", "lease_attempts")
+                     "concurrency_key", "lease_attempts", "priority", "queue")
+#: The claim order's columns (specs that predate them: every run is priority 0 in the
+#: default queue).
+PRIORITY_COLUMN = "priority"
+QUEUE_COLUMN = "queue"
+#: The queue a run waits in, and a worker serves, when none is named.
+DEFAULT_QUEUE = "default"
 
 
 def lease_columns(policy: EntityPolicy) -> tuple[str, ...]:
@@ -218,10 +224,11 @@ class Tx(abc.ABC):
         (outcomes are the spec's). A depends_on that is not a JSON list never settles."""
 
     @abc.abstractmethod
-    def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str],
-                   after: tuple[float, str], limit: int) -> list[Row]:
-        """One keyset page of queued, unscheduled rows after ``after`` in (queued_at, id)
-        order (:data:`CANDIDATE_COLUMNS`)."""
+    def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str], queue: str,
+                   after: tuple[int, float, str] | None, limit: int) -> list[Row]:
+        """One keyset page of queue ``queue``'s queued, unscheduled rows after ``after``
+        (None: from the start) in claim order: priority descending, then (queued_at, id)
+        (:data:`CANDIDATE_COLUMNS`). Rows without a ``queued_at`` are never claimed."""
 
     @abc.abstractmethod
     def running_keys(self, policy: EntityPolicy) -> set[str]:

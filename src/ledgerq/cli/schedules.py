@@ -76,6 +76,10 @@ def add(
     timeout: Annotated[float | None, typer.Option(
         "--timeout", help="Seconds each fire may execute before it is killed.",
         show_default=False)] = None,
+    priority: Annotated[int, typer.Option(
+        "--priority", help="Claim priority of each fire (-1000..1000, higher first).")] = 0,
+    queue: Annotated[str, typer.Option(
+        "--queue", help="The named queue each fire waits in.")] = "default",
     db: DbOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -88,7 +92,8 @@ def add(
     try:
         retry = None if retry_max is None else RetryPolicy(retry_max, retry_delay)
         application = TaskApplication(kind, args, target, required_capabilities=list(cap or []),
-                                      retry=retry, timeout_seconds=timeout)
+                                      retry=retry, timeout_seconds=timeout,
+                                      priority=priority, queue=queue)
     except ValueError as exc:
         die(str(exc))
     path = db_path(ctx, db)

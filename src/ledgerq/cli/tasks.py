@@ -178,6 +178,12 @@ def submit(
     at: Annotated[str | None, typer.Option(
         "--at", metavar="ISO8601", help="Start no sooner than this time (local time unless "
         "it has an offset).", show_default=False)] = None,
+    priority: Annotated[int, typer.Option(
+        "--priority", help="Claimed before runs of lower priority (-1000..1000); "
+        "ties go oldest first.")] = 0,
+    queue: Annotated[str, typer.Option(
+        "--queue", help="The named queue it waits in; only workers serving it "
+        "(ledgerq worker --queue) claim it.")] = "default",
     db: DbOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -209,6 +215,7 @@ def submit(
         required_capabilities=list(cap or []), library_ref=library_ref,
         library_content_hash=library_hash, idempotency_key=idempotency_key, retry=retry,
         timeout_seconds=timeout, depends_on=tuple(depends_on or ()), not_before=not_before,
+        priority=priority, queue=queue,
     )
     try:
         validate(application)
@@ -245,6 +252,9 @@ def ls(
     target: Annotated[list[str] | None, typer.Option(
         "--target", "-t", help="Only runs for this execution target. Repeatable.",
         show_default=False)] = None,
+    queue: Annotated[list[str] | None, typer.Option(
+        "--queue", help="Only runs in this named queue. Repeatable.",
+        show_default=False)] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="Page size.")] = 50,
     offset: Annotated[int, typer.Option("--offset", min=0, help="Runs to skip.")] = 0,
     since: Annotated[str | None, typer.Option(
@@ -261,8 +271,13 @@ def ls(
 
     if follow:
         catch_stop_signals()
-    from ledgerq.projections.read_models import SUMMARY_COLUMNS, list_runs
-    from ledgerq.queue.application import ACTION_ALIASES, ACTION_KINDS, EXECUTION_TARGETS
+    from ledgerq.projections.read_models import list_runs
+    from ledgerq.queue.application import (
+        ACTION_ALIASES,
+        ACTION_KINDS,
+        EXECUTION_TARGETS,
+        queue_name_problem,
+    )
 
     statuses = list(status or [])
     policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
@@ -271,25 +286,34 @@ def ls(
     check_choice("action kind", kinds, list(ACTION_KINDS))
     targets = list(target or [])
     check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
+    queues = list(queue or [])
+    for name in queues:
+        problem = queue_name_problem(name)
+        if problem is not None:
+            die(f"--queue {problem}")
     moved_since = since_time(since)
     path = db_path(ctx, db)
     started = time.time()  # a follow prints the moves after the listing's snapshot
 
     async def go() -> Any:
         async with open_db(ctx, path, readonly=True) as handle:
-            return await list_runs(handle, statuses=statuses, kinds=kinds, targets=targets,
-                                   limit=limit, offset=offset, since=moved_since)
+            try:
+                return await list_runs(handle, statuses=statuses, kinds=kinds,
+                                       targets=targets, limit=limit, offset=offset,
+                                       since=moved_since, queues=queues)
+            except ValueError as exc:
+                die(str(exc))
 
     page = run(go())
     if follow:
         if not json_out:
             _print_page(page, policy)
         follow_runs(ctx, path, policy, statuses=statuses, kinds=kinds, targets=targets,
-                    json_lines=json_out, since=started)
+                    json_lines=json_out, since=started, queues=queues)
         return
     if json_out:
         emit_json({"runs": page.runs, "total": page.total, "limit": page.limit,
-                   "offset": page.offset, "columns": list(SUMMARY_COLUMNS)})
+                   "offset": page.offset, "columns": list(page.columns)})
         return
     _print_page(page, policy)
 
@@ -297,11 +321,13 @@ def ls(
 def _print_page(page: Any, policy: Any) -> None:
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("ID", no_wrap=True, min_width=36)
-    for name in ("STATUS", "KIND", "TARGET", "CREATED", "EXIT", "WORKER", "REASON"):
+    for name in ("STATUS", "KIND", "TARGET", "QUEUE", "PRI", "CREATED", "EXIT", "WORKER",
+                 "REASON"):
         table.add_column(name)
     for r in page.runs:
         table.add_row(cell(r["id"]), styled_status(policy, r["status"]), cell(r["action_kind"]),
-                      cell(r["execution_target"] or ""), fmt_ts(r["created_at"]),
+                      cell(r["execution_target"] or ""), cell(r.get("queue", "default")),
+                      cell(r.get("priority", 0)), fmt_ts(r["created_at"]),
                       "" if r["exit_code"] is None else cell(r["exit_code"]),
                       cell(r["leased_by"] or ""), cell(r["status_reason_code"] or ""))
     out.print(table)

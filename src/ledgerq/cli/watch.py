@@ -113,7 +113,7 @@ def since_time(value: str | None, option: str = "--since") -> float | None:
 
 def follow_runs(ctx: typer.Context, path: str, policy: EntityPolicy, *, statuses: list[str],
                 kinds: list[str], targets: list[str], json_lines: bool,
-                since: float | None = None) -> None:
+                since: float | None = None, queues: list[str] | None = None) -> None:
     """``ls --follow``: print every move of a run matching the filters from ``since``
     (default now) on, until SIGINT/SIGTERM (exit 0). ``--status`` matches the state a
     move enters."""
@@ -126,11 +126,12 @@ def follow_runs(ctx: typer.Context, path: str, policy: EntityPolicy, *, statuses
             async def step() -> bool:
                 facts = [f for f in await follower.poll()
                          if not statuses or f["status"] in statuses]
-                if facts and (kinds or targets):
+                if facts and (kinds or targets or queues):
                     rows = await get_runs(handle, {f["entity_id"] for f in facts})
                     facts = [f for f in facts if (r := rows.get(f["entity_id"])) is not None
                              and (not kinds or r["action_kind"] in kinds)
-                             and (not targets or r["execution_target"] in targets)]
+                             and (not targets or r["execution_target"] in targets)
+                             and (not queues or r.get("queue", "default") in queues)]
                 for f in facts:
                     print_fact(f, policy, json_lines=json_lines)
                 return True

@@ -38,6 +38,9 @@ def worker(
     target: Annotated[list[str] | None, typer.Option(
         "--target", "-t", help="An execution target served. Repeatable (default: host).",
         show_default=False)] = None,
+    queue: Annotated[list[str] | None, typer.Option(
+        "--queue", help="A named queue served: only its runs are claimed. Repeatable "
+        "(default: default).", show_default=False)] = None,
     poll_interval: Annotated[float, typer.Option(
         "--poll-interval", min=0.001, help="Seconds between claim passes when idle.")
     ] = runtime.DEFAULT_POLL_INTERVAL,
@@ -104,6 +107,12 @@ def worker(
 
     targets = list(target or ["host"])
     check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
+    from ledgerq.queue.config import served_queues
+
+    try:
+        served_queues(queue)
+    except InvalidInput as exc:
+        die(f"--queue: {exc}")
     # Both are stored (the workers table, every fact the worker writes): UTF-8 text only.
     if worker_id is not None:
         text_option(worker_id, "--worker-id")
@@ -144,7 +153,7 @@ def worker(
                        lock_dir=lock_dir if lock_dir is not None else DEFAULT_LOCK_DIR,
                        shutdown_grace=shutdown_grace, scheduler=not no_scheduler,
                        output_tail=output_tail, max_tasks=max_tasks,
-                       max_runtime=runtime_limit)
+                       max_runtime=runtime_limit, queues=queue or None)
             holder["id"] = w.worker_id
             # What the connection really runs with, read back: a durability setting that
             # did not take must not be announced as if it had.

@@ -105,7 +105,9 @@ def render_markdown(policy: EntityPolicy) -> str:
         lines += ["", "## Indexes", "", "| Name | Columns | Unique | Where |", "|---|---|---|---|"]
         for ix in policy.indexes:
             where = f"`{_cell(ix.where)}`" if ix.where else ""
-            lines.append(f"| `{ix.name}` | {', '.join(f'`{c}`' for c in ix.columns)} | "
+            keys = ", ".join(f"`{c}` desc" if c in ix.descending else f"`{c}`"
+                             for c in ix.columns)
+            lines.append(f"| `{ix.name}` | {keys} | "
                          f"{'yes' if ix.unique else ''} | {where} |")
     return "\n".join(lines) + "\n"
 

@@ -58,7 +58,10 @@ def normalize(spec: EntitySpec) -> Normal:
         col = ColumnSpec(type=decl) if isinstance(decl, str) else decl
         columns[name] = msgspec.to_builtins(col)
     data["columns"] = dict(sorted(columns.items()))
-    data["indexes"] = sorted(data["indexes"], key=lambda ix: ix["name"])
+    # An index without descending keys normalizes as one recorded before the field
+    # existed did: adding the field changed no existing index's definition.
+    data["indexes"] = sorted(({k: v for k, v in ix.items() if k != "descending" or v}
+                              for ix in data["indexes"]), key=lambda ix: ix["name"])
     for key in ("initial", "terminal", "guard_columns", "patch_columns"):
         data[key] = sorted(set(data[key]))
     data["reason_codes"] = dict(sorted(data["reason_codes"].items()))

@@ -118,6 +118,8 @@ class IndexPolicy:
     status_in: tuple[str, ...] | None = None
     #: The spec's ``where_not_null``: columns the indexed rows have set.
     not_null: tuple[str, ...] = ()
+    #: The spec's ``descending``: columns kept in descending order.
+    descending: frozenset[str] = frozenset()
 
     @property
     def where(self) -> str | None:
@@ -424,9 +426,15 @@ def build_policy(spec: EntitySpec, source: str, *, lost: frozenset[str] = frozen
         for j, state in enumerate(ix.where_status or []):
             if state not in declared and states_known:
                 bad(f"$.indexes[{i}].where_status[{j}]", f"undeclared state {state!r}")
+        for j, col in enumerate(ix.descending):
+            if col not in ix.columns:
+                bad(f"$.indexes[{i}].descending[{j}]",
+                    f"column {col!r} is not one of the index's columns")
+            elif ix.descending.index(col) != j:
+                bad(f"$.indexes[{i}].descending[{j}]", f"column {col!r} is listed twice")
         indexes.append(IndexPolicy(ix.name, tuple(ix.columns), ix.unique,
                                    tuple(ix.where_status) if ix.where_status else None,
-                                   tuple(ix.where_not_null)))
+                                   tuple(ix.where_not_null), frozenset(ix.descending)))
 
     outcomes: dict[str, str] = {}
     for name, state_spec in spec.states.items():

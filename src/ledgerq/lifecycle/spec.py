@@ -110,6 +110,9 @@ class IndexSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     where_status: list[str] | None = None
     #: Partial index over rows where each of these columns IS NOT NULL.
     where_not_null: list[str] = []
+    #: Columns (of ``columns``) the index keeps in descending order, so a query ordered
+    #: by them descending and by the rest ascending reads the index in order, unsorted.
+    descending: list[str] = []
 
 
 class EntitySpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

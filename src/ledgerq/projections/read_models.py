@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ledgerq.codec import dumps, loads
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import STUCK_KINDS, Tx
+from ledgerq.operations import PRIORITY_COLUMN, QUEUE_COLUMN, STUCK_KINDS, Tx
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
@@ -30,7 +30,36 @@ FACT_JSON_COLUMNS = ("evidence_refs", "metadata", "patch")
 SUMMARY_COLUMNS = (
     "id", "status", "action_kind", "execution_target", "created_at", "updated_at", "ended_at",
     "exit_code", "leased_by", "lease_attempts", "run_attempts", "status_reason_code",
+    "priority", "queue",
 )
+#: Summary columns specs that predate them may lack (they are then left out).
+_OPTIONAL_SUMMARY = frozenset({PRIORITY_COLUMN, QUEUE_COLUMN})
+
+
+def summary_columns(policy: EntityPolicy, columns: Iterable[str] = SUMMARY_COLUMNS
+                    ) -> tuple[str, ...]:
+    """``columns`` without the optional ones ``policy``'s table lacks."""
+    return tuple(c for c in columns if c in policy.columns or c not in _OPTIONAL_SUMMARY)
+
+
+def stored_run_policy(db: StateDB) -> EntityPolicy:
+    """The run entity as the database's table has it: a read-only open of a database
+    not yet migrated to this release's specs lacks the columns they add."""
+    return next((p for p in db.log_policies() if p.name == RUN_ENTITY),
+                db.registry.entity(RUN_ENTITY))
+
+
+def _run_filters(policy: EntityPolicy, statuses: Iterable[str] | None,
+                 kinds: Iterable[str] | None, targets: Iterable[str] | None,
+                 queues: Iterable[str] | None) -> dict[str, list[Any]]:
+    """The run filters; ``policy`` is the table as stored (:func:`stored_run_policy`)."""
+    filters = {col: list(values or []) for col, values in (
+        ("status", statuses), ("action_kind", kinds), ("execution_target", targets),
+        (QUEUE_COLUMN, queues))}
+    if filters[QUEUE_COLUMN] and QUEUE_COLUMN not in policy.columns:
+        raise InvalidInput(f"the loaded specs declare no {QUEUE_COLUMN!r} column on "
+                           f"{policy.table} to filter by")
+    return filters
 #: Shortest id prefix (or suffix) accepted by :func:`resolve_run_id`.
 MIN_PREFIX = 4
 #: A lease expired (or a retry due) this long before a live worker's heartbeat, and not
@@ -70,29 +99,32 @@ class RunPage:
     total: int
     limit: int
     offset: int
+    #: The columns each summary has (the optional ones only where the table has them).
+    columns: tuple[str, ...] = SUMMARY_COLUMNS
 
 
 async def list_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
                     kinds: Iterable[str] | None = None, targets: Iterable[str] | None = None,
                     limit: int = 50, offset: int = 0, since: float | None = None,
-                    since_column: str = "updated_at") -> RunPage:
+                    since_column: str = "updated_at",
+                    queues: Iterable[str] | None = None) -> RunPage:
     """Summaries of runs matching every given filter, newest first (created_at, then id).
 
     ``since``: only runs whose ``since_column`` (a timestamp column: ``updated_at``, the
     last move; ``ended_at``; ``created_at``) is at least that epoch time."""
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
-    filters = {col: list(values or []) for col, values in (
-        ("status", statuses), ("action_kind", kinds), ("execution_target", targets))}
     policy = db.registry.entity(RUN_ENTITY)
+    stored = stored_run_policy(db)
+    filters = _run_filters(stored, statuses, kinds, targets, queues)
     if since_column not in policy.columns:
         raise ValueError(f"no run column {since_column!r}")
     bound = None if since is None else (since_column, since)
+    columns = summary_columns(stored)
 
     def read(tx: Tx) -> RunPage:
-        total, rows = tx.run_page(policy, filters, SUMMARY_COLUMNS, limit, offset,
-                                  since=bound)
-        return RunPage(rows, total, limit, offset)
+        total, rows = tx.run_page(policy, filters, columns, limit, offset, since=bound)
+        return RunPage(rows, total, limit, offset, columns)
 
     return await db.read(read)
 
@@ -193,7 +225,8 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
 async def page_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
                     kinds: Iterable[str] | None = None, targets: Iterable[str] | None = None,
                     cursor: str | None = None, limit: int = 50,
-                    columns: tuple[str, ...] = SUMMARY_COLUMNS) -> CursorPage:
+                    columns: tuple[str, ...] = SUMMARY_COLUMNS,
+                    queues: Iterable[str] | None = None) -> CursorPage:
     """Runs matching every given filter, newest first, one keyset page after ``cursor``.
 
     Unlike :func:`list_runs`' offsets, a cursor page neither repeats nor skips a run
@@ -203,13 +236,13 @@ async def page_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
     if limit < 1:
         raise InvalidInput("limit must be >= 1")
     policy = db.registry.entity(RUN_ENTITY)
-    cols = tuple(dict.fromkeys((*columns, "created_at", "id")))
+    stored = stored_run_policy(db)
+    cols = summary_columns(stored, dict.fromkeys((*columns, "created_at", "id")))
     unknown = [c for c in cols if c not in policy.columns and c not in SUMMARY_COLUMNS]
     if unknown:
         raise InvalidInput(f"no column {unknown[0]!r} in {policy.table}")
     before = decode_cursor(cursor) if cursor is not None else None
-    filters = {col: list(values or []) for col, values in (
-        ("status", statuses), ("action_kind", kinds), ("execution_target", targets))}
+    filters = _run_filters(stored, statuses, kinds, targets, queues)
     rows = await db.read(lambda tx: tx.run_page_before(policy, filters, cols, before,
                                                         limit + 1))
     items = [decode_run_row(db, r) for r in rows[:limit]]
@@ -506,6 +539,8 @@ __all__ = [
     "resolve_run_id",
     "run_history",
     "run_status",
+    "stored_run_policy",
+    "summary_columns",
     "wait_for_runs",
     "worker_statuses",
 ]

@@ -14,6 +14,7 @@ import msgspec
 
 from ledgerq.codec import dumps, loads
 from ledgerq.errors import InvalidInput
+from ledgerq.operations import DEFAULT_QUEUE
 
 #: Kinds the subprocess launcher knows, plus ``workflow`` (run only through an adapter)
 #: and ``command`` (its ``args["argv"]`` is executed directly).
@@ -71,6 +72,51 @@ class RetryPolicy:
         return cls(**data)
 
 
+#: Priorities are small integers: enough levels for any policy (a scheduler's own scale
+#: maps into them), and a typo such as 10000000 is refused rather than stored.
+MIN_PRIORITY = -1000
+MAX_PRIORITY = 1000
+#: A queue name: a letter or digit, then letters, digits and ``_ . : -``; at most 64.
+#: Names appear in URLs, shell arguments, metrics labels and log lines unquoted.
+MAX_QUEUE_NAME_LENGTH = 64
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+
+
+def queue_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a queue, or None; shared by submission and workers."""
+    if not isinstance(name, str):
+        return f"must be a string, got {type(name).__name__}"
+    if not name:
+        return "must not be empty"
+    if len(name) > MAX_QUEUE_NAME_LENGTH:
+        return (f"is {len(name):,} characters long; the limit is "
+                f"{MAX_QUEUE_NAME_LENGTH}")
+    if QUEUE_NAME.fullmatch(name) is None:
+        return (f"{shown(name)} is not a queue name: a letter or digit, then letters, "
+                "digits, '_', '.', ':' or '-'")
+    return None
+
+
+def check_priority(value: object, field_name: str = "priority") -> int:
+    """``value`` as a priority, or InvalidInput naming ``field_name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{field_name} must be an integer from {MIN_PRIORITY} to "
+                           f"{MAX_PRIORITY}, got {shown(value)}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidInput(f"{field_name} must be from {MIN_PRIORITY} to {MAX_PRIORITY} "
+                           f"(higher is claimed first), got {value}")
+    return value
+
+
+def check_queue(value: object, field_name: str = "queue") -> str:
+    """``value`` as a queue name, or InvalidInput naming ``field_name``."""
+    problem = queue_name_problem(value)
+    if problem is not None:
+        raise InvalidInput(f"{field_name} {problem}")
+    assert isinstance(value, str)
+    return value
+
+
 @dataclass(frozen=True)
 class TaskApplication:
     """What a caller asks the queue to run. Frozen: normalization returns a new object."""
@@ -87,6 +133,11 @@ class TaskApplication:
     depends_on: Sequence[str] = ()
     #: The earliest time (epoch seconds) the run may start; None or a past time: now.
     not_before: float | None = None
+    #: Claim order within a queue: higher first, ties oldest first
+    #: (:data:`MIN_PRIORITY` .. :data:`MAX_PRIORITY`).
+    priority: int = 0
+    #: The named queue it waits in; a worker claims only from the queues it serves.
+    queue: str = DEFAULT_QUEUE
 
 
 #: Documented defaults of :class:`SubmitLimits` (docs/queue.md, "Limits"). The walk over
@@ -385,6 +436,8 @@ def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS) -> 
             # that would need a second wait after the release. Refused, not ignored.
             raise InvalidInput("not_before and depends_on cannot be combined: a run with "
                                "dependencies starts when they succeed")
+    check_priority(app.priority)
+    check_queue(app.queue)
     changes: dict[str, Any] = {}
     if kind != app.action_kind:
         changes["action_kind"] = kind
@@ -403,6 +456,11 @@ def digest(app: TaskApplication) -> str:
         "retry": app.retry.to_dict() if app.retry else None,
         "timeout_seconds": app.timeout_seconds, "depends_on": list(app.depends_on),
     }
-    if app.not_before is not None:  # absent otherwise: existing runs' digests still match
+    # Each absent at its default: existing runs' digests still match.
+    if app.not_before is not None:
         body["not_before"] = app.not_before
+    if app.priority != 0:
+        body["priority"] = app.priority
+    if app.queue != DEFAULT_QUEUE:
+        body["queue"] = app.queue
     return hashlib.sha256(dumps(body).encode()).hexdigest()

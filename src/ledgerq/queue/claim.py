@@ -1,8 +1,9 @@
 """Which queued rows a worker takes, and the guarded move that gives it their leases (D4).
 
-The choice (scan, capability and target filter, affinity order, one run per
-concurrency key) reads one snapshot; each claim is then its own guarded move, so a
-row another claimant took meanwhile is simply not claimed.
+The choice (scan of the worker's queues in claim order, capability and target filter,
+affinity order among equal priorities, one run per concurrency key) reads one
+snapshot; each claim is then its own guarded move, so a row another claimant took
+meanwhile is simply not claimed.
 
 Where writers run one at a time (SQLite) the pass chooses ``limit`` rows and claims
 them, each claim its own unit in one group commit. Where they run at once (PostgreSQL)
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,47 +64,98 @@ class ClaimPass:
     failures: dict[str, str] = field(default_factory=dict)
 
 
+def claim_order(row: dict[str, Any]) -> tuple[int, float, str]:
+    """A candidate's place in the claim order: higher priority first, then oldest, then id."""
+    return (-row["priority"], row["queued_at"], row["id"])
+
+
+class _QueueScan:
+    """One queue's candidates in claim order, read a keyset page at a time on demand."""
+
+    def __init__(self, tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
+                 queue: str) -> None:
+        self.tx, self.policy, self.excluded, self.queue = tx, policy, excluded_kinds, queue
+        self.cursor: tuple[int, float, str] | None = None
+        self.buffer: list[dict[str, Any]] = []
+        self.done = False
+
+    def fill(self, budget: int) -> int:
+        """Read the next page (at most ``budget`` rows); the number read."""
+        size = min(PAGE_SIZE, budget)
+        page = self.tx.claim_page(self.policy, self.excluded, self.queue, self.cursor, size)
+        self.done = len(page) < size
+        if page:
+            last = page[-1]
+            self.cursor = (last["priority"], last["queued_at"], last["id"])
+            self.buffer = page[::-1]  # popped from the end: claim order
+        return len(page)
+
+
+def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Sequence[str],
+          result: ClaimPass) -> Iterator[dict[str, Any]]:
+    """The queued rows of ``queues`` in claim order, up to the scan cap.
+
+    Each queue is its own range of the claim index, read in order a page at a time; the
+    merge takes the best head of all. Rows of other queues, and rows below those the
+    pass uses, are never read. When the cap stops a queue's reading, the merge stops
+    too: everything yielded so far is then exactly the head of the claim order.
+    """
+    scans = [_QueueScan(tx, policy, excluded_kinds, q) for q in queues]
+    heads: list[tuple[tuple[int, float, str], int]] = []
+
+    def refill(i: int) -> bool:
+        """Give scan ``i`` a head; False when the cap left it unread (the merge stops)."""
+        scan = scans[i]
+        if not scan.buffer and not scan.done:
+            if result.scanned >= SCAN_CAP:
+                return False
+            result.scanned += scan.fill(SCAN_CAP - result.scanned)
+        if scan.buffer:
+            heapq.heappush(heads, (claim_order(scan.buffer[-1]), i))
+        return True
+
+    for i in range(len(scans)):
+        if not refill(i):
+            return
+    while heads:
+        _, i = heapq.heappop(heads)
+        yield scans[i].buffer.pop()
+        if not refill(i):
+            return
+
+
 def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
-                advertised: list[str], targets: set[str], result: ClaimPass,
-                enough: Callable[[dict[str, Any]], bool] | None = None,
+                advertised: list[str], targets: set[str], queues: Sequence[str],
+                result: ClaimPass, enough: Callable[[dict[str, Any]], bool] | None = None,
                 skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-    """Eligible queued rows in (queued_at, id) order, read in keyset pages up to the scan cap.
+    """Eligible queued rows of ``queues`` in claim order (priority descending, then
+    (queued_at, id)), read in keyset pages up to the scan cap.
 
     ``enough`` is offered each eligible row as it is found; when it returns True the
     scan stops there (the caller has all it can use). Rows in ``skip`` (stuck: their
     claim raised recently) are passed over, so they cannot take a pass's every slot.
     """
     eligible: list[dict[str, Any]] = []
-    cursor: tuple[float, str] = (float("-inf"), "")
-    while result.scanned < SCAN_CAP:
-        page = tx.claim_page(policy, excluded_kinds, cursor,
-                             min(PAGE_SIZE, SCAN_CAP - result.scanned))
-        if not page:
-            break
-        result.scanned += len(page)
-        cursor = (page[-1]["queued_at"], page[-1]["id"])
-        for row in page:
-            if skip and row["id"] in skip:
-                continue
-            try:
-                caps = loads(row["required_capabilities"]) or []
-                if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
-                    raise ValueError("not a list of strings")
-            except Exception:
-                result.malformed.append(row["id"])
-                log.warning("skipping run %s: required_capabilities is malformed", row["id"])
-                continue
-            target = row["execution_target"]
-            if target and target not in targets:
-                continue
-            if not worker_can_serve(caps, advertised):
-                continue
-            cand = {**row, "required_capabilities": caps}
-            eligible.append(cand)
-            if enough is not None and enough(cand):
-                return eligible
-        if len(page) < PAGE_SIZE:
-            break
+    for row in _scan(tx, policy, excluded_kinds, queues, result):
+        if skip and row["id"] in skip:
+            continue
+        try:
+            caps = loads(row["required_capabilities"]) or []
+            if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+                raise ValueError("not a list of strings")
+        except Exception:
+            result.malformed.append(row["id"])
+            log.warning("skipping run %s: required_capabilities is malformed", row["id"])
+            continue
+        target = row["execution_target"]
+        if target and target not in targets:
+            continue
+        if not worker_can_serve(caps, advertised):
+            continue
+        cand = {**row, "required_capabilities": caps}
+        eligible.append(cand)
+        if enough is not None and enough(cand):
+            return eligible
     return eligible
 
 
@@ -130,7 +183,7 @@ class _Picker:
 
 def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
             heartbeat_ttl: float, excluded_kinds: list[str], advertised: list[str],
-            targets: set[str], limit: int, result: ClaimPass,
+            targets: set[str], queues: Sequence[str], limit: int, result: ClaimPass,
             skip: frozenset[str] = frozenset()) -> list[dict[str, Any]] | None:
     """The rows a pass will try to claim, read in one snapshot; None if the worker is stale."""
     hb = tx.worker_heartbeat(worker_id)
@@ -143,13 +196,15 @@ def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
         # Every candidate scores 0, so the stable affinity sort keeps scan order and the
         # choice is the first ``limit`` unblocked eligible rows: stop scanning there.
         # Same rows as sorting the whole scan, without reading up to SCAN_CAP of them.
-        _candidates(tx, policy, excluded_kinds, advertised, targets, result,
+        _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
                     enough=picker.offer, skip=skip)
         return picker.chosen
-    eligible = _candidates(tx, policy, excluded_kinds, advertised, targets, result,
+    eligible = _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
                            skip=skip)
-    # Stable: equal scores keep the oldest-first order of the scan.
-    eligible.sort(key=lambda c: -affinity_score(c["required_capabilities"], advertised))
+    # Priority first; affinity orders runs of equal priority. Stable: equal both keep
+    # the oldest-first order of the scan.
+    eligible.sort(key=lambda c: (-c["priority"],
+                                 -affinity_score(c["required_capabilities"], advertised)))
     for cand in eligible:
         if picker.offer(cand):
             break
@@ -244,7 +299,7 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
     wanted = limit * CLAIM_SPARES if db.many_writers else limit
     chosen = await db.read(lambda tx: _select(
         tx, policy, worker_id, ts, config.heartbeat_ttl, excluded, advertised, targets,
-        wanted, result, skip))
+        config.queues, wanted, result, skip))
     if chosen is None:
         log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
         return result
@@ -286,7 +341,8 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
                      execution_targets: Iterable[str] | None = None,
                      heartbeat_ttl: float = DEFAULT_HEARTBEAT_TTL_SECONDS,
                      excluded_kinds: Iterable[str] = ("workflow",),
-                     stuck: StuckRows | None = None) -> ClaimPass:
+                     stuck: StuckRows | None = None,
+                     queues: Iterable[str] | None = None) -> ClaimPass:
     """One claim pass (D4): scan, filter, order by affinity, claim up to ``limit`` rows.
 
     Each claim is its own guarded queued -> running move; all of a pass's claims
@@ -300,9 +356,12 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
     A claim that raises is logged, counted in ``lost`` and reported to ``stuck``
     (default: the process-wide tracker), which keeps the row out of the next passes for
     a while; the pass's other claims complete all the same.
+
+    Only runs in ``queues`` (default: the default queue) are claimed, in claim order:
+    higher priority first, then oldest; affinity orders runs of equal priority.
     """
     config = WorkerConfig.build(
         worker_id=worker_id, lease_ttl=lease_ttl, heartbeat_ttl=heartbeat_ttl,
         claim_limit=limit, advertised_capabilities=advertised_capabilities,
-        execution_targets=execution_targets)
+        execution_targets=execution_targets, queues=queues)
     return await claim_pass(db, config, now=now, excluded_kinds=excluded_kinds, stuck=stuck)

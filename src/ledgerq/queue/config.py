@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ledgerq.errors import InvalidInput
+from ledgerq.operations import DEFAULT_QUEUE
+from ledgerq.queue.application import queue_name_problem
 from ledgerq.queue.executors import Executors
 from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS
 from ledgerq.queue.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES, ExecuteFn
@@ -23,6 +26,26 @@ DEFAULT_LEASE_TTL_SECONDS = 300.0
 DEFAULT_CLAIM_LIMIT = 20
 #: How often an executing run checks that it still owns its lease (cancel / reap notice).
 LEASE_CHECK_SECONDS = 0.5
+
+
+def served_queues(queues: Iterable[str] | None) -> tuple[str, ...]:
+    """The queues a worker serves, checked and without repeats (order kept).
+
+    A bare string is refused rather than read as its characters' queues.
+    """
+    if queues is None:
+        return (DEFAULT_QUEUE,)
+    if isinstance(queues, str):
+        raise InvalidInput(f"queues must be a list of queue names, not the string "
+                           f"{queues!r}")
+    names = tuple(dict.fromkeys(queues))
+    if not names:
+        raise InvalidInput("queues must name at least one queue")
+    for i, name in enumerate(names):
+        problem = queue_name_problem(name)
+        if problem is not None:
+            raise InvalidInput(f"queues[{i}] {problem}")
+    return names
 
 
 def check_interval_for(lease_ttl: float) -> float:
@@ -58,6 +81,8 @@ class WorkerConfig:
     check_interval: float = LEASE_CHECK_SECONDS
     #: Bytes of each of stdout and stderr a run records with the fact that ends it.
     output_tail: int = OUTPUT_TAIL_BYTES
+    #: The named queues it claims from (each run waits in one).
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
 
     @classmethod
     def build(cls, *, worker_id: str, lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
@@ -70,11 +95,12 @@ class WorkerConfig:
               authorize: Authorize | None = None,
               lock_dir: str | Path | None = None,
               check_interval: float | None = None,
-              output_tail: int = OUTPUT_TAIL_BYTES) -> WorkerConfig:
+              output_tail: int = OUTPUT_TAIL_BYTES,
+              queues: Iterable[str] | None = None) -> WorkerConfig:
         """The config for these arguments, as the public signatures take them.
 
         ``execution_targets`` None means ``host``; ``check_interval`` None follows the
-        lease (:func:`check_interval_for`).
+        lease (:func:`check_interval_for`); ``queues`` None means the default queue.
         """
         if lease_ttl <= 0 or (check_interval is not None and check_interval <= 0):
             raise ValueError("lease_ttl and check_interval must be positive")
@@ -92,6 +118,7 @@ class WorkerConfig:
                              f"bytes, not {output_tail}")
         return cls(
             worker_id=worker_id, lease_ttl=lease_ttl, heartbeat_ttl=heartbeat_ttl,
+            queues=served_queues(queues),
             claim_limit=claim_limit,
             advertised_capabilities=tuple(advertised_capabilities or ()),
             execution_targets=("host",) if execution_targets is None

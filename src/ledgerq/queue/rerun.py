@@ -24,9 +24,14 @@ from ledgerq.errors import InvalidInput, NotFound
 from ledgerq.lifecycle.engine import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
+from ledgerq.operations import DEFAULT_QUEUE, Tx
 from ledgerq.queue import moves, wakeup
-from ledgerq.queue.application import RetryPolicy, TaskApplication, digest, validate
+from ledgerq.queue.application import (
+    RetryPolicy,
+    TaskApplication,
+    digest,
+    validate,
+)
 from ledgerq.queue.runs import run_policy
 from ledgerq.queue.submit import run_row
 
@@ -54,7 +59,9 @@ def application_of(row: dict[str, Any]) -> TaskApplication:
         required_capabilities=list(js("required_capabilities") or []),
         library_ref=row.get("library_ref"), library_content_hash=row.get("library_content_hash"),
         retry=RetryPolicy.from_dict(retry) if retry else None,
-        timeout_seconds=row.get("timeout_seconds"))
+        timeout_seconds=row.get("timeout_seconds"),
+        # Absent from rows of specs that predate them: the defaults they meant.
+        priority=row.get("priority", 0), queue=row.get("queue", DEFAULT_QUEUE))
 
 
 def _rerun(tx: Tx, policy: EntityPolicy, run_id: str, actor: Actor, summary: str,
@@ -69,7 +76,7 @@ def _rerun(tx: Tx, policy: EntityPolicy, run_id: str, actor: Actor, summary: str
         app = validate(application_of(found))
     except (ValueError, TypeError) as exc:
         raise InvalidInput(f"run {run_id} cannot be run again: {exc}") from exc
-    row = run_row(app, now, "", moves.RETRIED.target, [], digest(app))
+    row = run_row(app, now, "", moves.RETRIED.target, [], digest(app), policy=policy)
     row.update(chain_parent_id=run_id, chain_depth=int(found["chain_depth"] or 0) + 1,
                concurrency_key=found["concurrency_key"])
     reason = StateReason(

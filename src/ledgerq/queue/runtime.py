@@ -20,7 +20,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +103,8 @@ class Worker:
                  claim_cooldown: float = DEFAULT_CLAIM_COOLDOWN,
                  stuck_retry: float = STUCK_RETRY_SECONDS,
                  scheduler: bool = True, output_tail: int = OUTPUT_TAIL_BYTES,
-                 max_tasks: int | None = None, max_runtime: float | None = None) -> None:
+                 max_tasks: int | None = None, max_runtime: float | None = None,
+                 queues: Iterable[str] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, not {capacity}")
         if claim_cooldown < 0:
@@ -120,7 +121,7 @@ class Worker:
             # A worker given no targets (or an empty list) serves and advertises host.
             execution_targets=execution_targets or ["host"], execute=execute,
             adapters=adapters, authorize=authorize, lock_dir=lock_dir,
-            check_interval=check_interval, output_tail=output_tail)
+            check_interval=check_interval, output_tail=output_tail, queues=queues)
         self.db = db
         self.capacity = capacity
         self.poll_interval = poll_interval

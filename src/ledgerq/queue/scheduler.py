@@ -151,7 +151,7 @@ def fire_schedule(tx: Tx, spol: EntityPolicy, rpol: EntityPolicy, schedule_id: s
             continue
         busy = tx.fire_in_progress(rpol, schedule_id) if row["overlap"] == "skip" else None
         which = moves.FIRED if busy is None else moves.OVERLAP_SKIPPED
-        values = run_row(app, now, host, which.target, [], fingerprint)
+        values = run_row(app, now, host, which.target, [], fingerprint, policy=rpol)
         values.update({
             "schedule_id": schedule_id, "slot_at": slot,
             "trigger_context": dumps({"schedule": row["name"], "schedule_id": schedule_id,

@@ -24,9 +24,14 @@ from ledgerq.errors import InvalidInput, NotFound
 from ledgerq.lifecycle.engine import create_entity, new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
+from ledgerq.operations import DEFAULT_QUEUE, Tx
 from ledgerq.queue import moves
-from ledgerq.queue.application import RetryPolicy, TaskApplication, check_text, validate
+from ledgerq.queue.application import (
+    RetryPolicy,
+    TaskApplication,
+    check_text,
+    validate,
+)
 from ledgerq.queue.moves import Move
 from ledgerq.queue.runs import perform
 from ledgerq.queue.slots import check_definition
@@ -60,12 +65,18 @@ def schedule_policy(db: Database) -> EntityPolicy:
 
 def application_to_json(app: TaskApplication) -> dict[str, Any]:
     """What a schedule stores of the application each fire runs."""
-    return {"action_kind": app.action_kind, "args": app.args,
-            "execution_target": app.execution_target,
-            "required_capabilities": list(app.required_capabilities),
-            "library_ref": app.library_ref, "library_content_hash": app.library_content_hash,
-            "retry": app.retry.to_dict() if app.retry else None,
-            "timeout_seconds": app.timeout_seconds}
+    out = {"action_kind": app.action_kind, "args": app.args,
+           "execution_target": app.execution_target,
+           "required_capabilities": list(app.required_capabilities),
+           "library_ref": app.library_ref, "library_content_hash": app.library_content_hash,
+           "retry": app.retry.to_dict() if app.retry else None,
+           "timeout_seconds": app.timeout_seconds}
+    # Each absent at its default, so schedules stored before they existed compare equal.
+    if app.priority != 0:
+        out["priority"] = app.priority
+    if app.queue != DEFAULT_QUEUE:
+        out["queue"] = app.queue
+    return out
 
 
 def application_from_json(data: dict[str, Any]) -> TaskApplication:
@@ -75,7 +86,9 @@ def application_from_json(data: dict[str, Any]) -> TaskApplication:
         required_capabilities=list(data.get("required_capabilities") or []),
         library_ref=data.get("library_ref"), library_content_hash=data.get("library_content_hash"),
         retry=RetryPolicy.from_dict(retry) if retry else None,
-        timeout_seconds=data.get("timeout_seconds"))
+        timeout_seconds=data.get("timeout_seconds"),
+        # Absent from schedules stored before runs had them: the defaults.
+        priority=data.get("priority", 0), queue=data.get("queue", DEFAULT_QUEUE))
 
 
 def _finite(value: float | int | None, what: str) -> float | None:

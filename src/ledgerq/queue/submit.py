@@ -12,7 +12,7 @@ from ledgerq.errors import IdempotencyConflict, InvalidInput, NotFound
 from ledgerq.lifecycle.engine import create_entities, create_entity, new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
+from ledgerq.operations import DEFAULT_QUEUE, PRIORITY_COLUMN, QUEUE_COLUMN, Tx
 from ledgerq.queue import moves, wakeup
 from ledgerq.queue.application import (
     DEFAULT_LIMITS,
@@ -57,7 +57,8 @@ def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
             raise InvalidInput(_unknown_deps_message(unknown))
     created = moves.SUBMITTED_WAITING if deps else _start(app, now, policy)
     run_id = create_entity(tx, policy,
-                           run_row(app, now, host, created.target, deps, fingerprint),
+                           run_row(app, now, host, created.target, deps, fingerprint,
+                                   policy=policy),
                            reason=_reasons[created], actor=actor, now=now)
     if deps:
         resolve_dependents(tx, policy, [run_id], waiting=True, now=now)
@@ -83,8 +84,25 @@ def _unknown_deps_message(unknown: list[str]) -> str:
     return f"depends_on names {len(unknown):,} unknown run id(s): {listed}{more}"
 
 
+def placement(app: TaskApplication, policy: EntityPolicy) -> dict[str, Any]:
+    """The row's ``priority`` and ``queue``: where and in what order workers claim it.
+
+    Specs that predate them (a custom spec directory) still take applications that
+    leave both at their defaults; asking for more than such specs can store is refused.
+    """
+    out: dict[str, Any] = {}
+    for column, value, default in ((PRIORITY_COLUMN, app.priority, 0),
+                                   (QUEUE_COLUMN, app.queue, DEFAULT_QUEUE)):
+        if column in policy.columns:
+            out[column] = value
+        elif value != default:
+            raise InvalidInput(f"{column} is {shown(value)}, but the loaded specs declare no "
+                               f"{column!r} column on {policy.table} to keep it in")
+    return out
+
+
 def run_row(app: TaskApplication, now: float, host: str, status: str, deps: list[str],
-         fingerprint: str) -> dict[str, Any]:
+            fingerprint: str, *, policy: EntityPolicy) -> dict[str, Any]:
     """The record's D2 row for a validated application (a full string UUID as its id).
 
     The id is a version 7 UUID (time-ordered): consecutive submissions land on the
@@ -108,6 +126,7 @@ def run_row(app: TaskApplication, now: float, host: str, status: str, deps: list
         # Only a delayed run keeps its start time: any other starts now.
         **({"not_before": app.not_before} if status == moves.SUBMITTED_DELAYED.target
            else {}),
+        **placement(app, policy),
     }
 
 
@@ -132,8 +151,8 @@ def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
             ids.append(_insert(tx, policy, plain[0], now, host, actor))
         elif plain:
             ids.extend(create_entities(
-                tx, policy, [run_row(a, now, host, moves.SUBMITTED.target, [], digest(a))
-                             for a in plain],
+                tx, policy, [run_row(a, now, host, moves.SUBMITTED.target, [], digest(a),
+                                     policy=policy) for a in plain],
                 reason=_reasons[moves.SUBMITTED], actor=actor, now=now))
         plain.clear()
 

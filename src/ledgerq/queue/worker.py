@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,7 +125,8 @@ async def claim_and_execute(db: StateDB, *, worker_id: str, execute: ExecuteFn |
                             adapters: Mapping[str, ExecuteFn] | None = None,
                             authorize: Authorize | None = None,
                             lock_dir: str | Path | None = None,
-                            stuck: StuckRows | None = None) -> int:
+                            stuck: StuckRows | None = None,
+                            queues: Iterable[str] | None = None) -> int:
     """One claim pass, then run every claimed row concurrently to its end; returns claims.
 
     Past the record: claimed rows run concurrently (not one after another), leases
@@ -136,7 +137,7 @@ async def claim_and_execute(db: StateDB, *, worker_id: str, execute: ExecuteFn |
         worker_id=worker_id, lease_ttl=lease_ttl, heartbeat_ttl=heartbeat_ttl,
         claim_limit=limit, advertised_capabilities=advertised_capabilities,
         execution_targets=execution_targets, execute=execute, adapters=adapters,
-        authorize=authorize, lock_dir=lock_dir)
+        authorize=authorize, lock_dir=lock_dir, queues=queues)
     return await _claim_and_execute(db, config, now, stuck)
 
 
@@ -149,7 +150,8 @@ async def worker_tick(db: StateDB, *, worker_id: str, execute: ExecuteFn | None 
                       adapters: Mapping[str, ExecuteFn] | None = None,
                       authorize: Authorize | None = None,
                       lock_dir: str | Path | None = None,
-                      stuck: StuckRows | None = None) -> dict[str, int]:
+                      stuck: StuckRows | None = None,
+                      queues: Iterable[str] | None = None) -> dict[str, int]:
     """Heartbeat, reap, then claim and execute: the record's tick, in that order.
 
     Rows a pass cannot move are skipped and reported through ``stuck`` (default: the
@@ -159,7 +161,7 @@ async def worker_tick(db: StateDB, *, worker_id: str, execute: ExecuteFn | None 
         worker_id=worker_id, lease_ttl=lease_ttl, heartbeat_ttl=heartbeat_ttl,
         claim_limit=limit, advertised_capabilities=advertised_capabilities,
         execution_targets=execution_targets, execute=execute, adapters=adapters,
-        authorize=authorize, lock_dir=lock_dir)
+        authorize=authorize, lock_dir=lock_dir, queues=queues)
     await beat(db, config, now=now)
     reaped = await reap_expired_leases(db, now=now, stuck=stuck)
     await promote_due(db, now=now, stuck=stuck)

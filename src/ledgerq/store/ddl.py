@@ -80,9 +80,14 @@ def index_statements(policy: EntityPolicy) -> dict[str, str]:
         where = f" WHERE {' AND '.join(terms)}" if terms else ""
         out[ix.name] = (
             f"CREATE {unique}INDEX IF NOT EXISTS {quote(ix.name)} "
-            f"ON {table}({', '.join(quote(c) for c in ix.columns)}){where};"
+            f"ON {table}({', '.join(_key(c, ix.descending) for c in ix.columns)}){where};"
         )
     return out
+
+
+def _key(column: str, descending: frozenset[str]) -> str:
+    """One key column of an index (both dialects spell a descending key alike)."""
+    return f"{quote(column)} DESC" if column in descending else quote(column)
 
 
 def workers_ddl(template: str, registry: Registry) -> str | None:

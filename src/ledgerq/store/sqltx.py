@@ -18,6 +18,9 @@ from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.operations import (
     CANDIDATE_COLUMNS,
+    DEFAULT_QUEUE,
+    PRIORITY_COLUMN,
+    QUEUE_COLUMN,
     SLOT_COLUMN,
     Row,
     Tx,
@@ -292,9 +295,30 @@ class SqlTx(Tx):
                      bad=self.marks(len(bad)), met=self.marks(len(good)))
         return [r[0] for r in self.execute(sql, (*bad, *good, self._limit(limit))).fetchall()]
 
-    def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str],
-                   after: tuple[float, str], limit: int) -> list[Row]:
-        key = ("claim", policy.table, len(excluded_kinds), SLOT_COLUMN in policy.columns)
+    def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str], queue: str,
+                   after: tuple[int, float, str] | None, limit: int) -> list[Row]:
+        if QUEUE_COLUMN not in policy.columns or PRIORITY_COLUMN not in policy.columns:
+            # Specs that predate queues: every run is priority 0 in the default queue.
+            if queue != DEFAULT_QUEUE:
+                return []
+            rows = self._claim_rows(policy, "claim_unqueued", excluded_kinds,
+                                    (float("-inf"), "") if after is None else after[1:], limit)
+            return [{**r, PRIORITY_COLUMN: 0, QUEUE_COLUMN: DEFAULT_QUEUE} for r in rows]
+        # Two index ranges, each read in order: the rest of the cursor's priority level,
+        # then every level below it (from the top when there is no cursor yet).
+        rows = []
+        if after is not None:
+            rows = self._claim_rows(policy, "claim_level", excluded_kinds,
+                                    (queue, *after), limit)
+            if len(rows) >= limit:
+                return rows
+        below = () if after is None else (after[0],)
+        return rows + self._claim_rows(policy, "claim_below", excluded_kinds,
+                                       (queue, *below), limit - len(rows), bounded=bool(below))
+
+    def _claim_rows(self, policy: EntityPolicy, name: str, excluded_kinds: Sequence[str],
+                    keys: Sequence[object], limit: int, *, bounded: bool = False) -> list[Row]:
+        key = (name, policy.table, len(excluded_kinds), SLOT_COLUMN in policy.columns, bounded)
         sql = self._texts.get(key)
         if sql is None:
             kinds = (self.q("kinds_excluded", marks=self.marks(len(excluded_kinds)))
@@ -304,10 +328,13 @@ class SqlTx(Tx):
             # without the slot column predate the scheduler: every scheduled row is external.
             scope = self.q("claimable_scheduled" if SLOT_COLUMN in policy.columns
                            else "claimable_unscheduled")
+            columns = [c for c in CANDIDATE_COLUMNS if c in policy.columns]
             sql = self._texts[key] = self.q(
-                "claim_page", table=self.table(policy), columns=", ".join(CANDIDATE_COLUMNS),
-                hint=self.hint(policy, "queued", "queued_at"), kinds=kinds, scope=scope)
-        return self.dicts(self.execute(sql, (*excluded_kinds, *after, limit)))
+                name, table=self.table(policy), columns=", ".join(columns),
+                hint=self.hint(policy, "queued", QUEUE_COLUMN if name != "claim_unqueued"
+                               else "queued_at"),
+                kinds=kinds, scope=scope, bound=self.q("priority_below") if bounded else "")
+        return self.dicts(self.execute(sql, (*keys, *excluded_kinds, limit)))
 
     def running_keys(self, policy: EntityPolicy) -> set[str]:
         sql = self.q("running_keys", table=self.table(policy),

@@ -12,6 +12,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ledgerq.operations import DEFAULT_QUEUE
+from ledgerq.queue.application import (
+    MAX_PRIORITY,
+    MAX_QUEUE_NAME_LENGTH,
+    MIN_PRIORITY,
+    QUEUE_NAME,
+)
+
 Row = dict[str, Any]
 
 
@@ -47,6 +55,11 @@ class TaskApplicationBody(BaseModel):
     not_before: float | None = Field(
         default=None, description="Epoch seconds: start no sooner (the run waits in "
         "`delayed`). Not with depends_on.")
+    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY,
+                          description="Claimed before lower priorities; ties oldest first.")
+    queue: str = Field(default=DEFAULT_QUEUE, max_length=MAX_QUEUE_NAME_LENGTH,
+                       pattern=f"^{QUEUE_NAME.pattern}$",
+                       description="The named queue; a worker claims only from its queues.")
 
 
 class Created(BaseModel):

@@ -84,6 +84,8 @@ async def list_tasks(
     kind: Annotated[list[str] | None, Query(description="action_kind; repeatable.")] = None,
     target: Annotated[list[str] | None, Query(description="execution_target; repeatable.")
                       ] = None,
+    queue: Annotated[list[str] | None, Query(description="The named queue; repeatable.")
+                     ] = None,
     cursor: Annotated[str | None, Query(max_length=512,
                                         description="next_cursor of the previous page.")
                       ] = None,
@@ -91,7 +93,8 @@ async def list_tasks(
 ) -> TaskPage:
     try:
         page = await page_runs(db_of(request), statuses=status, kinds=kind, targets=target,
-                               cursor=cursor, limit=limit, columns=LIST_COLUMNS)
+                               cursor=cursor, limit=limit, columns=LIST_COLUMNS,
+                               queues=queue)
     except InvalidInput as exc:
         raise HTTPException(422, str(exc)) from None
     return TaskPage(items=page.items, next_cursor=page.next_cursor)

@@ -184,10 +184,29 @@ schedule_id IS NULL
 -- name: claimable_scheduled
 (schedule_id IS NULL OR slot_at IS NOT NULL)
 
--- name: claim_page
+-- name: claim_level
+-- The rest of one priority level of one queue, after a (queued_at, id) cursor: one
+-- range of idx_schedule_runs_claim_order, read in order.
 SELECT {columns} FROM {table}
-WHERE status = 'queued' AND {scope} {kinds}
-  AND (queued_at, id) > (%s, %s)
+WHERE status = 'queued' AND queue = %s AND priority = %s
+  AND (queued_at, id) > (%s, %s) AND {scope} {kinds}
+ORDER BY queued_at, id LIMIT %s
+
+-- name: claim_below
+-- One queue's levels below a priority (none given: from the top), in claim order:
+-- the index's own order, so no sort and no row past the LIMIT is read.
+SELECT {columns} FROM {table}
+WHERE status = 'queued' AND queue = %s {bound}
+  AND queued_at IS NOT NULL AND {scope} {kinds}
+ORDER BY priority DESC, queued_at, id LIMIT %s
+
+-- name: priority_below
+AND priority < %s
+
+-- name: claim_unqueued
+-- Specs without queues or priorities: (queued_at, id) order.
+SELECT {columns} FROM {table}
+WHERE status = 'queued' AND (queued_at, id) > (%s, %s) AND {scope} {kinds}
 ORDER BY queued_at, id LIMIT %s
 
 -- name: running_keys
