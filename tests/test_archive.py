@@ -167,7 +167,7 @@ async def test_refusals_write_nothing(db: StateDB, tmp_path: Path) -> None:
     await ended(db, OLD)
     taken = tmp_path / "taken.sqlite"
     taken.write_text("someone's file")
-    with pytest.raises(InvalidInput, match="already exists .*records no archive there"):
+    with pytest.raises(InvalidInput, match=r"already exists .*records no archive there"):
         await archive_runs(db, before=CUTOFF, to=taken)
     assert taken.read_text() == "someone's file"
     with pytest.raises(InvalidInput, match="does not exist"):

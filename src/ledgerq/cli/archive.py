@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from ledgerq.cli.app import app
 from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import die, text_option
-from ledgerq.cli.render import JsonOption, cell, emit_json, fmt_ts, out, printable
+from ledgerq.cli.render import JsonOption, emit_json, fmt_ts, printable
 from ledgerq.errors import InvalidInput
 
 
@@ -92,10 +91,11 @@ def _print_list(rows: list[dict[str, Any]], json_out: bool) -> None:
     if json_out:
         emit_json({"archives": rows})
         return
-    table = Table(header_style="bold", box=None, pad_edge=False)
-    for name in ("ID", "AT", "BEFORE", "RUNS", "FACTS", "SKIPPED", "FILE"):
-        table.add_column(name)
+    if not rows:
+        typer.echo("no archives recorded")
+        return
+    # One line per archive, the file last and whole (a table would cut a long path).
     for r in rows:
-        table.add_row(cell(r["id"]), fmt_ts(r["created_at"]), fmt_ts(r["ended_before"]),
-                      cell(r["runs"]), cell(r["facts"]), cell(r["skipped"]), cell(r["file"]))
-    out.print(table)
+        typer.echo(printable(
+            f"{r['id']}  at {fmt_ts(r['created_at'])}  before {fmt_ts(r['ended_before'])}  "
+            f"{r['runs']} run(s)  {r['facts']} fact(s)  {r['skipped']} kept  {r['file']}"))

@@ -65,8 +65,9 @@ def write(path: Path, manifest: Mapping[str, Any], table: str, columns: Mapping[
     """Write the archive at ``partial_path(path)`` and fsync it: (runs, facts, ids digest).
 
     ``columns`` are the run table's (name -> logical type, as its spec declares them);
-    a row with a column not among them gets it untyped (a newer release's column). The manifest gets ``runs``,
-    ``facts`` and ``ids_sha256`` as counted here, last: a file without them was cut off.
+    a row with a column not among them gets it untyped (a newer release's column). The
+    manifest gets ``runs``, ``facts`` and ``ids_sha256`` as counted here, last: a file
+    without them was cut off.
     """
     tmp = partial_path(path)
     tmp.unlink(missing_ok=True)
