@@ -271,3 +271,17 @@ def test_parse_before_takes_spans_and_instants() -> None:
     assert parse_before("2026-11-01T00:00:00+00:00") == 1_793_491_200.0
     with pytest.raises(InvalidInput, match="neither an ISO 8601 time"):
         parse_before("last tuesday")
+
+
+async def test_limit_takes_the_oldest_first(db: StateDB, tmp_path: Path) -> None:
+    runs = [await ended(db, OLD + i) for i in range(5)]
+    first = await archive_runs(db, before=CUTOFF, to=tmp_path / "1.sqlite", limit=2)
+    assert first.runs == 2
+    with ArchiveFile(tmp_path / "1.sqlite") as archive:
+        assert list(archive.ids()) == sorted(runs[:2])
+    rest = await archive_runs(db, before=CUTOFF, to=tmp_path / "2.sqlite", limit=10)
+    assert rest.runs == 3
+    assert (await verify(db)).ok
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(InvalidInput, match="limit must be"):
+            await archive_runs(db, before=CUTOFF, to=tmp_path / "x.sqlite", limit=bad)  # type: ignore[arg-type]

@@ -67,6 +67,7 @@ def test_archive_refusals_are_one_line_and_write_nothing(tmp_path: Path) -> None
         (("--before", "0s", "--to", taken), 2, "already exists"),
         (("--before", "0s", "--to", tmp_path / "no" / "x.sqlite"), 2, "does not exist"),
         (("--list", "--before", "0s"), 2, "--list takes no"),
+        (("--before", "0s", "--limit", "0"), 2, "--limit"),
     ]:
         line = one_error_line(cli("archive", "--db", db, *args), code)
         assert words in line, line

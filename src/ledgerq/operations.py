@@ -279,10 +279,12 @@ class Tx(abc.ABC):
         where one writer runs at a time)."""
 
     @abc.abstractmethod
-    def mark_ended(self, policy: EntityPolicy, states: Sequence[str], before: float) -> int:
+    def mark_ended(self, policy: EntityPolicy, states: Sequence[str], before: float,
+                   limit: int | None = None) -> int:
         """List every row in one of ``states`` whose last move (``updated_at``, else
-        ``created_at``) is before ``before``; where writers run at once the rows stay
-        locked until the transaction ends. Returns how many were listed."""
+        ``created_at``) is before ``before``, the oldest ``limit`` of them (None: all);
+        where writers run at once the rows stay locked until the transaction ends.
+        Returns how many were listed."""
 
     @abc.abstractmethod
     def unmark_referenced(self, policy: EntityPolicy, referrer: EntityPolicy,

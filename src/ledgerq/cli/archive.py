@@ -26,6 +26,10 @@ def archive(
         "--to", metavar="FILE", help="The archive file to create (SQLite; never "
         "overwritten). Default: ledgerq-archive-<UTC time>.sqlite beside the database.",
         show_default=False)] = None,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", min=1, metavar="N", help="Archive only the oldest N of them (the "
+        "archive holds SQLite's write lock while it copies: archive a large backlog in "
+        "several calls).", show_default=False)] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Count what would be archived; write nothing.")] = False,
     list_them: Annotated[bool, typer.Option(
@@ -45,8 +49,8 @@ def archive(
 
     path = db_path(ctx, db)
     if list_them:
-        if before is not None or to is not None or dry_run:
-            die("--list takes no --before, --to or --dry-run")
+        if before is not None or to is not None or dry_run or limit is not None:
+            die("--list takes no --before, --to, --limit or --dry-run")
 
         async def listed() -> list[dict[str, Any]]:
             async with open_db(ctx, path, readonly=True) as handle:
@@ -66,7 +70,8 @@ def archive(
     async def go() -> Any:
         async with open_db(ctx, path) as handle:
             try:
-                return await archive_runs(handle, before=cutoff, to=to, dry_run=dry_run)
+                return await archive_runs(handle, before=cutoff, to=to, dry_run=dry_run,
+                                          limit=limit)
             except InvalidInput as exc:
                 die(str(exc))
 

@@ -102,12 +102,12 @@ def _referrers(db: StateDB, policy: EntityPolicy) -> list[tuple[EntityPolicy, st
 
 
 def _select(tx: Tx, policy: EntityPolicy, referrers: list[tuple[EntityPolicy, str]],
-            before: float) -> tuple[int, int]:
+            before: float, limit: int | None) -> tuple[int, int]:
     """List the runs to archive; (listed, skipped). Chains come off whole: taking a run
     off may make its own parent referenced, hence the loop to a fixed point."""
     tx.lock_archives()
     tx.clear_marks()
-    listed = tx.mark_ended(policy, sorted(policy.terminal), before)
+    listed = tx.mark_ended(policy, sorted(policy.terminal), before, limit)
     skipped = 0
     while listed > skipped:
         off = sum(tx.unmark_referenced(policy, p, c) for p, c in referrers)
@@ -119,15 +119,22 @@ def _select(tx: Tx, policy: EntityPolicy, referrers: list[tuple[EntityPolicy, st
 
 
 async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = None,
-                       dry_run: bool = False, now: float | None = None) -> ArchiveSummary:
+                       dry_run: bool = False, limit: int | None = None,
+                       now: float | None = None) -> ArchiveSummary:
     """Move ended runs older than ``before`` and all their facts into the file ``to``
     (default :func:`default_file`), in one transaction; see the module docstring.
 
+    ``limit`` takes only the oldest that many (before the referenced ones are taken off):
+    the transaction holds SQLite's write lock while it copies, so a large backlog is
+    better archived in several calls than in one that keeps every writer waiting.
     Refused (InvalidInput, nothing written) when ``to`` exists or its directory does not.
     Nothing to move writes no file and records nothing.
     """
     if not isinstance(before, int | float) or not math.isfinite(before):
         raise InvalidInput(f"before must be a finite epoch time, not {before!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < 1):
+        raise InvalidInput(f"limit must be a positive number of runs, not {limit!r}")
     started = time.time() if now is None else now
     policy = db.registry.entity(RUN_ENTITY)
     referrers = _referrers(db, policy)
@@ -145,7 +152,7 @@ async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = No
     types = {c: col.type for c, col in policy.columns.items()}
 
     def unit(tx: Tx) -> ArchiveSummary:
-        runs, skipped = _select(tx, policy, referrers, float(before))
+        runs, skipped = _select(tx, policy, referrers, float(before), limit)
         if dry_run or runs == 0:
             facts = sum(1 for _ in tx.marked_facts(policy.name)) if runs else 0
             tx.clear_marks()

@@ -348,10 +348,12 @@ class SqlTx(Tx):
     def lock_archives(self) -> None:
         return None
 
-    def mark_ended(self, policy: EntityPolicy, states: Sequence[str], before: float) -> int:
+    def mark_ended(self, policy: EntityPolicy, states: Sequence[str], before: float,
+                   limit: int | None = None) -> int:
         listed: list[str | None] = [*states] or [None]
         sql = self.q("mark_ended", table=self.table(policy), marks=self.marks(len(listed)))
-        return int(self.execute(sql, (policy.name, *listed, before)).rowcount)
+        return int(self.execute(sql, (policy.name, *listed, before,
+                                      self._limit(limit))).rowcount)
 
     def unmark_referenced(self, policy: EntityPolicy, referrer: EntityPolicy,
                           column: str) -> int:

@@ -360,6 +360,7 @@ DEALLOCATE ALL
 INSERT INTO ledgerq_archive_batch (entity_type, entity_id)
 SELECT %s, id FROM {table}
 WHERE status IN ({marks}) AND COALESCE(updated_at, created_at) < %s
+ORDER BY COALESCE(updated_at, created_at), id LIMIT %s
 FOR UPDATE
 
 -- name: unmark_referenced

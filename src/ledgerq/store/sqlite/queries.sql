@@ -329,6 +329,7 @@ SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?
 INSERT INTO ledgerq_archive_batch (entity_type, entity_id)
 SELECT ?, id FROM {table}
 WHERE status IN ({marks}) AND COALESCE(updated_at, created_at) < ?
+ORDER BY COALESCE(updated_at, created_at), id LIMIT ?
 
 -- name: unmark_referenced
 DELETE FROM ledgerq_archive_batch
