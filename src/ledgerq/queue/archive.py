@@ -150,6 +150,7 @@ async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = No
         "created_at": repr(started),
     }
     types = {c: col.type for c, col in policy.columns.items()}
+    published = [False]
 
     def unit(tx: Tx) -> ArchiveSummary:
         runs, skipped = _select(tx, policy, referrers, float(before), limit)
@@ -174,8 +175,10 @@ async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = No
                                    f"but would delete {deleted[0]} facts of {deleted[1]}")
             tx.clear_marks()
             archive_file.publish(path)
+            published[0] = True
         except BaseException:
-            archive_file.remove(path)
+            archive_file.remove(path, published=published[0])
+            published[0] = False
             raise
         return ArchiveSummary(batch, str(path.resolve()), before, runs, facts, skipped,
                               False, digest)
@@ -183,8 +186,10 @@ async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = No
     try:
         return await db.write(unit)
     except BaseException:
-        if path.exists() and not await _recorded(db, batch):
-            archive_file.remove(path)
+        # The unit returned, the commit failed: the file is ours, and is removed unless
+        # the commit may have happened after all.
+        if published[0] and not await _recorded(db, batch):
+            archive_file.remove(path, published=True)
         raise
 
 

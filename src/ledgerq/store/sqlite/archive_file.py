@@ -134,9 +134,10 @@ def publish(path: Path) -> None:
     _fsync_dir(path.parent)
 
 
-def remove(path: Path) -> None:
-    """Remove the file and its partial twin (an archive whose transaction failed)."""
-    for p in (path, partial_path(path)):
+def remove(path: Path, *, published: bool) -> None:
+    """Remove the partial file, and ``path`` too once :func:`publish` put it there (an
+    archive whose transaction failed): a file this archive did not write stays."""
+    for p in (path, partial_path(path)) if published else (partial_path(path),):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
     with contextlib.suppress(OSError):
