@@ -83,3 +83,21 @@ def test_archive_refusals_are_one_line_and_write_nothing(tmp_path: Path) -> None
     line = one_error_line(cli("show", "--archive", tmp_path / "a.sqlite", "abcdef"), 1)
     assert "no run abcdef in archive" in line
     assert json.loads(ok("verify", "--db", db, "--json").stdout)["ok"] is True
+
+
+def test_archive_through_the_command_on_postgresql(pg_target: str, tmp_path: Path) -> None:
+    ids = []
+    for _ in range(2):
+        rid = ok("submit", "--db", pg_target, "command", "--", "true").stdout.strip()
+        ok("cancel", "--db", pg_target, rid)
+        ids.append(rid)
+    # No --to on PostgreSQL: the file goes in the current directory.
+    done = json.loads(ok("archive", "--db", pg_target, "--before", "0s", "--json",
+                         cwd=tmp_path).stdout)
+    assert (done["runs"], done["facts"]) == (2, 4)
+    assert Path(done["file"]).parent == tmp_path.resolve()
+    assert json.loads(ok("verify", "--db", pg_target, "--json").stdout)["ok"] is True
+    shown = as_json("show", "--archive", done["file"], ids[0])
+    assert shown["archive"]["dialect"] == "postgresql"
+    assert [f["status"] for f in shown["history"]] == ["queued", "cancelled"]
+    assert one_error_line(cli("show", "--db", pg_target, ids[0]), 1)
