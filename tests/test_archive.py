@@ -285,3 +285,17 @@ async def test_limit_takes_the_oldest_first(db: StateDB, tmp_path: Path) -> None
     for bad in (0, -1, True, 1.5):
         with pytest.raises(InvalidInput, match="limit must be"):
             await archive_runs(db, before=CUTOFF, to=tmp_path / "x.sqlite", limit=bad)  # type: ignore[arg-type]
+
+
+async def test_a_read_only_open_of_an_older_database_lists_no_archives(
+        db_target: str) -> None:
+    async with StateDB(db_target):
+        pass
+    conn = raw(db_target)
+    try:
+        for statement in V3_TABLES:
+            conn.execute(statement)
+    finally:
+        conn.close()
+    async with StateDB(db_target, readonly=True) as ro:
+        assert await list_archives(ro) == []

@@ -324,7 +324,8 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def archives(self) -> list[Row]:
-        """Every ``ledgerq_archives`` row, oldest first."""
+        """Every ``ledgerq_archives`` row, oldest first ([] where the table is missing: a
+        database from before archives, opened read-only)."""
 
     # ------------------------------------------------------------ read models
 

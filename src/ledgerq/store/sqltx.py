@@ -26,6 +26,8 @@ from ledgerq.operations import (
 )
 from ledgerq.store.queries import Queries
 
+#: ledgerq's record of archives (schema version 4).
+ARCHIVES_TABLE = "ledgerq_archives"
 #: Ids bound per ``IN (...)`` statement (under SQLite's bound-parameter limit).
 CHUNK = 500
 
@@ -391,6 +393,10 @@ class SqlTx(Tx):
                             marks=self.marks(len(cols))), list(row.values()))
 
     def archives(self) -> list[Row]:
+        # A database of an older schema opened read-only was not upgraded: no table, and
+        # so no archive either.
+        if ARCHIVES_TABLE not in {r[0] for r in self.execute(self.q("tables")).fetchall()}:
+            return []
         return self.dicts(self.execute(self.q("archives")))
 
     # ------------------------------------------------------------ read models
