@@ -299,3 +299,28 @@ async def test_a_read_only_open_of_an_older_database_lists_no_archives(
         conn.close()
     async with StateDB(db_target, readonly=True) as ro:
         assert await list_archives(ro) == []
+
+
+async def test_a_copy_that_differs_from_the_delete_deletes_nothing(
+        db: StateDB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The counts deleted must be the counts written: a copy that lost a fact (here, a
+    writer made to drop one) fails the whole step."""
+    from ledgerq.errors import DatabaseError
+    from ledgerq.store.sqlite import archive_file
+
+    ids = sorted([await ended(db, OLD) for _ in range(3)])
+    write = archive_file.write
+
+    def lossy(path: Path, manifest: Any, table: str, columns: Any, rows: Any,
+              facts: Any) -> Any:
+        next(facts)
+        return write(path, manifest, table, columns, rows, facts)
+
+    monkeypatch.setattr(archive_file, "write", lossy)
+    target = tmp_path / "lossy.sqlite"
+    with pytest.raises(DatabaseError, match="nothing was deleted"):
+        await archive_runs(db, before=CUTOFF, to=target)
+    assert not target.exists() and not (tmp_path / "lossy.sqlite.partial").exists()
+    assert await list_archives(db) == []
+    assert (await snapshot(db, ids))[1] == 6
+    assert (await verify(db)).ok

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq import __version__
 from ledgerq.durations import parse_duration, parse_instant
-from ledgerq.errors import InvalidInput
+from ledgerq.errors import DatabaseError, InvalidInput
 from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.lifecycle.registry import EntityPolicy
@@ -163,7 +163,8 @@ async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = No
                 path, manifest, policy.table, types, tx.marked_rows(policy),
                 tx.marked_facts(policy.name))
             if wrote != runs:
-                raise RuntimeError(f"archive {batch}: listed {runs} runs, copied {wrote}")
+                raise DatabaseError(f"archive {batch}: listed {runs} runs but copied {wrote}; "
+                                    "nothing was deleted")
             tx.record_archive({
                 "id": batch, "created_at": started, "ended_before": float(before),
                 "file": str(path.resolve()), "entity_type": policy.name, "runs": runs,
@@ -171,8 +172,9 @@ async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = No
                 "ledgerq_version": __version__})
             deleted = tx.delete_marked(policy)
             if deleted != (facts, runs):
-                raise RuntimeError(f"archive {batch}: copied {facts} facts of {runs} runs "
-                                   f"but would delete {deleted[0]} facts of {deleted[1]}")
+                raise DatabaseError(f"archive {batch}: copied {facts} facts of {runs} runs "
+                                    f"but would delete {deleted[0]} facts of {deleted[1]}; "
+                                    "nothing was deleted")
             tx.clear_marks()
             archive_file.publish(path)
             published[0] = True
