@@ -150,7 +150,7 @@ async def test_reserved_objects_are_every_name_the_base_schemas_take(
         pg.drop_schema(pg_database, "reserved_names")
     pkeys = {f"{t}_pkey" for t in {p.table for p in policies} | {
         "status_transitions", "workers", "schedules", "invocations", "ledgerq_schema",
-        "ledgerq_specs", "ledgerq_spec_versions"}}
+        "ledgerq_specs", "ledgerq_spec_versions", "ledgerq_archives", "ledgerq_archive_batch"}}
     on_postgres = {r["name"] for r in names} - spec_names - pkeys
     # A SQLite table rebuild's new table exists only inside the migration's transaction.
     assert on_sqlite | on_postgres == RESERVED_OBJECTS - {"ledgerq_rebuild"}

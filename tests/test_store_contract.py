@@ -38,7 +38,7 @@ DIALECTS = ("ledgerq.store.sqlite", "ledgerq.store.postgres")
 #: and key locks, the wake-up channel) and its connection management (schema fingerprint,
 #: read-only snapshots), where SQLite uses pragmas and its own file checks.
 POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "tables_present",
-                 "durability", "record_schema_version", "forget_prepared"}
+                 "durability", "record_schema_version", "forget_prepared", "lock_archives"}
 
 
 def test_both_dialects_define_the_same_query_names() -> None:

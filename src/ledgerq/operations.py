@@ -279,6 +279,65 @@ class Tx(abc.ABC):
     def delete_rows(self, policy: EntityPolicy) -> None:
         """Delete every projection row of an entity (rebuild only)."""
 
+    # ------------------------------------------------------------ the archive
+    # ``ledgerq archive`` (ledgerq.queue.archive): the runs it moves out are listed in
+    # ``ledgerq_archive_batch`` for the one transaction that copies and deletes them; the
+    # log's DELETE guard admits a fact only while its entity is listed there.
+
+    @abc.abstractmethod
+    def lock_archives(self) -> None:
+        """Serialize this transaction with every other archive until it ends (a no-op
+        where one writer runs at a time)."""
+
+    @abc.abstractmethod
+    def mark_ended(self, policy: EntityPolicy, states: Sequence[str], before: float,
+                   limit: int | None = None) -> int:
+        """List every row in one of ``states`` whose last move (``updated_at``, else
+        ``created_at``) is before ``before``, the oldest ``limit`` of them (None: all);
+        where writers run at once the rows stay locked until the transaction ends.
+        Returns how many were listed."""
+
+    @abc.abstractmethod
+    def unmark_referenced(self, policy: EntityPolicy, referrer: EntityPolicy,
+                          column: str) -> int:
+        """Take off the list each listed row that a row of ``referrer`` which is not listed
+        itself names in ``column`` (a foreign key to ``policy``'s table). Returns how many."""
+
+    @abc.abstractmethod
+    def unmark_dependencies(self, policy: EntityPolicy) -> int:
+        """Take off the list each listed run that the ``depends_on`` of an unlisted run
+        names (a dependency is read by id; it is no foreign key). Returns how many."""
+
+    @abc.abstractmethod
+    def unmark_leased(self, policy: EntityPolicy) -> int:
+        """Take off the list each listed run a worker row names as its lease."""
+
+    @abc.abstractmethod
+    def marked_rows(self, policy: EntityPolicy) -> Iterator[Row]:
+        """The listed rows, whole, by id, streamed (JSON as text)."""
+
+    @abc.abstractmethod
+    def marked_facts(self, entity_type: str) -> Iterator[Row]:
+        """Every fact of the listed entities in (entity_id, entity_version) order, keyed by
+        :data:`FACT_COLUMNS`, streamed (JSON as text)."""
+
+    @abc.abstractmethod
+    def delete_marked(self, policy: EntityPolicy) -> tuple[int, int]:
+        """Delete the listed entities' facts, then their rows: (facts, rows) deleted."""
+
+    @abc.abstractmethod
+    def clear_marks(self) -> None:
+        """Empty the list (before the transaction commits: the guard is strict again)."""
+
+    @abc.abstractmethod
+    def record_archive(self, row: dict[str, Any]) -> None:
+        """Insert one ``ledgerq_archives`` row (its columns by name)."""
+
+    @abc.abstractmethod
+    def archives(self) -> list[Row]:
+        """Every ``ledgerq_archives`` row, oldest first ([] where the table is missing: a
+        database from before archives, opened read-only)."""
+
     # ------------------------------------------------------------ read models
 
     @abc.abstractmethod

@@ -34,6 +34,7 @@ from ledgerq.cli import migrate  # noqa: F401
 from ledgerq.cli import schedules  # noqa: F401
 from ledgerq.cli import output  # noqa: F401
 from ledgerq.cli import retry  # noqa: F401
+from ledgerq.cli import archive  # noqa: F401
 from ledgerq.cli import watch  # noqa: F401
 from ledgerq.cli import workers  # noqa: F401
 from ledgerq.cli import serve  # noqa: F401

@@ -6,6 +6,7 @@ import getpass
 import json
 import shlex
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -381,6 +382,9 @@ def show(
     follow: Annotated[bool, typer.Option(
         "--follow", "-f", help="Then print its moves as they happen, until it ends or "
         "Ctrl-C (--json: one JSON fact per line after the run).")] = False,
+    archive: Annotated[Path | None, typer.Option(
+        "--archive", metavar="FILE", help="Look the run up in this archive file (made by "
+        "`ledgerq archive`) instead of the database.", show_default=False)] = None,
     db: DbOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -388,6 +392,11 @@ def show(
     from ledgerq.cli.watch import catch_stop_signals
     from ledgerq.projections.read_models import get_run, run_history
 
+    if archive is not None:
+        if follow:
+            die("--follow needs a live run; an archived one has ended")
+        _show_archived(ctx, archive, run_id, json_out)
+        return
     if follow:
         catch_stop_signals()
 
@@ -411,6 +420,29 @@ def show(
 
         follow_run(ctx, db_path(ctx, db), policy, row["id"],
                    max((f["entity_version"] for f in facts), default=0), json_lines=json_out)
+
+
+def _show_archived(ctx: typer.Context, archive: Path, run_id: str, json_out: bool) -> None:
+    """``show --archive``: the same rendering as a live run's, from the file alone (no
+    database is opened)."""
+    from ledgerq.errors import NotFound
+    from ledgerq.queue.archive import read_archived_run
+
+    text_option(run_id, "ID")
+    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
+    try:
+        found = read_archived_run(archive, run_id, policy)
+    except NotFound as exc:
+        die(str(exc).strip("'\""), DOMAIN_FAILURE)
+    except ValueError as exc:
+        die(str(exc), DOMAIN_FAILURE)
+    if json_out:
+        emit_json({"run": found.run, "history": found.history,
+                   "archive": {"file": str(archive), **found.manifest}})
+        return
+    err_console.print(f"[dim]archived in {printable(str(archive))} "
+                      f"(archive {printable(found.manifest.get('archive_id', '?'))})[/dim]")
+    _print_run(found.run, found.history, policy, None)
 
 
 def _print_run(row: dict[str, Any], facts: list[dict[str, Any]], policy: Any,

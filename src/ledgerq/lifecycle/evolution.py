@@ -35,7 +35,10 @@ Klass = Literal["additive", "removal", "refused", "unchanged-schema"]
 #: The version of ledgerq's own tables (status_transitions, workers, the metadata
 #: tables); recorded in ``ledgerq_schema`` beside the specs. 3: ``workers`` has
 #: ``stop_requested_at`` (``ledgerq worker stop``); opening an older database adds it.
-SCHEMA_VERSION = 3
+#: 4: ``ledgerq archive`` (``ledgerq_archives``, ``ledgerq_archive_batch``, and the log's
+#: DELETE guard admitting the archive's listed entities); opening an older one replaces
+#: its guard.
+SCHEMA_VERSION = 4
 #: Ids a refusal names at most: enough to find the rows, short enough to read.
 SAMPLE_IDS = 5
 

@@ -44,6 +44,8 @@ RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
     "status_transitions_append_only", "status_transitions_no_truncate",
     "uq_status_transitions_version", "uq_status_transitions_idempotency",
     "status_transitions_no_update", "status_transitions_no_delete", "idx_workers_leased_run",
+    # ``ledgerq archive``: its record and the list of entities it may delete facts of.
+    "ledgerq_archives", "ledgerq_archive_batch",
 })
 ACTOR_TYPES: frozenset[str] = frozenset(get_args(ActorType))
 

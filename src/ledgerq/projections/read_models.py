@@ -86,6 +86,12 @@ def decode_run_row(db: StateDB, row: dict[str, Any]) -> dict[str, Any]:
     return _decode(row, db.registry.entity(RUN_ENTITY).json_columns)
 
 
+def decode_row(policy: EntityPolicy, row: dict[str, Any]) -> dict[str, Any]:
+    """A projection row with its JSON columns (the policy's) decoded, read from anywhere
+    (an archive file too)."""
+    return _decode(row, policy.json_columns)
+
+
 def decode_fact(fact: dict[str, Any]) -> dict[str, Any]:
     """A status_transitions row with evidence_refs, metadata and patch decoded."""
     return _decode(fact, FACT_JSON_COLUMNS)

@@ -29,6 +29,8 @@ from ledgerq.operations import (
 )
 from ledgerq.store.queries import Queries
 
+#: ledgerq's record of archives (schema version 4).
+ARCHIVES_TABLE = "ledgerq_archives"
 #: Ids bound per ``IN (...)`` statement (under SQLite's bound-parameter limit).
 CHUNK = 500
 
@@ -379,6 +381,60 @@ class SqlTx(Tx):
 
     def delete_rows(self, policy: EntityPolicy) -> None:
         self.execute(self.q("delete_rows", table=self.table(policy)))
+
+    # ------------------------------------------------------------ the archive
+
+    def lock_archives(self) -> None:
+        return None
+
+    def mark_ended(self, policy: EntityPolicy, states: Sequence[str], before: float,
+                   limit: int | None = None) -> int:
+        listed: list[str | None] = [*states] or [None]
+        sql = self.q("mark_ended", table=self.table(policy), marks=self.marks(len(listed)))
+        return int(self.execute(sql, (policy.name, *listed, before,
+                                      self._limit(limit))).rowcount)
+
+    def unmark_referenced(self, policy: EntityPolicy, referrer: EntityPolicy,
+                          column: str) -> int:
+        sql = self.q("unmark_referenced", table=self.table(referrer), column=quote(column))
+        return int(self.execute(sql, (policy.name, referrer.name)).rowcount)
+
+    def unmark_dependencies(self, policy: EntityPolicy) -> int:
+        sql = self.q("unmark_dependencies", table=self.table(policy))
+        return int(self.execute(sql, (policy.name, policy.name)).rowcount)
+
+    def unmark_leased(self, policy: EntityPolicy) -> int:
+        return int(self.execute(self.q("unmark_leased"), (policy.name,)).rowcount)
+
+    def marked_rows(self, policy: EntityPolicy) -> Iterator[Row]:
+        names, rows = self.stream(self.q("marked_rows", table=self.table(policy)),
+                                  (policy.name,))
+        return (dict(zip(names, r, strict=True)) for r in rows)
+
+    def marked_facts(self, entity_type: str) -> Iterator[Row]:
+        names, rows = self.stream(self.q("marked_facts"), (entity_type,))
+        return (dict(zip(names, r, strict=True)) for r in rows)
+
+    def delete_marked(self, policy: EntityPolicy) -> tuple[int, int]:
+        facts = self.execute(self.q("delete_marked_facts"), (policy.name, policy.name)).rowcount
+        rows = self.execute(self.q("delete_marked_rows", table=self.table(policy)),
+                            (policy.name,)).rowcount
+        return int(facts), int(rows)
+
+    def clear_marks(self) -> None:
+        self.execute(self.q("clear_marks"))
+
+    def record_archive(self, row: dict[str, Any]) -> None:
+        cols = tuple(row)
+        self.execute(self.q("record_archive", columns=", ".join(quote(c) for c in cols),
+                            marks=self.marks(len(cols))), list(row.values()))
+
+    def archives(self) -> list[Row]:
+        # A database of an older schema opened read-only was not upgraded: no table, and
+        # so no archive either.
+        if ARCHIVES_TABLE not in {r[0] for r in self.execute(self.q("tables")).fetchall()}:
+            return []
+        return self.dicts(self.execute(self.q("archives")))
 
     # ------------------------------------------------------------ read models
 

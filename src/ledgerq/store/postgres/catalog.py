@@ -46,6 +46,19 @@ CREATE TABLE IF NOT EXISTS ledgerq_spec_versions (
   recorded_at double precision NOT NULL,
   PRIMARY KEY (entity, spec_hash)
 );
+-- One row per ``ledgerq archive``: what it moved out of the live tables and where to.
+CREATE TABLE IF NOT EXISTS ledgerq_archives (
+  id              text PRIMARY KEY,
+  created_at      double precision NOT NULL,
+  ended_before    double precision NOT NULL,
+  file            text NOT NULL,
+  entity_type     text NOT NULL,
+  runs            bigint NOT NULL,
+  facts           bigint NOT NULL,
+  skipped         bigint NOT NULL,
+  ids_sha256      text NOT NULL,
+  ledgerq_version text NOT NULL
+);
 """
 
 

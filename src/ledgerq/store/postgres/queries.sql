@@ -382,3 +382,73 @@ SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablena
 -- name: forget_prepared
 -- Every prepared statement of this connection (psycopg clears its cache on it too).
 DEALLOCATE ALL
+
+-- ------------------------------------------------------------ the archive
+-- (ledgerq/queue/archive.py; the listed entities are ledgerq_archive_batch's rows)
+
+-- name: mark_ended
+-- A row that never moved has no updated_at: its creation stands in. A terminal row's
+-- last move is its terminal fact (a terminal state has no outgoing edge). FOR UPDATE:
+-- a chained run inserted meanwhile (its foreign key's KEY SHARE lock) waits for the
+-- archive's commit and then fails, rather than referencing a deleted row.
+INSERT INTO ledgerq_archive_batch (entity_type, entity_id)
+SELECT %s, id FROM {table}
+WHERE status IN ({marks}) AND COALESCE(updated_at, created_at) < %s
+ORDER BY COALESCE(updated_at, created_at), id LIMIT %s
+FOR UPDATE
+
+-- name: unmark_referenced
+DELETE FROM ledgerq_archive_batch
+WHERE entity_type = %s AND entity_id IN (
+  SELECT r.{column} FROM {table} AS r
+  WHERE r.{column} IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM ledgerq_archive_batch AS b WHERE b.entity_type = %s AND b.entity_id = r.id))
+
+-- name: unmark_dependencies
+-- A depends_on that is not an array names no run.
+DELETE FROM ledgerq_archive_batch
+WHERE entity_type = %s AND entity_id IN (
+  SELECT j.value FROM {table} AS r, jsonb_array_elements_text(CASE
+    WHEN jsonb_typeof(r.depends_on) = 'array' THEN r.depends_on ELSE '[]'::jsonb END) AS j
+  WHERE r.depends_on IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM ledgerq_archive_batch AS b WHERE b.entity_type = %s AND b.entity_id = r.id))
+
+-- name: unmark_leased
+DELETE FROM ledgerq_archive_batch
+WHERE entity_type = %s AND entity_id IN (
+  SELECT leased_run_id FROM workers WHERE leased_run_id IS NOT NULL)
+
+-- name: marked_rows
+SELECT r.* FROM ledgerq_archive_batch AS b JOIN {table} AS r ON r.id = b.entity_id
+WHERE b.entity_type = %s ORDER BY b.entity_id
+
+-- name: marked_facts
+SELECT f.id, f.entity_type, f.entity_id, f.previous_status, f.status, f.reason_code,
+  f.reason_summary, f.evidence_refs, f.source, f.actor, f.created_at, f.metadata,
+  f.entity_version, f.patch, f.idempotency_key
+FROM ledgerq_archive_batch AS b
+JOIN status_transitions AS f ON f.entity_type = b.entity_type AND f.entity_id = b.entity_id
+WHERE b.entity_type = %s ORDER BY f.entity_id, f.entity_version
+
+-- name: delete_marked_facts
+-- Admitted by the log's DELETE guard only because each entity is listed.
+DELETE FROM status_transitions
+WHERE entity_type = %s AND entity_id IN (
+  SELECT entity_id FROM ledgerq_archive_batch WHERE entity_type = %s)
+
+-- name: delete_marked_rows
+DELETE FROM {table} WHERE id IN (
+  SELECT entity_id FROM ledgerq_archive_batch WHERE entity_type = %s)
+
+-- name: clear_marks
+DELETE FROM ledgerq_archive_batch
+
+-- name: record_archive
+INSERT INTO ledgerq_archives ({columns}) VALUES ({marks})
+
+-- name: archives
+SELECT * FROM ledgerq_archives ORDER BY created_at, id
+
+-- name: lock_archives
+-- One archive at a time (self-conflicting; released at commit).
+LOCK TABLE ledgerq_archives IN SHARE ROW EXCLUSIVE MODE

@@ -61,9 +61,23 @@ CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_version
 CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_idempotency
   ON status_transitions(entity_type, entity_id, idempotency_key)
   WHERE idempotency_key IS NOT NULL;
+-- The archive's sanctioned path (ledgerq.queue.archive): a fact may be deleted only
+-- while its entity is listed here, by the transaction that archives it and clears the
+-- list again before it commits (no other transaction ever sees its rows); every other
+-- UPDATE, DELETE and TRUNCATE is refused as before.
+CREATE TABLE IF NOT EXISTS ledgerq_archive_batch (
+  entity_type text NOT NULL,
+  entity_id   text NOT NULL,
+  PRIMARY KEY (entity_type, entity_id)
+);
 CREATE OR REPLACE FUNCTION status_transitions_append_only() RETURNS trigger
   LANGUAGE plpgsql AS $$
 BEGIN
+  IF TG_OP = 'DELETE' AND EXISTS (
+      SELECT 1 FROM ledgerq_archive_batch AS b
+      WHERE b.entity_type = OLD.entity_type AND b.entity_id = OLD.entity_id) THEN
+    RETURN OLD;
+  END IF;
   RAISE EXCEPTION 'status_transitions is append-only: % refused', TG_OP
     USING ERRCODE = 'integrity_constraint_violation';
 END $$;

@@ -94,5 +94,8 @@ class PostgresTx(SqlTx):
     def lock_key(self, key: str) -> None:
         self.execute(self.q("lock_key"), (key,))
 
+    def lock_archives(self) -> None:
+        self.execute(self.q("lock_archives"))
+
     def defer_constraints(self) -> None:
         self.execute(self.q("defer_constraints"))

@@ -48,6 +48,19 @@ CREATE TABLE IF NOT EXISTS ledgerq_spec_versions (
   recorded_at REAL NOT NULL,
   PRIMARY KEY (entity, spec_hash)
 );
+-- One row per ``ledgerq archive``: what it moved out of the live tables and where to.
+CREATE TABLE IF NOT EXISTS ledgerq_archives (
+  id              TEXT PRIMARY KEY,
+  created_at      REAL NOT NULL,
+  ended_before    REAL NOT NULL,
+  file            TEXT NOT NULL,
+  entity_type     TEXT NOT NULL,
+  runs            INTEGER NOT NULL,
+  facts           INTEGER NOT NULL,
+  skipped         INTEGER NOT NULL,
+  ids_sha256      TEXT NOT NULL,
+  ledgerq_version TEXT NOT NULL
+);
 """
 
 

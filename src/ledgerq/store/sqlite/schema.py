@@ -56,8 +56,25 @@ CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_idempotency
 CREATE TRIGGER IF NOT EXISTS status_transitions_no_update
   BEFORE UPDATE ON status_transitions
   BEGIN SELECT RAISE(ABORT, 'status_transitions is append-only: UPDATE refused'); END;
-CREATE TRIGGER IF NOT EXISTS status_transitions_no_delete
+-- The archive's sanctioned path (ledgerq.queue.archive): a fact may be deleted only
+-- while its entity is listed here, by the transaction that archives it and clears the
+-- list again before it commits; every other DELETE is refused as before.
+CREATE TABLE IF NOT EXISTS ledgerq_archive_batch (
+  entity_type TEXT NOT NULL,
+  entity_id   TEXT NOT NULL,
+  PRIMARY KEY (entity_type, entity_id)
+);
+"""
+
+#: The log's DELETE guard (schema version 4: it admits the archive's listed entities).
+#: Dropped and created again by every migration: ``IF NOT EXISTS`` would keep the strict
+#: guard of a database made before version 4, and the archive could never delete.
+DELETE_GUARD = """
+DROP TRIGGER IF EXISTS status_transitions_no_delete;
+CREATE TRIGGER status_transitions_no_delete
   BEFORE DELETE ON status_transitions
+  WHEN NOT EXISTS (SELECT 1 FROM ledgerq_archive_batch AS b
+                   WHERE b.entity_type = OLD.entity_type AND b.entity_id = OLD.entity_id)
   BEGIN SELECT RAISE(ABORT, 'status_transitions is append-only: DELETE refused'); END;
 """
 
@@ -109,7 +126,7 @@ def projection_ddl(policy: EntityPolicy) -> str:
 
 def schema_ddl(registry: Registry) -> str:
     """The whole schema; workers come last because they reference the runs' table."""
-    parts = [BASE_DDL]
+    parts = [BASE_DDL, DELETE_GUARD]
     parts += [projection_ddl(p) for p in registry.policies()]
     workers = ddl.workers_ddl(WORKERS_DDL, registry)
     if workers is not None:
@@ -165,7 +182,7 @@ def _in_migration(conn: sqlite3.Connection, registry: Registry,
     try:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in statements(BASE_DDL + META_DDL):
+            for statement in statements(BASE_DDL + DELETE_GUARD + META_DDL):
                 conn.execute(statement)
             catalog = SqliteCatalog(SqliteTx(conn), column_ddl)
             plan = step(catalog)

@@ -1,0 +1,242 @@
+"""Retention without breaking the log: ended runs and all their facts move to a file.
+
+``archive_runs(db, before=...)`` moves every run in a terminal state (the spec's) whose
+last move is older than ``before`` out of the live tables, with every fact of it, into
+one archive file (:mod:`ledgerq.store.sqlite.archive_file`), and records the step in
+``ledgerq_archives``. Why a run and its whole history go together: ``verify`` folds an
+entity's facts into its row, so a row without its facts (or facts without their row)
+would be drift; moving both keeps projection == fold(log) for what remains.
+
+The order, and why no crash loses data or archives twice:
+
+1. One write transaction (SQLite's write lock; on PostgreSQL an archive lock and the
+   chosen rows locked ``FOR UPDATE``) lists the runs in ``ledgerq_archive_batch`` and
+   takes off the list every run a staying row still refers to (a chained retry's
+   ``chain_parent_id``, another entity's foreign key, a staying run's ``depends_on``, a
+   worker's lease), until nothing more comes off: a chain is archived whole or not at
+   all, and those kept are counted as skipped.
+2. Inside that transaction the listed rows and facts are copied from the same snapshot
+   into ``FILE.partial``, which is fsynced; the database's record of the step is
+   inserted; the facts and rows are deleted (the log's DELETE guard admits exactly the
+   listed entities), the counts deleted must equal the counts written, and the list is
+   emptied; only then is the file renamed to ``FILE`` (and the directory fsynced), and
+   the transaction commits.
+3. A failure before the commit removes the file; a commit whose outcome is unknown (the
+   connection died during COMMIT) keeps it unless the database shows the step was not
+   recorded.
+
+So after a crash at any moment either nothing was deleted (at most a ``.partial`` file,
+or a complete ``FILE`` whose id the database never recorded, is left: its runs are all
+still live) or everything was deleted, recorded, and ``FILE`` is complete. A rerun finds
+the runs already gone (deleted once, in the transaction that recorded the file) and
+never overwrites a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ledgerq import __version__
+from ledgerq.durations import parse_duration, parse_instant
+from ledgerq.errors import DatabaseError, InvalidInput
+from ledgerq.lifecycle import evolution
+from ledgerq.lifecycle.engine import new_id
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import Tx
+from ledgerq.projections.read_models import RUN_ENTITY, decode_fact, decode_row
+from ledgerq.store.sqlite import archive_file
+
+if TYPE_CHECKING:
+    from ledgerq.store.db import StateDB
+
+
+@dataclass(frozen=True)
+class ArchiveSummary:
+    """What one archive moved (or, ``dry_run``, would move)."""
+
+    id: str | None
+    file: str | None
+    before: float
+    runs: int
+    facts: int
+    #: Ended before ``before`` but kept: a staying row still refers to them.
+    skipped: int
+    dry_run: bool = False
+    ids_sha256: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def parse_before(text: str, *, now: float | None = None) -> float:
+    """``--before``: an ISO 8601 time, or a span back from now (``30d``, ``12h``)."""
+    try:
+        return (time.time() if now is None else now) - parse_duration(text, "--before")
+    except InvalidInput:
+        pass
+    try:
+        return parse_instant(text, "--before")
+    except InvalidInput:
+        raise InvalidInput(f"--before: {text!r} is neither an ISO 8601 time (e.g. "
+                           "2026-11-01 or 2026-11-01T00:00:00+00:00) nor a span back from "
+                           "now (e.g. 30d, 12h)") from None
+
+
+def default_file(db: StateDB, now: float) -> Path:
+    """``ledgerq-archive-<UTC time>.sqlite`` beside the SQLite file (else here)."""
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
+    where = Path(db.file).resolve().parent if db.file is not None else Path.cwd()
+    return where / f"ledgerq-archive-{stamp}.sqlite"
+
+
+def _referrers(db: StateDB, policy: EntityPolicy) -> list[tuple[EntityPolicy, str]]:
+    """Every (entity, column) whose foreign key points at the run table (the specs')."""
+    return [(p, c) for p in db.registry.policies() for c, col in p.columns.items()
+            if col.references == policy.table]
+
+
+def _select(tx: Tx, policy: EntityPolicy, referrers: list[tuple[EntityPolicy, str]],
+            before: float, limit: int | None) -> tuple[int, int]:
+    """List the runs to archive; (listed, skipped). Chains come off whole: taking a run
+    off may make its own parent referenced, hence the loop to a fixed point."""
+    tx.lock_archives()
+    tx.clear_marks()
+    listed = tx.mark_ended(policy, sorted(policy.terminal), before, limit)
+    skipped = 0
+    while listed > skipped:
+        off = sum(tx.unmark_referenced(policy, p, c) for p, c in referrers)
+        off += tx.unmark_dependencies(policy) + tx.unmark_leased(policy)
+        if not off:
+            break
+        skipped += off
+    return listed - skipped, skipped
+
+
+async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = None,
+                       dry_run: bool = False, limit: int | None = None,
+                       now: float | None = None) -> ArchiveSummary:
+    """Move ended runs older than ``before`` and all their facts into the file ``to``
+    (default :func:`default_file`), in one transaction; see the module docstring.
+
+    ``limit`` takes only the oldest that many (before the referenced ones are taken off):
+    the transaction holds SQLite's write lock while it copies, so a large backlog is
+    better archived in several calls than in one that keeps every writer waiting.
+    Refused (InvalidInput, nothing written) when ``to`` exists or its directory does not.
+    Nothing to move writes no file and records nothing.
+    """
+    if not isinstance(before, int | float) or not math.isfinite(before):
+        raise InvalidInput(f"before must be a finite epoch time, not {before!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < 1):
+        raise InvalidInput(f"limit must be a positive number of runs, not {limit!r}")
+    started = time.time() if now is None else now
+    policy = db.registry.entity(RUN_ENTITY)
+    referrers = _referrers(db, policy)
+    path = Path(to) if to is not None else default_file(db, started)
+    if not dry_run:
+        await _check_target(db, path)
+    batch = new_id()
+    manifest = {
+        "archive_id": batch, "ledgerq_version": __version__, "entity": policy.name,
+        "table": policy.table, "spec_hash": evolution.spec_hash(evolution.policy_normal(policy)),
+        "dialect": db.dialect, "before": repr(float(before)),
+        "before_iso": datetime.fromtimestamp(before, UTC).isoformat(),
+        "created_at": repr(started),
+    }
+    types = {c: col.type for c, col in policy.columns.items()}
+    published = [False]
+
+    def unit(tx: Tx) -> ArchiveSummary:
+        runs, skipped = _select(tx, policy, referrers, float(before), limit)
+        if dry_run or runs == 0:
+            facts = sum(1 for _ in tx.marked_facts(policy.name)) if runs else 0
+            tx.clear_marks()
+            return ArchiveSummary(None, None, before, runs, facts, skipped, dry_run)
+        try:
+            wrote, facts, digest = archive_file.write(
+                path, manifest, policy.table, types, tx.marked_rows(policy),
+                tx.marked_facts(policy.name))
+            if wrote != runs:
+                raise DatabaseError(f"archive {batch}: listed {runs} runs but copied {wrote}; "
+                                    "nothing was deleted")
+            tx.record_archive({
+                "id": batch, "created_at": started, "ended_before": float(before),
+                "file": str(path.resolve()), "entity_type": policy.name, "runs": runs,
+                "facts": facts, "skipped": skipped, "ids_sha256": digest,
+                "ledgerq_version": __version__})
+            deleted = tx.delete_marked(policy)
+            if deleted != (facts, runs):
+                raise DatabaseError(f"archive {batch}: copied {facts} facts of {runs} runs "
+                                    f"but would delete {deleted[0]} facts of {deleted[1]}; "
+                                    "nothing was deleted")
+            tx.clear_marks()
+            archive_file.publish(path)
+            published[0] = True
+        except BaseException:
+            archive_file.remove(path, published=published[0])
+            published[0] = False
+            raise
+        return ArchiveSummary(batch, str(path.resolve()), before, runs, facts, skipped,
+                              False, digest)
+
+    try:
+        return await db.write(unit)
+    except BaseException:
+        # The unit returned, the commit failed: the file is ours, and is removed unless
+        # the commit may have happened after all.
+        if published[0] and not await _recorded(db, batch):
+            archive_file.remove(path, published=True)
+        raise
+
+
+async def _check_target(db: StateDB, path: Path) -> None:
+    if not path.parent.is_dir():
+        raise InvalidInput(f"--to: directory {path.parent} does not exist")
+    if path.exists():
+        recorded = [a for a in await list_archives(db) if a["file"] == str(path.resolve())]
+        why = (f"it is archive {recorded[0]['id']} of this database" if recorded else
+               "this database records no archive there (if it is a ledgerq archive, an "
+               "interrupted one: its runs are still live)")
+        raise InvalidInput(f"{path} already exists ({why}); an archive never overwrites a "
+                           "file: choose another --to")
+
+
+async def _recorded(db: StateDB, batch: str) -> bool:
+    """Whether the database recorded ``batch`` (True, keeping the file, when it cannot
+    say: a file that may be the only copy of deleted runs is never removed)."""
+    try:
+        return any(a["id"] == batch for a in await list_archives(db))
+    except Exception:
+        return True
+
+
+async def list_archives(db: StateDB) -> list[dict[str, Any]]:
+    """Every archive this database recorded, oldest first."""
+    return await db.read(lambda tx: tx.archives())
+
+
+@dataclass(frozen=True)
+class ArchivedRun:
+    """One run looked up in an archive file: its row and history, decoded."""
+
+    run: dict[str, Any]
+    history: list[dict[str, Any]]
+    manifest: dict[str, str]
+
+
+def read_archived_run(path: str | Path, run_id: str, policy: EntityPolicy) -> ArchivedRun:
+    """The run ``run_id`` (or a unique prefix/suffix of 4+ characters) of an archive file.
+
+    NotAnArchive (InvalidInput) when the file is not a complete ledgerq archive,
+    NotFound when the id is not in it."""
+    with archive_file.ArchiveFile(Path(path)) as archive:
+        full = archive.resolve(run_id)
+        row = decode_row(policy, archive.run(full))
+        return ArchivedRun(row, [decode_fact(f) for f in archive.facts(full)],
+                           dict(archive.manifest))
