@@ -200,6 +200,7 @@ async def test_a_schema_2_database_gains_stop_requested_at(db_target: str) -> No
         pass
     # What the previous version made: no stop_requested_at, schema version 2 recorded.
     downgrade = ("ALTER TABLE workers DROP COLUMN stop_requested_at",
+                 "ALTER TABLE workers DROP COLUMN queues",
                  "UPDATE ledgerq_schema SET value = '2' WHERE key = 'schema_version'")
     if db_target.startswith("postgres"):
         with psycopg.connect(db_target) as conn:
@@ -221,8 +222,16 @@ async def test_a_schema_2_database_gains_stop_requested_at(db_target: str) -> No
         await request_worker_stop(db, "w2")
         (status,) = await worker_statuses(db)
         assert status.stop_requested_at is not None
+        assert status.queues == ["default"]
 
 
+async def test_a_worker_row_an_older_release_wrote_serves_every_queue(db: StateDB) -> None:
+    """An older release's heartbeat leaves ``queues`` NULL: it claims from every queue, and
+    ``ledgerq workers`` must not claim otherwise."""
+    await db.write(lambda tx: tx.execute(
+        "INSERT INTO workers (worker_id, last_heartbeat_at) VALUES (?, ?)", ("old", 1.0)))
+    (status,) = await worker_statuses(db)
+    assert status.queues is None
 # ----------------------------------------------------------------- the command, end to end
 
 
@@ -277,7 +286,8 @@ def test_cli_workers_and_worker_stop(db_target: str, tmp_path: Path) -> None:
     db = db_target
     proc = subprocess.Popen(
         [LEDGERQ, "worker", "--db", db, "--poll-interval", "0.05", "--lock-dir",
-         str(tmp_path / "locks"), "--worker-id", "cli-drain", "--cap", "gpu", "--quiet"],
+         str(tmp_path / "locks"), "--worker-id", "cli-drain", "--cap", "gpu", "--quiet",
+         "--queue", "default", "--queue", "ops"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         slow = submit(db, "command", "--", PY, "-c", "import time; time.sleep(1.5)")
@@ -291,8 +301,10 @@ def test_cli_workers_and_worker_stop(db_target: str, tmp_path: Path) -> None:
             subprocess.run(["sleep", "0.05"], check=True)
         (w,) = listed
         assert w["worker_id"] == "cli-drain" and w["advertised_capabilities"] == ["gpu"]
+        assert w["queues"] == ["default", "ops"]
         assert w["running"] == [slow]
-        assert "cli-drain" in ok("workers", "--db", db).stdout
+        table = ok("workers", "--db", db).stdout
+        assert "cli-drain" in table and "default,ops" in table
         assert "asked worker cli-drain" in ok("worker", "stop", "cli-drain", "--db", db).stdout
         one_error_line(cli("worker", "stop", "nobody", "--db", db), 1)
         _, err = proc.communicate(timeout=120)

@@ -220,22 +220,29 @@ async def test_savepoint_rolls_back_alone(db: StateDB) -> None:
 
 
 async def test_worker_rows(db: StateDB) -> None:
-    await db.write(lambda tx: tx.upsert_worker("w1", '["gpu"]', '["host"]', 5.0, "h", 42))
-    await db.write(lambda tx: tx.upsert_worker("w1", '["gpu"]', '["host"]', 7.0, "h", 43))
+    await db.write(lambda tx: tx.upsert_worker("w1", '["gpu"]', '["host"]', 5.0, "h", 42,
+                                                  '["default"]'))
+    await db.write(lambda tx: tx.upsert_worker("w1", '["gpu"]', '["host"]', 7.0, "h", 43,
+                                                  '["a", "b"]'))
     assert await db.read(lambda tx: tx.worker_heartbeat("w1")) == 7.0
     assert await db.read(lambda tx: tx.worker_heartbeat("nobody")) is None
     assert await db.read(lambda tx: tx.workers()) == [
         {"worker_id": "w1", "hostname": "h", "pid": 43, "last_heartbeat_at": 7.0}]
+    (row,) = await db.read(lambda tx: tx.worker_rows())
+    queues = loads(row["queues"]) if isinstance(row["queues"], str) else row["queues"]
+    assert queues == ["a", "b"]  # the latest heartbeat's queues (jsonb comes back decoded)
 
 
 async def test_worker_stop_requests(db: StateDB) -> None:
-    await db.write(lambda tx: tx.upsert_worker("w1", "[]", '["host"]', 5.0, "h", 42))
+    await db.write(lambda tx: tx.upsert_worker("w1", "[]", '["host"]', 5.0, "h", 42,
+                                                  '["default"]'))
     assert await db.read(lambda tx: tx.worker_stop_requested("w1")) is None
     assert await db.write(lambda tx: tx.request_worker_stop("w1", 9.0)) is True
     assert await db.write(lambda tx: tx.request_worker_stop("nobody", 9.0)) is False
     assert await db.read(lambda tx: tx.worker_stop_requested("w1")) == 9.0
     # A heartbeat keeps the request: only the worker process it was meant for decides.
-    await db.write(lambda tx: tx.upsert_worker("w1", "[]", '["host"]', 10.0, "h", 42))
+    await db.write(lambda tx: tx.upsert_worker("w1", "[]", '["host"]', 10.0, "h", 42,
+                                                  '["default"]'))
     rows = await db.read(lambda tx: tx.worker_rows())
     assert [(r["worker_id"], r["stop_requested_at"], r["started_at"]) for r in rows] == [
         ("w1", 9.0, 5.0)]

@@ -178,8 +178,9 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def upsert_worker(self, worker_id: str, capabilities: str, targets: str, now: float,
-                      hostname: str, pid: int) -> None:
-        """Insert or refresh a worker's row (its heartbeat)."""
+                      hostname: str, pid: int, queues: str) -> None:
+        """Insert or refresh a worker's row (its heartbeat); ``queues`` is the JSON list
+        of queues it serves (a row an older release wrote has NULL: every queue)."""
 
     @abc.abstractmethod
     def worker_heartbeat(self, worker_id: str) -> float | None:

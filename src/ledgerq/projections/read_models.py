@@ -306,6 +306,9 @@ class WorkerStatus:
     pid: int | None
     advertised_capabilities: list[str]
     execution_targets: list[str]
+    #: The queues it claims from; None for a worker of an older release (it claims from
+    #: every queue, having no notion of one).
+    queues: list[str] | None
     started_at: float | None
     last_heartbeat_at: float
     heartbeat_age_seconds: float
@@ -339,12 +342,13 @@ async def worker_statuses(db: StateDB, *, now: float | None = None) -> list[Work
             offset += page
         out: list[WorkerStatus] = []
         for w in tx.worker_rows():
-            w = _decode(w, ("advertised_capabilities", "execution_targets"))
+            w = _decode(w, ("advertised_capabilities", "execution_targets", "queues"))
             asked = w.get("stop_requested_at")
             out.append(WorkerStatus(
                 worker_id=w["worker_id"], hostname=w["hostname"], pid=w["pid"],
                 advertised_capabilities=list(w["advertised_capabilities"] or []),
                 execution_targets=list(w["execution_targets"] or []),
+                queues=None if w.get("queues") is None else list(w["queues"]),
                 started_at=w.get("started_at"), last_heartbeat_at=w["last_heartbeat_at"],
                 heartbeat_age_seconds=max(0.0, ts - w["last_heartbeat_at"]),
                 stop_requested_at=asked,

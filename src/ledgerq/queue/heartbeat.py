@@ -26,9 +26,10 @@ async def beat(db: StateDB, config: WorkerConfig, now: float | None = None) -> N
     ts = time.time() if now is None else now
     caps = dumps(list(config.advertised_capabilities))
     targets = dumps(list(config.execution_targets))
+    queues = dumps(list(config.queues))
     host = socket.gethostname()
 
     def unit(tx: Tx) -> None:
-        tx.upsert_worker(config.worker_id, caps, targets, ts, host, os.getpid())
+        tx.upsert_worker(config.worker_id, caps, targets, ts, host, os.getpid(), queues)
 
     await db.write(unit)

@@ -246,9 +246,9 @@ class SqlTx(Tx):
     # ------------------------------------------------------------ workers
 
     def upsert_worker(self, worker_id: str, capabilities: str, targets: str, now: float,
-                      hostname: str, pid: int) -> None:
+                      hostname: str, pid: int, queues: str) -> None:
         self.execute(self.q("upsert_worker"),
-                     (worker_id, capabilities, targets, now, hostname, pid, now))
+                     (worker_id, capabilities, targets, now, hostname, pid, now, queues))
 
     def worker_heartbeat(self, worker_id: str) -> float | None:
         row = self.execute(self.q("worker_heartbeat"), (worker_id,)).fetchone()

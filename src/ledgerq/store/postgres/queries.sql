@@ -125,11 +125,11 @@ ORDER BY slot_at LIMIT 1
 
 -- name: upsert_worker
 INSERT INTO workers (worker_id, advertised_capabilities, execution_targets,
-                     last_heartbeat_at, hostname, pid, started_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
+                     last_heartbeat_at, hostname, pid, started_at, queues)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (worker_id) DO UPDATE SET
   advertised_capabilities = excluded.advertised_capabilities,
-  execution_targets = excluded.execution_targets,
+  execution_targets = excluded.execution_targets, queues = excluded.queues,
   last_heartbeat_at = excluded.last_heartbeat_at, pid = excluded.pid
 
 -- name: worker_heartbeat

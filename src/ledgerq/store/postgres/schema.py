@@ -102,7 +102,8 @@ CREATE TABLE IF NOT EXISTS workers (
   hostname                text,
   pid                     bigint,
   started_at              double precision,
-  stop_requested_at       double precision
+  stop_requested_at       double precision,
+  queues                  jsonb
 );
 CREATE INDEX IF NOT EXISTS idx_workers_leased_run
   ON workers(leased_run_id) WHERE leased_run_id IS NOT NULL;
@@ -112,6 +113,7 @@ CREATE INDEX IF NOT EXISTS idx_workers_leased_run
 #: an older version made gets them in the migration that finds its schema version lower.
 WORKERS_UPGRADE = """
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS stop_requested_at double precision;
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS queues jsonb;
 """
 
 

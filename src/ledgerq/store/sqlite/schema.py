@@ -88,7 +88,8 @@ CREATE TABLE IF NOT EXISTS workers (
   hostname                TEXT,
   pid                     INTEGER,
   started_at              REAL,
-  stop_requested_at       REAL
+  stop_requested_at       REAL,
+  queues                  JSON
 );
 -- The foreign key's child side: deleting a run (rebuild) looks up referencing workers.
 CREATE INDEX IF NOT EXISTS idx_workers_leased_run
@@ -98,7 +99,8 @@ CREATE INDEX IF NOT EXISTS idx_workers_leased_run
 #: Columns of ``workers`` added after it was first shipped, each with its DDL: a table
 #: made by an older version (CREATE TABLE IF NOT EXISTS leaves it as it is) gets them in
 #: the migration of the open that finds the older schema version recorded.
-WORKERS_ADDED = {"stop_requested_at": "ALTER TABLE workers ADD COLUMN stop_requested_at REAL"}
+WORKERS_ADDED = {"stop_requested_at": "ALTER TABLE workers ADD COLUMN stop_requested_at REAL",
+                 "queues": "ALTER TABLE workers ADD COLUMN queues JSON"}
 
 
 def upgrade_workers(conn: sqlite3.Connection) -> None:
