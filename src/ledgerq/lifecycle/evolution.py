@@ -36,8 +36,8 @@ Klass = Literal["additive", "removal", "refused", "unchanged-schema"]
 #: tables); recorded in ``ledgerq_schema`` beside the specs. 3: ``workers`` has
 #: ``stop_requested_at`` (``ledgerq worker stop``); opening an older database adds it.
 #: 4: ``ledgerq archive`` (``ledgerq_archives``, ``ledgerq_archive_batch``, and the log's
-#: DELETE guard admitting the archive's listed entities); opening an older one replaces
-#: its guard.
+#: DELETE guard admitting the archive's listed entities) and ``workers.queues``; opening
+#: an older one replaces its guard and adds the column.
 SCHEMA_VERSION = 4
 #: Ids a refusal names at most: enough to find the rows, short enough to read.
 SAMPLE_IDS = 5
