@@ -46,6 +46,9 @@ LEDGERQ = _console_script()
 def cli(*args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None,
         timeout: float = 60) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("LEDGERQ_DB", "LEDGERQ_SYNCHRONOUS")}
+    # Tables are read by their text: the width a pipe gets without COLUMNS (200), whatever
+    # COLUMNS the test process inherited (under pytest-xdist it can be a narrow one).
+    base["COLUMNS"] = "200"
     return subprocess.run([LEDGERQ, *map(str, args)], capture_output=True, text=True,
                           env={**base, **(env or {})}, cwd=cwd, timeout=timeout, check=False)
 
