@@ -45,14 +45,15 @@ WIDE = {"COLUMNS": "1000"}
 
 
 def cli(*args: str | bytes | Path, env: dict[str, str] | None = None,
-        prefix: list[str] | None = None, timeout: float = 60
+        prefix: list[str] | None = None, timeout: float = 60, cwd: Path | None = None
         ) -> subprocess.CompletedProcess[str]:
     """Run ``ledgerq``; bytes arguments go to the process as they are (not UTF-8 ones too)."""
     base = {k: v for k, v in os.environ.items() if k not in ("LEDGERQ_DB", "LEDGERQ_SYNCHRONOUS")}
     argv: list[str | bytes] = [*(prefix or []), LEDGERQ,
                                *(a if isinstance(a, bytes) else str(a) for a in args)]
     return subprocess.run(argv, capture_output=True, text=True, errors="surrogateescape",
-                          env={**base, **(env or {})}, timeout=timeout, check=False)
+                          env={**base, **(env or {})}, timeout=timeout, check=False,
+                          cwd=cwd)
 
 
 def one_error_line(res: subprocess.CompletedProcess[str], code: int) -> str:
@@ -506,3 +507,17 @@ def test_read_commands_work_without_write_permission(tmp_path: Path) -> None:
     finally:
         directory.chmod(0o755)
         db.chmod(0o644)
+
+
+@pytest.mark.parametrize("command", [["submit", "command", "--", "true"], ["ls"], ["worker"]],
+                         ids=["submit", "ls", "worker"])
+@pytest.mark.parametrize("given", ["flag", "env"])
+def test_a_libpq_keyword_string_is_refused_not_made_a_file(tmp_path: Path, command: list[str],
+                                                           given: str) -> None:
+    """``host=... dbname=...`` is not a URL: it used to become a SQLite file of that name."""
+    target = "host=127.0.0.1 port=5432 dbname=jobs"
+    args = [command[0], "--db", target, *command[1:]] if given == "flag" else command
+    env = {"LEDGERQ_DB": target} if given == "env" else None
+    line = one_error_line(cli(*args, env=env, cwd=tmp_path), 2)
+    assert "--db:" in line and "postgresql://" in line and repr(target) in line
+    assert list(tmp_path.iterdir()) == []

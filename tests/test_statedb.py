@@ -321,3 +321,18 @@ def test_bad_synchronous_is_refused_for_a_postgresql_url_too() -> None:
     with pytest.raises(ValueError, match="synchronous"):
         StateDB("postgresql://nobody@127.0.0.1:1/none",
                 synchronous="SOMETIMES")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("target", ["host=127.0.0.1 dbname=jobs", "dbname=jobs",
+                                    " user=postgres host=db"])
+def test_a_libpq_keyword_string_is_refused(tmp_path: Path, target: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a URL, so it would have been a SQLite file path: refused, naming the form to
+    use, before anything is created."""
+    from ledgerq.errors import InvalidInput
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInput, match="postgresql://"):
+        StateDB(target)
+    assert list(tmp_path.iterdir()) == []
+    StateDB("runs/host=a.db")  # a path that merely contains a keyword later is a path

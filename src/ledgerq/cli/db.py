@@ -68,12 +68,16 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def db_path(ctx: typer.Context, db: str | None) -> str:
     """--db on the command, else --db before it, else $LEDGERQ_DB, else ./ledgerq.db."""
-    if db is not None:
-        return db
+    from ledgerq.store.db import conninfo_problem
+
     root = ctx.find_root().obj
-    if isinstance(root, dict) and root.get("db") is not None:
-        return str(root["db"])
-    return os.environ.get(DB_ENV) or DEFAULT_DB
+    if db is None and isinstance(root, dict) and root.get("db") is not None:
+        db = str(root["db"])
+    path = db if db is not None else os.environ.get(DB_ENV) or DEFAULT_DB
+    problem = conninfo_problem(path)
+    if problem is not None:
+        die(f"--db: {problem}")
+    return path
 
 
 def root_specs(ctx: typer.Context) -> Path | None:

@@ -8,11 +8,13 @@ above it knows which one it is talking to.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
 
+from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import EntityPolicy, Registry, default_registry
@@ -27,6 +29,21 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 def is_postgres(target: str | Path) -> bool:
     return isinstance(target, str) and target.startswith(POSTGRES_SCHEMES)
+
+
+#: libpq's keyword/value connection string (``host=... dbname=...``): not a URL, so it
+#: would otherwise be taken for a SQLite file name and silently create one.
+_CONNINFO = re.compile(r"^\s*(host|hostaddr|port|dbname|user|password|service)\s*=",
+                       re.IGNORECASE)
+
+
+def conninfo_problem(target: str | Path) -> str | None:
+    """Why ``target`` would be a mistaken SQLite path (a libpq keyword string), or None."""
+    if isinstance(target, str) and _CONNINFO.match(target):
+        return (f"{target!r} looks like a PostgreSQL keyword/value connection string; "
+                "give a URL instead (postgresql://user@host:port/dbname): any other "
+                "text is a SQLite file path")
+    return None
 
 
 class Backend(Protocol):
@@ -72,6 +89,9 @@ class StateDB:
             # Checked for either backend: a typo must not pass because the target is a URL.
             raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not "
                              f"{synchronous!r}")
+        problem = conninfo_problem(path)
+        if problem is not None:
+            raise InvalidInput(problem)
         #: The target as given: a SQLite path, or a PostgreSQL URL.
         self.path = str(path)
         self.registry = registry if registry is not None else default_registry()
