@@ -29,6 +29,9 @@ bench: install
 	$(BIN)/python bench/rebuild.py
 	$(BIN)/python bench/postgres.py   # PostgreSQL on 127.0.0.1:5432 (scratch databases)
 	$(BIN)/python bench/pg_scaling.py
+	$(BIN)/python bench/statements.py
+	$(BIN)/python bench/statements.py --pg
+	$(BIN)/python bench/archive.py
 
 # The dashboard screenshots the README shows (headless Chromium: apt-get install chromium).
 screenshots: install
