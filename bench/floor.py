@@ -71,9 +71,12 @@ FLOOR_END = (
     "run_attempts = ? WHERE id = ? AND status = 'running' AND leased_by IS ? "
     "AND lease_expires_at IS ? AND lease_token IS ? "
     "RETURNING ended_at, exit_code, error_detail, run_attempts")
-#: The next page of queued rows, through the claim index (its WHERE, as ledgerq's scan has it).
+#: The next page of queued rows, as ledgerq's claim reads the default queue: its range of
+#: the claim order's index (the index's WHERE, as the dialect adds it), in index order.
 FLOOR_PAGE = ("SELECT id, lease_attempts, version FROM schedule_runs WHERE {claim_index} "
-              "AND status = 'queued' AND schedule_id IS NULL ORDER BY queued_at, id LIMIT ?")
+              "AND status = 'queued' AND queue = 'default' AND queued_at IS NOT NULL "
+              "AND (schedule_id IS NULL OR slot_at IS NOT NULL) "
+              "ORDER BY priority DESC, queued_at, id LIMIT ?")
 
 
 #: Issue 13 item 4, the batched floor: a pass's claims as one guarded multi-row UPDATE
@@ -120,7 +123,7 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
     insert = RAW_RUN_INSERT + " RETURNING *"
     # The same partial-index term the dialect adds to its claim scan (see SqliteTx.hint).
     page = FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
-        registry.entity("schedule_run"), "queued", "queued_at"))
+        registry.entity("schedule_run"), "queued", "queue"))
     args = dumps(APP.args)
     fingerprint = digest(APP)
 
@@ -199,7 +202,7 @@ def _batched(path: str, registry: Registry, sync: str, n: int, limit: int,
     x = conn.execute
     insert = RAW_RUN_INSERT + " RETURNING *"
     page = FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
-        registry.entity("schedule_run"), "queued", "queued_at"))
+        registry.entity("schedule_run"), "queued", "queue"))
     args = dumps(APP.args)
     fingerprint = digest(APP)
 

@@ -69,7 +69,6 @@ QUERIES: list[tuple[str, Op, str]] = [
      "sqlite_autoindex_schedule_runs_1"),
     ("an entity's history", lambda tx: tx.facts_of("schedule_run", "x"),
      "uq_status_transitions_version"),
-    ("oldest queued", lambda tx: tx.oldest_queued_at(POLICY), "idx_schedule_runs_claim"),
 ]
 
 
@@ -128,3 +127,28 @@ async def test_postgres_claim_pages_read_the_claim_index_in_order(pg_target: str
     for plan in plans:
         assert "idx_schedule_runs_claim_order" in plan, plan
         assert "Sort" not in plan, plan
+
+
+def test_the_oldest_queued_run_is_found_through_the_claim_order_index() -> None:
+    """Every statement of the level-by-level search (first level, the level below, the
+    next queue, a level's oldest row) is one step into idx_schedule_runs_claim_order, read
+    in its order: no (queued_at) index is kept for this query alone."""
+    c = sqlite3.connect(":memory:")
+    create_schema(c, REGISTRY)
+    names = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "idx_schedule_runs_claim" not in names  # a new database has only the claim order's
+    c.executemany(
+        "INSERT INTO schedule_runs (id, status, trigger_context, action_kind, action_args, "
+        "fired_at, created_at, queued_at, version, queue, priority) "
+        "VALUES (?, 'queued', '{}', 'k', '{}', 1, 1, ?, 1, ?, ?)",
+        [(f"r{i}", 100.0 - i, q, p) for i, (q, p) in enumerate(
+            [("a", 5), ("a", 0), ("b", 1), ("b", 1), ("c", -2)] * 40)])
+    c.execute("ANALYZE")
+    tx = PlanTx(c)
+    assert tx.oldest_queued_at(POLICY) == min(100.0 - i for i in range(200))
+    kinds = {" ".join(p) for p in tx.plans}
+    assert len(tx.plans) >= 4 and len(kinds) >= 3, tx.plans
+    for plan in tx.plans:
+        text = "\n".join(plan)
+        assert "idx_schedule_runs_claim_order" in text, text
+        assert "TEMP B-TREE" not in text, text

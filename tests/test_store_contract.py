@@ -183,6 +183,31 @@ async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB)
     assert [f["entity_version"] for f in facts] == [1, 2]
 
 
+@pytest.mark.parametrize("layout", ["one level", "levels and queues", "none queued"])
+async def test_oldest_queued_is_the_minimum_over_every_queue_and_priority(
+        db: StateDB, layout: str) -> None:
+    """Found level by level through the claim order's index (no (queued_at) index): the
+    oldest may sit at any priority of any queue, behind newer rows of higher levels."""
+    policy = await policy_of(db)
+    rows = {
+        "one level": [row_values(queued_at=5.0), row_values(queued_at=3.0)],
+        "levels and queues": [
+            row_values(queue="alpha", priority=9, queued_at=50.0),
+            row_values(queue="alpha", priority=0, queued_at=40.0),
+            row_values(queue="alpha", priority=-3, queued_at=7.5),
+            row_values(queue="beta", priority=1000, queued_at=60.0),
+            row_values(queue="default", priority=0, queued_at=30.0),
+            row_values(queue="zulu", priority=-1000, queued_at=45.0),
+            row_values(status="running", queue="alpha", priority=5, queued_at=1.0),
+        ],
+        "none queued": [row_values(status="running", queued_at=2.0)],
+    }[layout]
+    for r in rows:
+        await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
+    expected = {"one level": 3.0, "levels and queues": 7.5, "none queued": None}[layout]
+    assert await db.read(lambda tx: tx.oldest_queued_at(policy)) == expected
+
+
 async def test_facts_append_and_stream(db: StateDB) -> None:
     facts = [(new_id(), RUN, eid, None, "queued", "run.queued.submitted", "", "[]", "system",
               "t", 1.0, "{}", v, dumps({"x": v}), f"key-{eid}-{v}" if v == 2 else None)

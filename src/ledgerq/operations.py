@@ -378,7 +378,7 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def oldest_queued_at(self, policy: EntityPolicy) -> float | None:
-        """The earliest queued_at among queued rows."""
+        """The earliest queued_at among queued rows (whatever queue and priority)."""
 
     @abc.abstractmethod
     def running_by_worker(self, policy: EntityPolicy) -> dict[str, int]:

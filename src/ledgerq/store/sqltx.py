@@ -491,10 +491,30 @@ class SqlTx(Tx):
         return {r[0]: int(r[1]) for r in rows}
 
     def oldest_queued_at(self, policy: EntityPolicy) -> float | None:
-        sql = self.q("oldest_queued_at", table=self.table(policy),
-                     hint=self.hint(policy, "queued", "queued_at"))
-        value = self.execute(sql).fetchone()[0]
-        return None if value is None else float(value)
+        table = self.table(policy)
+        if QUEUE_COLUMN not in policy.columns or PRIORITY_COLUMN not in policy.columns:
+            sql = self.q("oldest_queued_at", table=table,
+                         hint=self.hint(policy, "queued", "queued_at"))
+            value = self.execute(sql).fetchone()[0]
+            return None if value is None else float(value)
+        # No (queued_at) index: every submit and claim would maintain it for this query
+        # alone. The claim order's index answers it level by level instead.
+        hint = self.hint(policy, "queued", QUEUE_COLUMN)
+
+        def one(name: str, *params: Any) -> Any:
+            return self.execute(self.q(name, table=table, hint=hint), params).fetchone()
+
+        oldest: float | None = None
+        level = one("queued_level_first")
+        while level is not None:
+            queue, priority = level[0], level[1]
+            at = one("queued_level_oldest", queue, priority)
+            if at is not None and (oldest is None or at[0] < oldest):
+                oldest = float(at[0])
+            below = one("queued_level_below", queue, priority)
+            level = (queue, below[0]) if below is not None else \
+                one("queued_level_next_queue", queue)
+        return oldest
 
     def running_by_worker(self, policy: EntityPolicy) -> dict[str, int]:
         sql = self.q("running_by_worker", table=self.table(policy),
