@@ -157,7 +157,7 @@ async def test_reserved_objects_are_every_name_the_base_schemas_take(
 
 
 def test_an_index_named_like_a_table_or_another_index_is_refused(tmp_path: Path) -> None:
-    for name in ("widgets", "uq_status_transitions_version", "idx_schedule_runs_claim"):
+    for name in ("widgets", "uq_status_transitions_version", "idx_schedule_runs_claim_order"):
         (tmp_path / "w.toml").write_text(
             BASELINE + f'\n[[indexes]]\nname = "{name}"\ncolumns = ["owner"]\n')
         (tmp_path / "schedule_run.toml").write_bytes(
