@@ -365,3 +365,25 @@ async def test_runs_from_before_queues_migrate_to_priority_0_in_the_default_queu
         got = await claim_runs(db, worker_id="host:00000002", limit=5, queues=["other"])
         assert [r["id"] for r in got.claimed] == [elsewhere]
         assert (await verify(db)).ok
+
+
+async def test_a_new_index_may_not_take_a_name_only_the_database_still_has(
+        v1: tuple[str, dict[str, list[str]]], tmp_path: Path) -> None:
+    """The previous release's claim index left the spec but stays in databases until
+    `migrate --apply`: a new entity's index of that name would be skipped by CREATE INDEX
+    IF NOT EXISTS, silently. Refused, naming the owner, and nothing changes."""
+    target, _ = v1
+    async with StateDB(target) as db:  # this release: idx_schedule_runs_claim is kept
+        before = await snapshot(db)
+    specs = SpecDir(tmp_path / "specs")
+    specs.path.joinpath("deployment.toml").write_text(DEPLOYMENT.read_text().replace(
+        "[columns]", '[[indexes]]\nname = "idx_schedule_runs_claim"\ncolumns = ["version"]'
+        "\n\n[columns]", 1))
+    with pytest.raises(MigrationRefused) as caught:
+        async with StateDB(target, registry=load_registry(specs.path)):
+            pass
+    message = str(caught.value)
+    assert "'idx_schedule_runs_claim'" in message and "'schedule_run'" in message
+    assert "nothing was changed" in message
+    async with StateDB(target) as db:
+        assert await snapshot(db) == before

@@ -388,7 +388,30 @@ def plan_open(recorded: Mapping[str, Normal], wanted: Iterable[Normal], probe: P
             plan.new = merged
             if not plan.refusals:
                 plan.refusals = _valid(plan, merged)
+    _index_name_clashes(recorded, plans)
     return Plan(plans)
+
+
+def _index_name_clashes(recorded: Mapping[str, Normal], plans: list[EntityPlan]) -> None:
+    """An index added under a name another entity's recorded spec holds is refused.
+
+    The loaded specs' own names are checked when they load; this is about names only the
+    database still has (an index a spec retired, kept until ``migrate --apply``): a
+    ``CREATE INDEX IF NOT EXISTS`` of that name would silently keep the old index."""
+    owners = {str(ix["name"]): (entity, str(normal["table"]))
+              for entity, normal in recorded.items() for ix in normal["indexes"]}
+    for plan in plans:
+        had = {str(ix["name"]) for ix in (plan.old or {}).get("indexes", ())}
+        for ix in (plan.new or {}).get("indexes", ()):
+            name = str(ix["name"])
+            owner = owners.get(name)
+            if name in had or owner is None or owner[0] == plan.entity:
+                continue
+            change = Change(plan.entity, "index", "add", name)
+            plan.refusals.append(Refusal(change, (
+                f"the database already has an index named {name!r} (entity "
+                f"{owner[0]!r}'s, on table {owner[1]!r}; a spec may have retired it, "
+                "and it stays until `ledgerq migrate --apply`): choose another name")))
 
 
 def _valid(plan: EntityPlan, merged: Normal) -> list[Refusal]:
