@@ -87,9 +87,16 @@ def test_dashboard_follows_a_task_to_completed(browser: Any, site: Server) -> No
                                                       "import sys; sys.exit('<b>boom</b>')"))
         run_id = api.post("/api/tasks", json=command(
             sys.executable, "-c", "import time; time.sleep(1)")).json()["id"]
+        elsewhere = api.post("/api/tasks", json={**command("true"), "queue": "ops",
+                                                 "priority": 7}).json()["id"]
     row = f"#tasks tr[data-id='{run_id}']"
     page.wait_for_selector(row, timeout=WAIT_MS)  # appears without a reload
     assert page.inner_text(f"{row} .status") == "queued"
+    other = f"#tasks tr[data-id='{elsewhere}']"
+    page.wait_for_selector(other, timeout=WAIT_MS)
+    assert (page.inner_text(f"{other} td.queue"), page.inner_text(f"{other} td.priority")) \
+        == ("ops", "7")  # not the worker's queue: it stays queued
+    assert page.inner_text(f"{row} td.queue") == "default"
     navigations: list[str] = []
     page.on("framenavigated", lambda frame: navigations.append(frame.url))
     worker = start_worker(site.db, "--worker-id", "ui-worker")

@@ -144,7 +144,9 @@ async function refreshOverview() {
     td(s.next_fire_at ? when(s.next_fire_at) : "-"),
     s.last_fire ? statusCell(s.last_fire.status) : td("-")]);
   fillRows("tasks", recent.items, (r) => [td(taskLink(r.id), "id"), statusCell(r.status),
-    td(r.action_kind), td(r.execution_target), td(when(r.created_at))]);
+    td(r.action_kind), td(r.execution_target), td(r.queue ?? "-", "queue"),
+    td(r.priority === undefined ? "-" : String(r.priority), "priority"),
+    td(when(r.created_at))]);
   await showDiagrams();
 }
 
