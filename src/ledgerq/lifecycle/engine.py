@@ -233,7 +233,8 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     against the policy, so nothing the spec does not declare is ever written.
     ``whole_row`` returns the row as the UPDATE left it (``RETURNING *``), which saves a
     claim its read-back. ``skip_locked`` makes a row another writer holds a conflict at
-    once instead of a wait (a claimant's move; see ``Tx.entity_for_move``).
+    once instead of a wait (a claimant's move; see ``Tx.entity_for_move``); such a
+    conflict reports ``from_state``, since the row was not read.
     """
     guard = guard or {}
     patch = patch or {}
@@ -256,6 +257,10 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
                      guard_cols, patch, now, idempotency_key, whole_row, skip_locked, None)
         if done is not None:
             return done
+        if skip_locked:
+            # A claimant's row another claimant holds, took or moved on: lost, as the read
+            # would have found it (no read: under contention most claims lose one).
+            return _conflict(from_state)
     row = tx.entity_for_move(policy, entity_id, guard_cols, skip_locked=skip_locked)
     if row is None:
         if skip_locked:  # held by another writer (or gone): not this caller's to move
