@@ -15,6 +15,7 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from ledgerq.codec import dumps
@@ -115,24 +116,37 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
     as one multi-row INSERT each (:data:`BATCH_CLAIM`). Returns lifecycles/s with its
     submit-only and worker-only parts and CPU per lifecycle.
     """
-    if batched:
-        return _batched(path, registry, sync, n, limit, submit_group)
     conn = connect(path, sync)
     conn.executescript(schema_ddl(registry))
-    x = conn.execute
-    insert = RAW_RUN_INSERT + " RETURNING *"
     # The same partial-index term the dialect adds to its claim scan (see SqliteTx.hint).
     page = FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
         registry.entity("schedule_run"), "queued", "queue"))
+    passes = _batched_passes if batched else _passes
+    c0, t0 = time.process_time(), time.perf_counter()
+    _submit_all(conn, n, submit_group)
+    t1 = time.perf_counter()
+    done = passes(conn, page, limit)
+    t2, c2 = time.perf_counter(), time.process_time()
+    (facts,) = conn.execute("SELECT count(*) FROM status_transitions").fetchone()
+    conn.close()
+    assert done == n and facts == 3 * n, (done, facts)
+    return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t1),
+            "cpu_us": (c2 - c0) / n * 1e6}
+
+
+def _fact(rid: str, prev: str | None, status: str, code: str, summary: str, now: float,
+          version: int, patch: dict[str, Any]) -> tuple[Any, ...]:
+    """A fact row in RAW_FACT_INSERT's column order, as the engine makes it."""
+    return (new_id(), "schedule_run", rid, prev, status, code, summary, "[]", "system",
+            WORKER, now, "{}", version, dumps(patch), None)
+
+
+def _submit_all(conn: sqlite3.Connection, n: int, submit_group: int) -> None:
+    """N rows and their creation facts, ``submit_group`` per commit."""
+    x = conn.execute
+    insert = RAW_RUN_INSERT + " RETURNING *"
     args = dumps(APP.args)
     fingerprint = digest(APP)
-
-    def fact(rid: str, prev: str | None, status: str, code: str, summary: str, now: float,
-             version: int, patch: dict[str, Any]) -> None:
-        x(RAW_FACT_INSERT, (new_id(), "schedule_run", rid, prev, status, code, summary, "[]",
-                            "system", WORKER, now, "{}", version, dumps(patch), None))
-
-    c0, t0 = time.process_time(), time.perf_counter()
     for i in range(n):
         now = time.time()
         rid = new_id()
@@ -145,10 +159,30 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
         names = [d[0] for d in cur.description]
         patch = {k: v for k, v in zip(names, cur.fetchone(), strict=True)
                  if v is not None and k not in ("status", "version")}
-        fact(rid, None, "queued", "run.queued.submitted", "", now, 1, patch)
+        x(RAW_FACT_INSERT, _fact(rid, None, "queued", "run.queued.submitted", "", now, 1,
+                                 patch))
         if (i + 1) % submit_group == 0 or i + 1 == n:
             x("COMMIT")
-    t1 = time.perf_counter()
+
+
+def _claim_patch(now: float, summary: str, row: dict[str, Any]) -> dict[str, Any]:
+    return {"updated_at": now, "status_reason_code": "run.started.ok",
+            "status_reason_summary": summary, "status_evidence_refs": "[]",
+            "leased_by": row["leased_by"], "lease_expires_at": row["lease_expires_at"],
+            "lease_token": row["lease_token"], "lease_attempts": row["lease_attempts"]}
+
+
+def _end_patch(now: float, stored: Sequence[Any]) -> dict[str, Any]:
+    return {"updated_at": now, "status_reason_code": "run.completed.ok",
+            "status_reason_summary": "", "status_evidence_refs": "[]",
+            **dict(zip(("ended_at", "exit_code", "error_detail", "run_attempts"), stored,
+                       strict=True))}
+
+
+def _passes(conn: sqlite3.Connection, page: str, limit: int) -> int:
+    """Passes of ``limit`` until the queue is empty, each row its own guarded statement and
+    fact; the number completed."""
+    x = conn.execute
     done = 0
     summary = f"claimed by {WORKER}"
     while True:
@@ -160,34 +194,22 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
             cur = x(FLOOR_CLAIM, (version + 1, now, summary, *lease, attempts + 1, rid,
                                   attempts))
             row = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
-            fact(rid, "queued", "running", "run.started.ok", summary, now, version + 1,
-                 {"updated_at": now, "status_reason_code": "run.started.ok",
-                  "status_reason_summary": summary, "status_evidence_refs": "[]",
-                  "leased_by": lease[0], "lease_expires_at": lease[1],
-                  "lease_token": lease[2], "lease_attempts": attempts + 1})
+            x(RAW_FACT_INSERT, _fact(rid, "queued", "running", "run.started.ok", summary, now,
+                                     version + 1, _claim_patch(now, summary, row)))
             claimed.append(row)
         x("COMMIT")
         if not claimed:
-            break
+            return done
         x("BEGIN IMMEDIATE")
         now = time.time()
         for row in claimed:  # the no-op executor: exit 0
             version = row["version"] + 1
             cur = x(FLOOR_END, (version, now, now, 0, None, 1, row["id"], row["leased_by"],
                                 row["lease_expires_at"], row["lease_token"]))
-            stored = cur.fetchone()
-            fact(row["id"], "running", "completed", "run.completed.ok", "", now, version,
-                 {"updated_at": now, "status_reason_code": "run.completed.ok",
-                  "status_reason_summary": "", "status_evidence_refs": "[]",
-                  **dict(zip(("ended_at", "exit_code", "error_detail", "run_attempts"),
-                             stored, strict=True))})
+            x(RAW_FACT_INSERT, _fact(row["id"], "running", "completed", "run.completed.ok",
+                                     "", now, version, _end_patch(now, cur.fetchone())))
             done += 1
         x("COMMIT")
-    t2, c2 = time.perf_counter(), time.process_time()
-    conn.close()
-    assert done == n, done
-    return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t1),
-            "cpu_us": (c2 - c0) / n * 1e6}
 
 
 def _facts_insert(count: int) -> str:
@@ -195,43 +217,14 @@ def _facts_insert(count: int) -> str:
     return f"{head}VALUES {', '.join([values.strip()] * count)}"
 
 
-def _batched(path: str, registry: Registry, sync: str, n: int, limit: int,
-             submit_group: int) -> dict[str, float]:
-    conn = connect(path, sync)
-    conn.executescript(schema_ddl(registry))
+def _batched_passes(conn: sqlite3.Connection, page: str, limit: int) -> int:
+    """The same passes, each pass's claims and terminal writes one statement each and
+    their facts one multi-row INSERT each; the number completed."""
     x = conn.execute
-    insert = RAW_RUN_INSERT + " RETURNING *"
-    page = FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
-        registry.entity("schedule_run"), "queued", "queue"))
-    args = dumps(APP.args)
-    fingerprint = digest(APP)
-
-    def fact(rid: str, prev: str | None, status: str, code: str, summary: str, now: float,
-             version: int, patch: dict[str, Any]) -> tuple[Any, ...]:
-        return (new_id(), "schedule_run", rid, prev, status, code, summary, "[]", "system",
-                WORKER, now, "{}", version, dumps(patch), None)
 
     def append(facts: list[tuple[Any, ...]]) -> None:
         x(_facts_insert(len(facts)), [v for f in facts for v in f])
 
-    c0, t0 = time.process_time(), time.perf_counter()
-    for i in range(n):
-        now = time.time()
-        rid = new_id()
-        values = (rid, None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
-                  None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
-                  None, 1, "run.queued.submitted", "", "[]")
-        if i % submit_group == 0:
-            x("BEGIN IMMEDIATE")
-        cur = x(insert, values)
-        names = [d[0] for d in cur.description]
-        patch = {k: v for k, v in zip(names, cur.fetchone(), strict=True)
-                 if v is not None and k not in ("status", "version")}
-        x(RAW_FACT_INSERT, fact(rid, None, "queued", "run.queued.submitted", "", now, 1,
-                                patch))
-        if (i + 1) % submit_group == 0 or i + 1 == n:
-            x("COMMIT")
-    t1 = time.perf_counter()
     done = 0
     summary = f"claimed by {WORKER}"
     while True:
@@ -244,18 +237,11 @@ def _batched(path: str, registry: Registry, sync: str, n: int, limit: int,
                     [*(v for row in chosen for v in row), now, summary, WORKER, now + 300])
             names = [d[0] for d in cur.description]
             claimed = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-            append([fact(r["id"], "queued", "running", "run.started.ok", summary, now,
-                         r["version"], {"updated_at": now, "status_reason_code": "run.started.ok",
-                                        "status_reason_summary": summary,
-                                        "status_evidence_refs": "[]",
-                                        "leased_by": r["leased_by"],
-                                        "lease_expires_at": r["lease_expires_at"],
-                                        "lease_token": r["lease_token"],
-                                        "lease_attempts": r["lease_attempts"]})
-                    for r in claimed])
+            append([_fact(r["id"], "queued", "running", "run.started.ok", summary, now,
+                          r["version"], _claim_patch(now, summary, r)) for r in claimed])
         x("COMMIT")
         if not claimed:
-            break
+            return done
         x("BEGIN IMMEDIATE")
         now = time.time()
         cur = x(BATCH_END.format(rows=", ".join(["(?, ?, ?, ?)"] * len(claimed))),
@@ -263,17 +249,7 @@ def _batched(path: str, registry: Registry, sync: str, n: int, limit: int,
                                                 r["lease_expires_at"], r["lease_token"])),
                  now, now])
         ended = cur.fetchall()
-        append([fact(rid, "running", "completed", "run.completed.ok", "", now, version,
-                     {"updated_at": now, "status_reason_code": "run.completed.ok",
-                      "status_reason_summary": "", "status_evidence_refs": "[]",
-                      "ended_at": ended_at, "exit_code": code, "error_detail": detail,
-                      "run_attempts": attempts})
-                for rid, version, ended_at, code, detail, attempts in ended])
+        append([_fact(rid, "running", "completed", "run.completed.ok", "", now, version,
+                      _end_patch(now, stored)) for rid, version, *stored in ended])
         done += len(ended)
         x("COMMIT")
-    t2, c2 = time.perf_counter(), time.process_time()
-    (facts,) = x("SELECT count(*) FROM status_transitions").fetchone()
-    conn.close()
-    assert done == n and facts == 3 * n, (done, facts)
-    return {"lifecycle": n / (t2 - t0), "submit": n / (t1 - t0), "worker": n / (t2 - t1),
-            "cpu_us": (c2 - c0) / n * 1e6}
