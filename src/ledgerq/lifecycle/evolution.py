@@ -396,8 +396,9 @@ def _index_name_clashes(recorded: Mapping[str, Normal], plans: list[EntityPlan])
     """An index added under a name another entity's recorded spec holds is refused.
 
     The loaded specs' own names are checked when they load; this is about names only the
-    database still has (an index a spec retired, kept until ``migrate --apply``): a
-    ``CREATE INDEX IF NOT EXISTS`` of that name would silently keep the old index."""
+    database still has (an index a spec retired, kept until ``migrate --apply``): the
+    dialects create an index only if its name is absent, so the old one would silently
+    stay in its place."""
     owners = {str(ix["name"]): (entity, str(normal["table"]))
               for entity, normal in recorded.items() for ix in normal["indexes"]}
     for plan in plans:
