@@ -138,7 +138,7 @@ def publish(path: Path) -> None:
     if path.exists():
         raise InvalidInput(f"{path} already exists; an archive never overwrites a file")
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    _fsync(path.parent)
 
 
 def remove(path: Path, *, published: bool) -> None:
@@ -148,18 +148,11 @@ def remove(path: Path, *, published: bool) -> None:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
     with contextlib.suppress(OSError):
-        _fsync_dir(path.parent)
+        _fsync(path.parent)
 
 
 def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
+    """fsync a file or a directory (its entries: a rename is durable once this returns)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
