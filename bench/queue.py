@@ -635,7 +635,8 @@ def profile(which: str, workdir: Path, registry: Registry, sync: str, n: int, ba
     prof.disable()
     print(f"{which} ({sync}) under cProfile: {result}  (cProfile sees the event-loop "
           "thread only; aiosqlite's thread runs the SQL)")
-    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(30)
+    order, lines = os.environ.get("PROF_SORT", "tottime"), int(os.environ.get("PROF_N", "30"))
+    pstats.Stats(prof, stream=sys.stdout).sort_stats(order).print_stats(lines)
     return 0
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -60,12 +62,15 @@ async def test_reads_use_a_query_only_connection_that_sees_committed_writes(
 
 
 async def test_a_read_does_not_wait_for_a_write_in_flight(db: StateDB) -> None:
+    if db.dialect == "sqlite":
+        pytest.skip("SQLite runs a write's statements in the loop's thread when the lock "
+                    "is free; see the tests of a held lock below")
     started = asyncio.Event()
     loop = asyncio.get_running_loop()
 
     def slow_write(c: object) -> None:
         loop.call_soon_threadsafe(started.set)
-        time.sleep(0.5)  # holds the write thread (and the write lock) like a slow fsync
+        time.sleep(0.5)  # holds a connection (and its transaction) like a slow commit
 
     writing = asyncio.ensure_future(db.write(slow_write))
     await started.wait()
@@ -73,6 +78,63 @@ async def test_a_read_does_not_wait_for_a_write_in_flight(db: StateDB) -> None:
     assert got == {"n": 0}
     assert not writing.done(), "the read queued behind the write"
     await writing
+
+
+@pytest.mark.sqlite_only
+async def test_an_uncontended_write_runs_in_the_loops_thread(db: StateDB) -> None:
+    ran_in: list[int] = []
+    await db.write(lambda tx: ran_in.append(threading.get_ident()))
+    assert ran_in == [threading.get_ident()]
+
+
+@pytest.mark.sqlite_only
+async def test_a_write_waiting_for_another_process_blocks_neither_the_loop_nor_reads(
+        db_path: Path) -> None:
+    async with StateDB(db_path) as db:
+        other = sqlite3.connect(db_path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
+        ran_in: list[int] = []
+
+        def unit(tx: object) -> None:
+            ran_in.append(threading.get_ident())
+
+        writing = asyncio.ensure_future(db.write(unit))
+        ticks = 0
+        for _ in range(20):  # the loop keeps running while the write waits
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks == 20 and not writing.done()
+        got = await db.fetch_one("SELECT count(*) AS n FROM schedule_runs")
+        assert got == {"n": 0}, "the read queued behind the waiting write"
+        other.execute("COMMIT")
+        await asyncio.wait_for(writing, 10)
+        # It ran where waiting blocks nobody: the write connection's own thread.
+        assert ran_in and ran_in[-1] != threading.get_ident()
+        # And once the lock is free, writes run inline again.
+        await db.write(unit)
+        assert ran_in[-1] == threading.get_ident()
+        other.close()
+        assert await db.run(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0]) >= 1000
+
+
+@pytest.mark.sqlite_only
+async def test_a_group_that_finds_the_lock_held_writes_each_unit_once(db_path: Path) -> None:
+    """The units of a group that met a held lock run again in the connection's thread:
+    every write lands exactly once, with its own outcome."""
+    async with StateDB(db_path) as db:
+        other = sqlite3.connect(db_path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        creating = [asyncio.ensure_future(new_run(db)) for _ in range(5)]
+        failing = asyncio.ensure_future(db.write(lambda tx: 1 / 0))
+        await asyncio.sleep(0.2)
+        other.execute("ROLLBACK")
+        other.close()
+        ids = await asyncio.gather(*creating)
+        with pytest.raises(ZeroDivisionError):
+            await failing
+        got = await db.fetch_one("SELECT count(*) AS n FROM schedule_runs")
+        assert got == {"n": 5} and len(set(ids)) == 5
+        assert (await verify(db)).ok
 
 
 def test_bad_synchronous_is_refused(db_path: Path) -> None:
@@ -158,7 +220,10 @@ async def test_every_write_begins_immediate(db: StateDB) -> None:
     await db.run(lambda conn: conn.set_trace_callback(None))
     begins = [s for s in statements if s.upper().startswith("BEGIN")]
     assert begins == ["BEGIN IMMEDIATE", "BEGIN IMMEDIATE"]
-    assert statements[0] == "BEGIN IMMEDIATE"
+    # run() itself restores the connection's busy timeout (writes try the lock without
+    # waiting, see the held-lock tests): its pragmas are no write's statements.
+    assert next(s for s in statements if not s.startswith("PRAGMA busy_timeout")) == \
+        "BEGIN IMMEDIATE"
 
 
 # ---------------------------------------------------------------- group commit

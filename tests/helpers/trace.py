@@ -43,9 +43,9 @@ def count_writes(db: Any) -> list[str]:
     seen: list[str] = []
     real = db.write
 
-    async def counting(fn: Any) -> Any:
+    async def counting(fn: Any, **options: Any) -> Any:
         seen.append(getattr(fn, "__name__", "unit"))
-        return await real(fn)
+        return await real(fn, **options)
 
     db.write = counting
     return seen

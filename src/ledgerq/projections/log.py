@@ -203,4 +203,4 @@ async def rebuild(db: StateDB, *, progress: Progress | None = None) -> RebuildRe
     ``executemany``. ``progress`` is called as :func:`verify` calls it.
     """
     policies = db.log_policies()
-    return await db.write(lambda tx: _rebuild(tx, policies, progress))
+    return await db.write(lambda tx: _rebuild(tx, policies, progress), bulk=True)

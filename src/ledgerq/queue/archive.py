@@ -186,7 +186,7 @@ async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = No
                               False, digest)
 
     try:
-        return await db.write(unit)
+        return await db.write(unit, bulk=True)
     except BaseException:
         # The unit returned, the commit failed: the file is ours, and is removed unless
         # the commit may have happened after all.

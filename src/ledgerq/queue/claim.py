@@ -5,19 +5,19 @@ affinity order among equal priorities, one run per concurrency key) reads one
 snapshot; each claim is then its own guarded move, so a row another claimant took
 meanwhile is simply not claimed.
 
-Where writers run one at a time (SQLite) the pass chooses ``limit`` rows and claims
-them, each claim its own unit in one group commit. Where they run at once (PostgreSQL)
-every worker's snapshot shows the same oldest rows: the pass chooses spares as well
-(``CLAIM_SPARES`` times the limit) and claims them in order in one transaction, until
-``limit`` are claimed; a row another claimant holds is skipped at once (``SKIP
-LOCKED``), one it took already fails its compare-and-swap, and the next spare is tried.
-Only rows a pass claims are ever locked, so a worker never hides rows it cannot serve
-from one that can, and a pass that finds nothing to claim writes nothing.
+A pass claims its chosen rows in order in one transaction, each claim its own move
+and fact (a claim that raises is rolled back alone). Where writers run one at a time
+(SQLite) it chooses ``limit`` rows. Where they run at once (PostgreSQL) every worker's
+snapshot shows the same oldest rows: the pass chooses spares as well (``CLAIM_SPARES``
+times the limit) and claims them in order until ``limit`` are claimed; a row another
+claimant holds is skipped at once (``SKIP LOCKED``), one it took already fails its
+compare-and-swap, and the next spare is tried. Only rows a pass claims are ever locked,
+so a worker never hides rows it cannot serve from one that can, and a pass that finds
+nothing to claim writes nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import heapq
 import logging
@@ -307,12 +307,7 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
         return result
     claim = functools.partial(_claim_one, policy=policy, worker_id=worker_id, now=ts,
                               lease_ttl=config.lease_ttl)
-    outcomes: list[Any]
-    if db.many_writers:
-        outcomes = await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
-    else:
-        outcomes = await asyncio.gather(*(db.write(functools.partial(claim, cand=c))
-                                          for c in chosen), return_exceptions=True)
+    outcomes = await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
     tried: list[str] = []
     for cand, got in zip(chosen, outcomes, strict=True):
         if got is _UNTRIED:

@@ -103,7 +103,7 @@ async def retry_runs(db: StateDB, run_ids: Iterable[str], *, actor: Actor = RETR
     def unit(tx: Tx) -> list[str]:
         return [_rerun(tx, policy, rid, actor, summary, ts) for rid in ids]
 
-    created = await db.write(unit) if ids else []
+    created = await db.write(unit, bulk=len(ids) > 1) if ids else []
     wakeup.notify(db.path)
     return created
 

@@ -56,7 +56,7 @@ class Backend(Protocol):
     def is_open(self) -> bool: ...
     async def open(self) -> None: ...
     async def close(self) -> None: ...
-    async def write(self, fn: Callable[[Tx], T]) -> T: ...
+    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False) -> T: ...
     async def read(self, fn: Callable[[Tx], T]) -> T: ...
     async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
                         ) -> dict[str, Any] | None: ...
@@ -158,12 +158,15 @@ class StateDB:
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    async def write(self, fn: Callable[[Tx], T]) -> T:
+    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False) -> T:
         """Run ``fn`` in a write transaction; if it raises, nothing it wrote survives.
 
         The call returns once the transaction is durable (committed) or has failed.
+        ``bulk``: ``fn`` may take long (a rebuild, an archive, thousands of rows); on
+        SQLite it then never runs in the event loop's thread, so the loop (a worker's
+        lease renewals, a server's requests) keeps running meanwhile.
         """
-        return await self._backend.write(fn)
+        return await self._backend.write(fn, bulk=bulk)
 
     async def read(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` inside one read-only snapshot (it never waits for a commit)."""

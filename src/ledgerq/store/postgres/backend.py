@@ -241,7 +241,8 @@ class PostgresBackend:
                 raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
         raise AssertionError("unreachable")
 
-    async def write(self, fn: Callable[[Tx], T]) -> T:
+    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False) -> T:
+        """Every unit runs in a pool thread here, ``bulk`` or not."""
         if self.readonly:
             raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
                                 "writes refused")
