@@ -255,13 +255,40 @@ async def test_a_failing_unit_rolls_back_alone_within_its_group(db: StateDB) -> 
     assert isinstance(results[1], RuntimeError)
     assert isinstance(results[3], str)
     assert isinstance(results[4], IntegrityViolation)
-    # One group, one transaction, one commit.
-    assert [s for s in statements if s.startswith("BEGIN")] == ["BEGIN IMMEDIATE"]
-    assert [s for s in statements if s == "COMMIT"] == ["COMMIT"]
+    # One group, one commit: it first ran without savepoints, was rolled back when a
+    # unit raised, and ran again with each unit in its own savepoint.
+    ends = [s for s in statements if s in ("COMMIT", "ROLLBACK")]
+    assert [s for s in statements if s.startswith("BEGIN")] == ["BEGIN IMMEDIATE"] * 2
+    assert ends == ["ROLLBACK", "COMMIT"]
+    assert statements.count("SAVEPOINT unit") == 5
     names = [r["id"] for r in await db.fetch_all("SELECT id FROM schedules ORDER BY id")]
     assert names == ["a", "c"]
     assert await row(db, "schedule_runs", results[3]) is not None  # type: ignore[arg-type]
     assert (await verify(db)).ok
+
+
+@pytest.mark.sqlite_only
+async def test_a_group_without_failures_takes_no_savepoints_and_bulk_runs_alone(
+        db: StateDB) -> None:
+    statements: list[str] = []
+    await db.run(lambda conn: conn.set_trace_callback(statements.append))
+    ran_in: dict[str, int] = {}
+
+    def unit(name: str):  # type: ignore[no-untyped-def]
+        def run(tx):  # type: ignore[no-untyped-def]
+            ran_in[name] = threading.get_ident()
+            return name
+        return run
+
+    got = await asyncio.gather(db.write(unit("a")), db.write(unit("b")),
+                               db.write(unit("bulk"), bulk=True), db.write(unit("c")))
+    await db.run(lambda conn: conn.set_trace_callback(None))
+    assert got == ["a", "b", "bulk", "c"]
+    assert "SAVEPOINT unit" not in statements
+    # Three groups: a and b; the bulk unit alone, in the connection's thread; then c.
+    assert statements.count("COMMIT") == 3
+    assert ran_in["a"] == ran_in["b"] == ran_in["c"] == threading.get_ident()
+    assert ran_in["bulk"] != threading.get_ident()
 
 
 async def test_concurrent_writes_from_two_connections(db_path: Path) -> None:

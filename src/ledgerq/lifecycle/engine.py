@@ -192,6 +192,9 @@ async def transition(db: Database, request: TransitionRequest, *,
                      patch: dict[str, Any] | None = None,
                      now: float | None = None) -> TransitionResult:
     """Apply one guarded move, or report a conflict; see docs/queue.md for the exact order."""
+    # Copies: the unit runs after this call yields, and what it writes is what was checked.
+    guard = dict(guard) if guard else None
+    patch = dict(patch) if patch else None
     policy = prepare(db, request, guard, patch)
     return await db.write(lambda tx: apply_transition(tx, policy, request, guard, patch, now))
 
@@ -202,7 +205,7 @@ def apply_transition(tx: Tx, policy: EntityPolicy, request: TransitionRequest,
     """The in-transaction half of :func:`transition`; callers must have run :func:`prepare`."""
     done = apply_move(tx, policy, request.entity_id, request.from_state, request.to_state,
                       request.reason, request.actor, guard=guard, patch=patch, now=now,
-                      idempotency_key=request.idempotency_key)
+                      idempotency_key=request.idempotency_key, prepared=True)
     return TransitionResult(applied=done.applied, conflict=not done.applied,
                             previous_state=done.previous_state, current_state=done.current_state,
                             transition_id=done.transition_id)
@@ -225,7 +228,8 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
                from_state: str | None, to_state: str, reason: StateReason, actor: Actor, *,
                guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
                now: float | None = None, idempotency_key: str = "",
-               whole_row: bool = False, skip_locked: bool = False) -> Moved:
+               whole_row: bool = False, skip_locked: bool = False,
+               prepared: bool = False) -> Moved:
     """One guarded move inside the caller's transaction, in D3's check order.
 
     ``reason`` and ``actor`` are trusted as built (the queue makes them with
@@ -234,12 +238,15 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     ``whole_row`` returns the row as the UPDATE left it (``RETURNING *``), which saves a
     claim its read-back. ``skip_locked`` makes a row another writer holds a conflict at
     once instead of a wait (a claimant's move; see ``Tx.entity_for_move``); such a
-    conflict reports ``from_state``, since the row was not read.
+    conflict reports ``from_state``, since the row was not read. ``prepared``: the caller
+    ran :func:`prepare` on these very values (``transition()``), so they are not checked
+    twice.
     """
     guard = guard or {}
     patch = patch or {}
-    check_reason(policy, reason)
-    check_columns(policy, guard, patch)
+    if not prepared:
+        check_reason(policy, reason)
+        check_columns(policy, guard, patch)
     if idempotency_key:
         # Two moves under one key at once (other connections): the second waits for the
         # first to commit, then replays it, as it would have one after the other.

@@ -12,8 +12,8 @@ An uncontended write therefore blocks the loop for its statements and its commit
 Reads go to a second, query-only connection with its own thread: in WAL mode a reader
 never waits for a writer, and a long read (a scan, verify) never blocks the loop.
 Units that arrive while a group runs are queued and run together in the next
-transaction, each inside its own savepoint: a unit that raises is rolled back alone,
-the others commit, and every caller learns its outcome only after the commit that made
+transaction: a unit that raises is rolled back alone (see :func:`_run_group`), the
+others commit, and every caller learns its outcome only after the commit that made
 it durable. ``BEGIN IMMEDIATE`` takes the write lock before the first read, so a
 read-then-write never fails with SQLITE_BUSY halfway. Units must not sleep or wait on
 anything but the database: they may run in the loop's thread.
@@ -430,11 +430,24 @@ class SqliteBackend:
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
         return await fut
 
+    def _next_group(self) -> list[tuple[Unit, asyncio.Future[Any], bool]]:
+        """The next units to run together: a bulk unit alone (it may be run again if it
+        shared a group with a unit that raised, and it may write outside the database),
+        else up to MAX_GROUP others in the order they came."""
+        pending = self._pending
+        if pending[0][2]:
+            return [pending.pop(0)]
+        end = 1
+        while end < len(pending) and end < MAX_GROUP and not pending[end][2]:
+            end += 1
+        batch = pending[:end]
+        del pending[:end]
+        return batch
+
     async def _drain(self) -> None:
         try:
             while self._pending:
-                batch = self._pending[:MAX_GROUP]
-                del self._pending[:MAX_GROUP]
+                batch = self._next_group()
                 conn = self._conn
                 if conn is None:
                     err = RuntimeError("StateDB closed before the write ran")
@@ -445,8 +458,7 @@ class SqliteBackend:
                 units = [u for u, _, _ in batch]
                 try:
                     outcomes = None
-                    if self._inline and self._writer_calls == 0 and \
-                            not any(bulk for _, _, bulk in batch):
+                    if self._inline and self._writer_calls == 0 and not batch[0][2]:
                         # In the loop's own thread: no hop to the connection's thread and
                         # back (~80 us each way on a VM, more than a move's statements).
                         # The lock is tried without waiting; if another process holds it,
@@ -500,16 +512,20 @@ def _tx(conn: sqlite3.Connection) -> SqliteTx:
     return tx
 
 
-def _run_group(conn: sqlite3.Connection, *, units: list[Unit],
-               wait: bool) -> list[tuple[bool, Any]] | None:
-    """Run ``units`` in one transaction, each in its own savepoint; each one's outcome.
+def _run_group(conn: sqlite3.Connection, *, units: list[Unit], wait: bool,
+               savepoints: bool = False) -> list[tuple[bool, Any]] | None:
+    """Run ``units`` in one transaction; each one's outcome.
+
+    Units rarely raise, so they first run together, with no savepoint around each; when
+    one raises, the transaction is rolled back and the group runs again with every unit
+    in its own savepoint (``savepoints``), so that unit is rolled back alone and the
+    others commit. Units are plain functions of their Tx, and may run more than once
+    before the commit that keeps their writes (as on PostgreSQL after a lost connection).
 
     ``wait=False`` (an inline group on a connection that does not wait for locks): None,
     with nothing written, when another process holds the write lock, so the caller can
-    run the group again where waiting blocks nobody. Units are plain functions of their
-    Tx and may run twice that way (as on PostgreSQL after a lost connection).
+    run the group again where waiting blocks nobody.
     """
-    outcomes: list[tuple[bool, Any]] = []
     tx = _tx(conn)
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -517,18 +533,19 @@ def _run_group(conn: sqlite3.Connection, *, units: list[Unit],
         if not wait and _busy(exc):
             return None
         raise
+    outcomes: list[tuple[bool, Any]] = []
     try:
-        if len(units) == 1:
-            # Alone in its transaction, a unit needs no savepoint: rolling back the
-            # transaction undoes exactly its writes (a sequential caller's every write).
+        if not savepoints:
             try:
-                outcomes.append((True, units[0](tx)))
+                outcomes = [(True, unit(tx)) for unit in units]
             except Exception as exc:
                 if conn.in_transaction:  # some errors (a full disk) end it themselves
                     conn.execute("ROLLBACK")
                 if not wait and _busy(exc):
                     return None
-                return [(False, exc)]
+                if len(units) == 1:  # rolling back the transaction rolled back just it
+                    return [(False, exc)]
+                return _run_group(conn, units=units, wait=wait, savepoints=True)
         else:
             for unit in units:
                 conn.execute("SAVEPOINT unit")
