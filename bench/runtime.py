@@ -136,15 +136,14 @@ async def concurrent_submitters(path: Path, per: int, submitters: int = 64) -> f
     return per * submitters / elapsed
 
 
-def database_thread_ceiling(path: Path, n: int, group: int = 64) -> float:
+def database_thread_ceiling(path: Path, n: int, group_size: int = 64) -> float:
     """Lifecycles/s of the database thread's own work alone: a ceiling for the 64-submitter case.
 
     The same in-thread units the StateDB runs for a lifecycle (submit, claim, terminal
     write), called directly on a plain connection with the same schema and pragmas and
-    committed in groups of ``group`` units through the same ``_run_group`` (a savepoint
-    per unit, one fsync per group), single-threaded, with no event loop, no thread hop
-    and no validation. The StateDB's database thread is where the 64-submitter case
-    saturates, so this bounds what that case can reach on this machine.
+    committed in groups of ``group_size`` units through the same ``_run_group`` (one
+    fsync per group), single-threaded, with no event loop, no thread hop and no
+    validation: what the 64-submitter case's writes cost without anything around them.
     """
     import sqlite3
 
@@ -181,14 +180,18 @@ def database_thread_ceiling(path: Path, n: int, group: int = 64) -> float:
         completed = Outcome(moves.EXITED_ZERO, 0)
         return _finish(c, policy, run, completed, lease, patch, now, "bench")
 
+    def group(c: sqlite3.Connection, units: list[Any]) -> list[tuple[bool, Any]]:
+        outcomes = _run_group(c, units=units, wait=True)
+        assert outcomes is not None
+        return outcomes
+
     start = time.perf_counter()
-    for first in range(0, n, group):
+    for first in range(0, n, group_size):
         now = time.time()
-        size = min(group, n - first)
-        ids = [v for _, v in _run_group(conn, units=[partial(submit, now=now)] * size)]
-        claimed = [v for _, v in _run_group(conn, units=[
-            partial(claim, rid=rid, now=now) for rid in ids])]
-        done = _run_group(conn, units=[partial(finish, run=r, now=now) for r in claimed])
+        size = min(group_size, n - first)
+        ids = [v for _, v in group(conn, [partial(submit, now=now)] * size)]
+        claimed = [v for _, v in group(conn, [partial(claim, rid=rid, now=now) for rid in ids])]
+        done = group(conn, [partial(finish, run=r, now=now) for r in claimed])
         assert all(ok and value for ok, value in done), done[:1]
     elapsed = time.perf_counter() - start
     conn.close()
