@@ -165,6 +165,20 @@ class StateDB:
         """
         return await self._backend.write(fn)
 
+    async def write_together(self, fn: Callable[[Tx], T]) -> T:
+        """:meth:`write`, allowed to share its transaction with concurrent ones (group
+        commit): the terminal writes of a worker's runs.
+
+        Same contract as :meth:`write`: the call returns once the transaction is durable,
+        and a ``fn`` that raises leaves nothing behind (a group it was in runs again
+        without it). SQLite groups every write already; PostgreSQL groups these.
+        """
+        together = getattr(self._backend, "write_together", None)
+        if together is None:
+            return await self._backend.write(fn)
+        value: T = await together(fn)
+        return value
+
     async def read(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` inside one read-only snapshot (it never waits for a commit)."""
         return await self._backend.read(fn)
