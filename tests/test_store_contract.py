@@ -38,7 +38,9 @@ DIALECTS = ("ledgerq.store.sqlite", "ledgerq.store.postgres")
 #: and key locks, the wake-up channel) and its connection management (schema fingerprint,
 #: read-only snapshots), where SQLite uses pragmas and its own file checks.
 POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "tables_present",
-                 "durability", "record_schema_version", "forget_prepared", "lock_archives"}
+                 "durability", "record_schema_version", "forget_prepared", "lock_archives",
+                 # A pass's claims in one statement (SQLite: one swap per row).
+                 "claim_entities", "guard_join", "assign_from"}
 
 
 def test_both_dialects_define_the_same_query_names() -> None:
@@ -526,3 +528,78 @@ async def test_keyset_pages_and_log_aggregates(db: StateDB) -> None:
         lambda tx: tx.wait_histogram(RUN, "run.started.ok", [0.5, 1.0, 2.0]))
     assert (cumulative, count, total) == ([1, 2, 2], 3, 4.5)
     assert await db.read(lambda tx: tx.wait_histogram(RUN, "nothing", [1.0])) == ([0], 0, 0.0)
+
+
+async def test_claim_entities_swaps_in_order_until_the_limit(db: StateDB) -> None:
+    """Several claimants' swaps at once: each row guarded on its own values, in the given
+    order, only the first ``limit`` that match; the rest untouched."""
+    policy = await policy_of(db)
+    rids = [await new_run(db) for _ in range(4)]
+    # The second row no longer has the guard's value (another lease meanwhile).
+    await db.write(lambda tx: tx.update_entity(
+        policy, rids[1], observed="queued", version=None, to_state=None,
+        changes={"lease_attempts": 5}, guards={}, returning=("version",)))
+    rows = [(rid, {"lease_attempts": 0, "leased_by": None},
+             {"leased_by": "w1", "lease_token": f"t{i}", "lease_attempts": 1})
+            for i, rid in enumerate(rids)]
+    got = await db.write(lambda tx: tx.claim_entities(
+        policy, rows, observed="queued", to_state="running",
+        changes={"updated_at": 2.0}, limit=2))
+    assert [(r["id"], r["status"], r["version"], r["lease_token"], r["leased_by"],
+             r["updated_at"]) for r in got] == [
+        (rids[0], "running", 2, "t0", "w1", 2.0), (rids[2], "running", 2, "t2", "w1", 2.0)]
+    assert [(await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ())))
+            for r in rids] == [("running", 2), ("queued", 2), ("running", 2), ("queued", 1)]
+    again = await db.write(lambda tx: tx.claim_entities(
+        policy, rows, observed="queued", to_state="running", changes={}, limit=5))
+    assert [r["id"] for r in again] == [rids[3]]  # moved on, or guards no longer match
+
+
+async def test_claim_entities_skips_a_row_another_transaction_holds(db: StateDB) -> None:
+    if db.dialect == "sqlite":
+        pytest.skip("SQLite's single writer never meets another's row lock")
+    from helpers.raw import raw
+
+    policy = await policy_of(db)
+    rids = [await new_run(db) for _ in range(3)]
+    rows = [(rid, {"leased_by": None}, {"leased_by": "w1"}) for rid in rids]
+
+    def claim() -> Any:
+        return db.write(lambda tx: tx.claim_entities(
+            policy, rows, observed="queued", to_state="running", changes={}, limit=2))
+
+    holder = raw(db.path)
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT id FROM schedule_runs WHERE id = ? FOR UPDATE", (rids[0],))
+        got = await asyncio.wait_for(claim(), 5)
+        assert [r["id"] for r in got] == rids[1:]  # no wait; the held row uses no slot
+        holder.execute("ROLLBACK")
+    finally:
+        holder.close()
+    assert [r["id"] for r in await claim()] == rids[:1]
+
+
+async def test_writes_together_commit_apart_from_one_that_raises(db: StateDB) -> None:
+    """Group commit: writes that share a transaction are each still all-or-nothing; the
+    one that raises leaves nothing and raises alone, the others commit."""
+    policy = await policy_of(db)
+    rids = [await new_run(db) for _ in range(5)]
+
+    def move(rid: str, fail: bool) -> Any:
+        def unit(tx: Tx) -> Any:
+            got = tx.update_entity(policy, rid, observed="queued", version=None,
+                                   to_state="running", changes={"leased_by": "w1"},
+                                   guards={}, returning=("version",))
+            if fail:
+                raise RuntimeError("unit blew up")
+            return got
+        return db.write_together(unit)
+
+    results = await asyncio.gather(*(move(r, i == 2) for i, r in enumerate(rids)),
+                                   return_exceptions=True)
+    assert [r if isinstance(r, dict) else type(r).__name__ for r in results] == \
+        [{"version": 2}, {"version": 2}, "RuntimeError", {"version": 2}, {"version": 2}]
+    states = [await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ())) for r in rids]
+    assert states == [("running", 2), ("running", 2), ("queued", 1), ("running", 2),
+                      ("running", 2)]

@@ -98,6 +98,18 @@ class Tx(abc.ABC):
         """
 
     @abc.abstractmethod
+    def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
+                       observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
+        """Claimants' compare-and-swaps of several rows, in the given order, until ``limit``
+        matched: each ``(id, guards, patch)`` row moves from ``observed`` to ``to_state``
+        with ``changes`` and its own ``patch`` set and its version incremented, only where
+        it still has ``observed`` and every one of its guard values (NULL-safe equality);
+        a row another transaction holds is skipped at once (as ``update_entity`` with
+        ``skip_locked``). Every row gives the same guard and patch columns, none of them
+        JSON. Returns the whole rows as stored, in the given order: the first ``limit``
+        rows that matched (rows after the ``limit``-th match are not tried)."""
+
+    @abc.abstractmethod
     def fact_by_idempotency_key(self, entity_type: str, entity_id: str,
                                 key: str) -> tuple[str, str | None, str] | None:
         """(fact id, previous_status, status) of the fact recorded under ``key``."""

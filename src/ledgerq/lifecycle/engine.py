@@ -286,6 +286,62 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     return done
 
 
+def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, Any],
+                                                                  dict[str, Any]]],
+                 from_state: str, to_state: str, reason: StateReason, actor: Actor, *,
+                 limit: int, now: float | None = None) -> list[dict[str, Any]]:
+    """Claimants' moves of several rows in one swap statement and one fact insert, in
+    ``rows``' order (``(id, guard, patch)`` each) until ``limit`` applied; the rows as
+    stored after their moves (whole rows), in that order.
+
+    Each row is still its own guarded move (status, its guard values, its version
+    incremented) with its own fact; a row another writer holds, took or moved on is not
+    moved (lost, as :func:`apply_move` with ``skip_locked`` reports it). Every row gives
+    the same guard and patch columns, none of them JSON (checked). The checks run once,
+    as they would for each row: the reason, the columns, the edge from ``from_state``.
+    """
+    if not rows:
+        return []
+    guard, patch = rows[0][1], rows[0][2]
+    check_reason(policy, reason)
+    for _, g, p in rows:
+        check_columns(policy, g, p)
+        if g.keys() != guard.keys() or p.keys() != patch.keys():
+            raise ValueError("apply_claims: every row must give the same guard and patch "
+                             "columns")
+    if set(policy.json_columns) & (guard.keys() | patch.keys()):
+        raise ValueError("apply_claims: JSON columns cannot be batched")
+    refusal = _refusal(policy, from_state, to_state, actor, guard, patch)
+    if refusal is not None:
+        raise ValueError(refusal)
+    rule = policy.rule(from_state, to_state)
+    fresh = rule.fresh_tokens - patch.keys() if rule.fresh_tokens else frozenset()
+    ts = time.time() if now is None else now
+    changes: dict[str, Any] = {
+        "updated_at": ts,
+        "status_reason_code": reason.code,
+        "status_reason_summary": reason.summary,
+        "status_evidence_refs": _json(reason.evidence_refs),
+    }
+    given = [(rid, {c: to_sql(v) for c, v in g.items()},
+              {**{c: uuid.uuid4().hex for c in sorted(fresh)},
+               **{c: to_sql(v) for c, v in p.items()}}) for rid, g, p in rows]
+    patched = (*given[0][2], "status_evidence_refs")
+    stored = tx.claim_entities(policy, given, observed=from_state, to_state=to_state,
+                               changes=changes, limit=limit)
+    facts = []
+    for after in stored:
+        # The stored values, so the fact records exactly what the row holds.
+        row_changes = {**changes, **{k: after[k] for k in patched}}
+        facts.append((
+            new_id(), policy.name, after["id"], from_state, to_state, reason.code,
+            reason.summary, _json(reason.evidence_refs), actor.type, actor.id, ts,
+            _json(reason.metadata), after["version"], dumps(row_changes), None))
+    if facts:
+        tx.append_facts(facts)
+    return stored
+
+
 def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,
              guard: dict[str, Any], patch: dict[str, Any]) -> str | None:
     """Why the spec forbids this move from ``observed`` (D3's checks after the read), or

@@ -150,6 +150,20 @@ class SqlTx(Tx):
             return None
         return dict(zip([d[0] for d in cur.description], stored[0], strict=True))
 
+    def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
+                       observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
+        # One swap per row, in order (SQLite: one writer at a time, nothing is skipped).
+        got: list[Row] = []
+        for entity_id, guards, patch in rows:
+            if len(got) >= limit:
+                break
+            row = self.update_entity(policy, entity_id, observed=observed, version=None,
+                                     to_state=to_state, changes={**changes, **patch},
+                                     guards=guards, returning=None, skip_locked=True)
+            if row is not None:
+                got.append(row)
+        return got
+
     def fact_by_idempotency_key(self, entity_type: str, entity_id: str,
                                 key: str) -> tuple[str, str | None, str] | None:
         row: tuple[str, str | None, str] | None = self.execute(

@@ -17,6 +17,10 @@ from typing import Any, ClassVar
 
 import psycopg
 
+from ledgerq.codec import dumps
+from ledgerq.lifecycle.identifiers import quote
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import Row
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
 
@@ -87,6 +91,40 @@ class PostgresTx(SqlTx):
 
     def database_failure(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.OperationalError) or stale_plan(exc)
+
+    def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
+                       observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
+        # One statement for the whole pass: the rows' own guard and patch values travel
+        # as two JSON arrays read back as the table's row type (so every value gets its
+        # column's type), the candidates are locked in the given order up to ``limit``
+        # (SKIP LOCKED; the lock re-checks status and guards on the row's latest
+        # version), and the swap checks them once more.
+        if not rows:
+            return []
+        guard_cols = tuple(rows[0][1])
+        patch_cols = tuple(rows[0][2])
+        change_cols = tuple(changes)
+        key = ("claim", policy.table, guard_cols, patch_cols, change_cols)
+        sql = self._texts.get(key)
+        if sql is None:
+            sql = self._texts[key] = self.q(
+                "claim_entities", table=self.table(policy),
+                pick_guards=" ".join(self.q("guard_join", column=quote(c), side="g")
+                                     for c in guard_cols),
+                guards=" ".join(self.q("guard_join", column=quote(c), side="g")
+                                for c in guard_cols),
+                assignments=", ".join(
+                    [self.q("assign", column=quote(c)) for c in change_cols]
+                    + [self.q("assign_from", column=quote(c), side="p") for c in patch_cols]))
+        ids = [r[0] for r in rows]
+        given = dumps([{"id": i, **g} for i, g, _ in rows])
+        patches = dumps([{"id": i, **p} for i, _, p in rows])
+        cur = self.execute(sql, [given, patches, observed, limit, to_state,
+                                 *changes.values(), observed])
+        names = [d.name for d in cur.description]
+        stored = {r["id"]: r for r in (dict(zip(names, t, strict=True))
+                                       for t in cur.fetchall())}
+        return [stored[i] for i in ids if i in stored]
 
     def notify_claimable(self) -> None:
         self.execute(self.q("notify_claimable"))
