@@ -40,7 +40,9 @@ DIALECTS = ("ledgerq.store.sqlite", "ledgerq.store.postgres")
 POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "tables_present",
                  "durability", "record_schema_version", "forget_prepared", "lock_archives",
                  # A pass's claims in one statement (SQLite: one swap per row).
-                 "claim_entities", "guard_join", "assign_from"}
+                 "claim_entities", "guard_join", "assign_from",
+                 # A move and its fact in one statement (SQLite: two).
+                 "update_entity_with_fact"}
 
 
 def test_both_dialects_define_the_same_query_names() -> None:
@@ -149,8 +151,9 @@ async def test_an_unread_swap_holds_status_and_guards_and_bumps_the_version(
 
 async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB) -> None:
     """The hot path: a legal move whose caller names the state it expects is one UPDATE
-    and one fact INSERT; the row is read only when the swap matches nothing (to tell a
-    missing row from a conflict, in D3's order)."""
+    and one fact INSERT (on PostgreSQL one statement doing both); the row is read only
+    when the swap matches nothing (to tell a missing row from a conflict, in D3's
+    order)."""
     from ledgerq.lifecycle import Actor, StateReason
     from ledgerq.lifecycle.engine import apply_move
 
@@ -174,11 +177,13 @@ async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB)
         finally:
             del tx.execute
 
+    # PostgreSQL stores these values as sent: the swap and its fact are one statement.
+    swap = ["WITH U"] if db.dialect == "postgresql" else ["UPDATE", "INSERT"]
     moved, seen = await db.write(lambda tx: traced(tx, "queued", "running"))
-    assert moved.applied and seen == ["UPDATE", "INSERT"]
+    assert moved.applied and seen == swap
     stale, seen = await db.write(lambda tx: traced(tx, "queued", "running"))
     assert not stale.applied and stale.current_state == "running"
-    assert seen[:2] == ["UPDATE", "SELECT"] and "INSERT" not in seen
+    assert seen[:2] == [swap[0], "SELECT"] and "INSERT" not in seen
     with pytest.raises(LookupError):
         await db.write(lambda tx: traced(tx, "queued", "running", "no-such-run"))
     facts = await db.read(lambda tx: tx.facts_of(RUN, rid))
@@ -603,3 +608,24 @@ async def test_writes_together_commit_apart_from_one_that_raises(db: StateDB) ->
     states = [await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ())) for r in rids]
     assert states == [("running", 2), ("running", 2), ("queued", 1), ("running", 2),
                       ("running", 2)]
+
+
+async def test_update_entity_with_fact_writes_the_fact_only_where_the_swap_matched(
+        db: StateDB) -> None:
+    policy = await policy_of(db)
+    rid = await new_run(db)
+
+    def move(fact_id: str, guard: Any) -> Any:
+        fact = (fact_id, RUN, rid, "queued", "running", "run.started.ok", "", "[]",
+                "system", "w", 2.0, "{}", 0, dumps({"leased_by": "w1"}), None)
+        return db.write(lambda tx: tx.update_entity_with_fact(
+            policy, rid, observed="queued", version=None, to_state="running",
+            changes={"leased_by": "w1", "updated_at": 2.0}, guards={"leased_by": guard},
+            skip_locked=False, fact=fact))
+
+    assert await move(new_id(), "someone") is None  # guard does not match: no fact
+    assert await move(new_id(), None) == 2
+    assert await move(new_id(), None) is None  # moved on
+    facts = await db.read(lambda tx: tx.facts_of(RUN, rid))
+    assert [(f["entity_version"], f["status"], loads(f["patch"])) for f in facts][1:] == \
+        [(2, "running", {"leased_by": "w1"})]

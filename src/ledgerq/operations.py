@@ -68,6 +68,10 @@ class Tx(abc.ABC):
 
     #: ``"sqlite"`` or ``"postgresql"``.
     dialect: str
+    #: Whether a non-JSON column stores exactly the value sent (PostgreSQL: typed columns;
+    #: not SQLite, whose type affinity may convert it): a move's fact can then be written
+    #: from the values sent, in the swap's own statement (:meth:`update_entity_with_fact`).
+    stores_as_sent: bool = False
 
     # ------------------------------------------------------------ the engine
 
@@ -95,6 +99,19 @@ class Tx(abc.ABC):
         ``to_state`` None leaves status as it is (a same-state move). Returns the
         ``returning`` columns as stored (``None``: the whole row), or None when no row
         matched (a conflict).
+        """
+
+    @abc.abstractmethod
+    def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
+                                version: int | None, to_state: str | None,
+                                changes: dict[str, Any], guards: dict[str, Any],
+                                skip_locked: bool, fact: Sequence[Any]) -> int | None:
+        """:meth:`update_entity` and, only where it matched, the move's fact (a row of
+        :meth:`append_facts` whose ``entity_version``, the 13th field, is filled with the
+        row's new version): the new version, or None on a conflict (nothing written).
+
+        The caller writes the fact from the values it sends, so it uses this only where
+        they are what the row stores (:attr:`stores_as_sent`, no JSON column among them).
         """
 
     @abc.abstractmethod

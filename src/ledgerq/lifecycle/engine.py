@@ -388,6 +388,19 @@ def _swap(tx: Tx, policy: EntityPolicy, entity_id: str, observed: str, to_state:
     # from what was sent (type affinity; PostgreSQL normalizes jsonb), so the fact records
     # exactly what the row holds. Empty evidence is "[]" everywhere: not worth a column.
     patched = (*patch, "status_evidence_refs") if reason.evidence_refs else tuple(patch)
+    if tx.stores_as_sent and not whole_row and _stored_as_sent(policy, patched, changes):
+        # What the row will store is what is sent: the fact can be written from it, in
+        # the swap's own statement (inserted only if the swap matched).
+        fact_id = new_id()
+        moved_to = tx.update_entity_with_fact(
+            policy, entity_id, observed=observed, version=version,
+            to_state=None if observed == to_state else to_state, changes=changes,
+            guards={c: to_sql(guard[c]) for c in guard_cols}, skip_locked=skip_locked,
+            fact=_fact(fact_id, policy.name, entity_id, observed, to_state, reason, actor,
+                       ts, 0, changes, idempotency_key))
+        if moved_to is None:
+            return None
+        return Moved(True, observed, to_state, fact_id, None)
     returning: tuple[str, ...] | None = None if whole_row else \
         patched if version is not None else ("version", *patched)
     after = tx.update_entity(
@@ -409,6 +422,25 @@ def _swap(tx: Tx, policy: EntityPolicy, entity_id: str, observed: str, to_state:
     _append_fact(tx, fact_id, policy.name, entity_id, observed, to_state, reason, actor,
                  ts, new_version, changes, idempotency_key)
     return Moved(True, observed, to_state, fact_id, after if whole_row else None)
+
+
+#: Per logical column type, the one Python type a value must have to be stored as sent.
+_EXACT = {"text": str, "integer": int, "float": float, "timestamp": float, "boolean": bool}
+
+
+def _stored_as_sent(policy: EntityPolicy, patched: tuple[str, ...],
+                    changes: dict[str, Any]) -> bool:
+    """Whether every patched value reads back from its column as the same value of the
+    same type (no JSON column, no int sent to a float column): the fact's patch is then
+    exactly what a read-back would have given."""
+    for col in patched:
+        value = changes[col]
+        if value is None:
+            continue
+        column = policy.columns.get(col)
+        if column is None or type(value) is not _EXACT.get(column.type):
+            return False
+    return True
 
 
 def _json(value: Any) -> str:
@@ -434,15 +466,20 @@ def _replay(tx: Tx, entity_type: str, entity_id: str, to_state: str,
     return Moved(True, fact[1], fact[2], fact[0])
 
 
+def _fact(fact_id: str, entity_type: str, entity_id: str, previous: str | None,
+          status: str, reason: StateReason, actor: Actor, ts: float, version: int,
+          changes: dict[str, Any], idempotency_key: str | None) -> tuple[Any, ...]:
+    return (fact_id, entity_type, entity_id, previous, status, reason.code, reason.summary,
+            _json(reason.evidence_refs), actor.type, actor.id, ts, _json(reason.metadata),
+            version, dumps(changes), idempotency_key or None)
+
+
 def _append_fact(tx: Tx, fact_id: str, entity_type: str, entity_id: str,
                  previous: str | None, status: str, reason: StateReason, actor: Actor,
                  ts: float, version: int, changes: dict[str, Any],
                  idempotency_key: str | None) -> None:
-    tx.append_facts(((
-        fact_id, entity_type, entity_id, previous, status, reason.code, reason.summary,
-        _json(reason.evidence_refs), actor.type, actor.id, ts, _json(reason.metadata),
-        version, dumps(changes), idempotency_key or None,
-    ),))
+    tx.append_facts((_fact(fact_id, entity_type, entity_id, previous, status, reason,
+                           actor, ts, version, changes, idempotency_key),))
 
 
 def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,

@@ -54,6 +54,16 @@ WHERE id = (SELECT id FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED)
   AND status = %s {guards}
 RETURNING {returning}
 
+-- name: update_entity_with_fact
+-- A move in one statement: {update} is one of the update_entity texts (RETURNING the
+-- new version); the fact is inserted only if it matched, with that version.
+WITH u AS ({update})
+INSERT INTO status_transitions (
+  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, u.version, %s, %s FROM u
+RETURNING entity_version
+
 -- name: claim_entities
 -- Claimants' swaps of a pass's candidates in one statement. given/patches: JSON arrays
 -- of {id, column: value} read back as the table's row type. pick locks the candidates
