@@ -3,7 +3,8 @@
 A count, not a timing, so it is the one performance figure the machine's speed does not
 move: every statement a SQL transaction runs goes through ``SqlTx.execute`` (the shared
 operations) or a dialect's override, so wrapping both dialects' ``execute`` counts them
-all (BEGIN/COMMIT and savepoints issued by the backends' own plumbing are not counted).
+all (BEGIN/COMMIT and savepoints issued by the backends' own plumbing are not counted);
+an ``executemany`` call counts once (its rows go out together).
 Submits N tasks one at a time, then a Worker (capacity 10, no-op executor) drains them;
 prints statements per task for each phase and the most frequent statements.
 
@@ -46,6 +47,14 @@ def _count(cls: Any) -> None:
         return real(self, sql, params)
 
     cls.execute = execute
+    many = cls.executemany
+
+    def executemany(self: Any, sql: str, rows: Any) -> None:
+        # One call (psycopg sends the rows in one pipeline): counted once, marked.
+        COUNTS["(executemany) " + " ".join(sql.split())[:55]] += 1
+        many(self, sql, rows)
+
+    cls.executemany = executemany
 
 
 async def _noop(run: dict[str, Any]) -> tuple[int, str]:

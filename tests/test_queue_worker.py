@@ -476,6 +476,7 @@ async def test_running_key_is_rechecked_inside_the_claim_transaction(
         return real_claim_one(conn, **kw)
 
     monkeypatch.setattr(claim_mod, "_claim_one", other_worker_wins_first)
+    monkeypatch.setattr(claim_mod, "CLAIM_TOGETHER", False)  # one swap per row, hooked
     got = await claim_runs(qdb, worker_id="w1", now=NOW + 2, advertised_capabilities=[GPU])
     assert raced == [g1]
     assert got.claimed == [] and got.lost == 1
@@ -545,10 +546,56 @@ async def test_a_lost_claim_is_counted_and_not_retried(qdb: StateDB,
         return real_claim_one(conn, **kw)
 
     monkeypatch.setattr(claim_mod, "_claim_one", cancel_first)
+    monkeypatch.setattr(claim_mod, "CLAIM_TOGETHER", False)  # one swap per row, hooked
     got = await claim_runs(qdb, worker_id="w1", now=NOW + 1)
     assert got.claimed == [] and got.lost == 1 and calls == [rid]
     row = await get_row(qdb, rid)
     assert (row["status"], row["leased_by"], row["lease_attempts"]) == ("cancelled", None, 0)
+
+
+async def test_a_lost_claim_of_a_pass_claimed_together_is_counted(
+        qdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same race where a pass's claims are one statement (PostgreSQL): the cancelled
+    row is lost, the pass's other rows are claimed, each with its own fact."""
+    # One queued_at for all: claim order is id order.
+    ids = sorted(await submit_many(qdb, [app(args={"i": i}) for i in range(4)], now=NOW))
+    policy = qdb.registry.entity("schedule_run")
+    real = claim_mod.apply_claims
+    calls: list[int] = []
+
+    def cancel_first(tx: Any, pol: Any, rows: Any, *a: Any, **kw: Any) -> Any:
+        calls.append(len(rows))
+        runs_mod.move(tx, policy, ids[0], "queued", "cancelled", "run.cancelled.operator",
+                      actor=OPERATOR, now=NOW)
+        return real(tx, pol, rows, *a, **kw)
+
+    monkeypatch.setattr(claim_mod, "apply_claims", cancel_first)
+    got = await claim_runs(qdb, worker_id="w1", now=NOW + 1, limit=2)
+    if not qdb.many_writers:
+        assert calls == []  # SQLite: one unit per claim, no pass-wide statement
+        return
+    assert calls == [4]  # the limit's spares, in one statement
+    assert [r["id"] for r in got.claimed] == ids[1:3] and got.lost == 1
+    for rid, r in zip(ids[1:3], got.claimed, strict=True):
+        assert (r["status"], r["leased_by"], r["lease_attempts"], r["version"]) == \
+            ("running", "w1", 1, 2)
+        assert [m[1] for m in await moves(qdb, rid)] == ["queued", "running"]
+    assert (await get_row(qdb, ids[0]))["status"] == "cancelled"
+    assert (await get_row(qdb, ids[3]))["status"] == "queued"  # not tried: limit reached
+    assert (await verify(qdb)).ok
+
+
+async def test_a_claim_together_that_raises_claims_row_by_row(
+        qdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = await submit_many(qdb, [app(args={"i": i}) for i in range(3)], now=NOW)
+
+    def broken(*a: Any, **kw: Any) -> Any:
+        raise RuntimeError("together blew up")
+
+    monkeypatch.setattr(claim_mod, "apply_claims", broken)
+    got = await claim_runs(qdb, worker_id="w1", now=NOW + 1, limit=3)
+    assert sorted(r["id"] for r in got.claimed) == sorted(ids) and got.lost == 0
+    assert (await verify(qdb)).ok
 
 
 # ----------------------------------------------------------------- execution outcomes

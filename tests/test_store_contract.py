@@ -38,7 +38,11 @@ DIALECTS = ("ledgerq.store.sqlite", "ledgerq.store.postgres")
 #: and key locks, the wake-up channel) and its connection management (schema fingerprint,
 #: read-only snapshots), where SQLite uses pragmas and its own file checks.
 POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "tables_present",
-                 "durability", "record_schema_version", "forget_prepared", "lock_archives"}
+                 "durability", "record_schema_version", "forget_prepared", "lock_archives",
+                 # A pass's claims in one statement (SQLite: one swap per row).
+                 "claim_entities", "guard_join", "assign_from",
+                 # A move and its fact in one statement (SQLite: two).
+                 "update_entity_with_fact"}
 
 
 def test_both_dialects_define_the_same_query_names() -> None:
@@ -147,8 +151,9 @@ async def test_an_unread_swap_holds_status_and_guards_and_bumps_the_version(
 
 async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB) -> None:
     """The hot path: a legal move whose caller names the state it expects is one UPDATE
-    and one fact INSERT; the row is read only when the swap matches nothing (to tell a
-    missing row from a conflict, in D3's order)."""
+    and one fact INSERT (on PostgreSQL one statement doing both); the row is read only
+    when the swap matches nothing (to tell a missing row from a conflict, in D3's
+    order)."""
     from ledgerq.lifecycle import Actor, StateReason
     from ledgerq.lifecycle.engine import apply_move
 
@@ -172,11 +177,13 @@ async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB)
         finally:
             del tx.execute
 
+    # PostgreSQL stores these values as sent: the swap and its fact are one statement.
+    swap = ["WITH U"] if db.dialect == "postgresql" else ["UPDATE", "INSERT"]
     moved, seen = await db.write(lambda tx: traced(tx, "queued", "running"))
-    assert moved.applied and seen == ["UPDATE", "INSERT"]
+    assert moved.applied and seen == swap
     stale, seen = await db.write(lambda tx: traced(tx, "queued", "running"))
     assert not stale.applied and stale.current_state == "running"
-    assert seen[:2] == ["UPDATE", "SELECT"] and "INSERT" not in seen
+    assert seen[:2] == [swap[0], "SELECT"] and "INSERT" not in seen
     with pytest.raises(LookupError):
         await db.write(lambda tx: traced(tx, "queued", "running", "no-such-run"))
     facts = await db.read(lambda tx: tx.facts_of(RUN, rid))
@@ -526,3 +533,99 @@ async def test_keyset_pages_and_log_aggregates(db: StateDB) -> None:
         lambda tx: tx.wait_histogram(RUN, "run.started.ok", [0.5, 1.0, 2.0]))
     assert (cumulative, count, total) == ([1, 2, 2], 3, 4.5)
     assert await db.read(lambda tx: tx.wait_histogram(RUN, "nothing", [1.0])) == ([0], 0, 0.0)
+
+
+async def test_claim_entities_swaps_in_order_until_the_limit(db: StateDB) -> None:
+    """Several claimants' swaps at once: each row guarded on its own values, in the given
+    order, only the first ``limit`` that match; the rest untouched."""
+    policy = await policy_of(db)
+    rids = [await new_run(db) for _ in range(4)]
+    # The second row no longer has the guard's value (another lease meanwhile).
+    await db.write(lambda tx: tx.update_entity(
+        policy, rids[1], observed="queued", version=None, to_state=None,
+        changes={"lease_attempts": 5}, guards={}, returning=("version",)))
+    rows = [(rid, {"lease_attempts": 0, "leased_by": None},
+             {"leased_by": "w1", "lease_token": f"t{i}", "lease_attempts": 1})
+            for i, rid in enumerate(rids)]
+    got = await db.write(lambda tx: tx.claim_entities(
+        policy, rows, observed="queued", to_state="running",
+        changes={"updated_at": 2.0}, limit=2))
+    assert [(r["id"], r["status"], r["version"], r["lease_token"], r["leased_by"],
+             r["updated_at"]) for r in got] == [
+        (rids[0], "running", 2, "t0", "w1", 2.0), (rids[2], "running", 2, "t2", "w1", 2.0)]
+    assert [(await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ())))
+            for r in rids] == [("running", 2), ("queued", 2), ("running", 2), ("queued", 1)]
+    again = await db.write(lambda tx: tx.claim_entities(
+        policy, rows, observed="queued", to_state="running", changes={}, limit=5))
+    assert [r["id"] for r in again] == [rids[3]]  # moved on, or guards no longer match
+
+
+async def test_claim_entities_skips_a_row_another_transaction_holds(db: StateDB) -> None:
+    if db.dialect == "sqlite":
+        pytest.skip("SQLite's single writer never meets another's row lock")
+    from helpers.raw import raw
+
+    policy = await policy_of(db)
+    rids = [await new_run(db) for _ in range(3)]
+    rows = [(rid, {"leased_by": None}, {"leased_by": "w1"}) for rid in rids]
+
+    def claim() -> Any:
+        return db.write(lambda tx: tx.claim_entities(
+            policy, rows, observed="queued", to_state="running", changes={}, limit=2))
+
+    holder = raw(db.path)
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT id FROM schedule_runs WHERE id = ? FOR UPDATE", (rids[0],))
+        got = await asyncio.wait_for(claim(), 5)
+        assert [r["id"] for r in got] == rids[1:]  # no wait; the held row uses no slot
+        holder.execute("ROLLBACK")
+    finally:
+        holder.close()
+    assert [r["id"] for r in await claim()] == rids[:1]
+
+
+async def test_writes_together_commit_apart_from_one_that_raises(db: StateDB) -> None:
+    """Group commit: writes that share a transaction are each still all-or-nothing; the
+    one that raises leaves nothing and raises alone, the others commit."""
+    policy = await policy_of(db)
+    rids = [await new_run(db) for _ in range(5)]
+
+    def move(rid: str, fail: bool) -> Any:
+        def unit(tx: Tx) -> Any:
+            got = tx.update_entity(policy, rid, observed="queued", version=None,
+                                   to_state="running", changes={"leased_by": "w1"},
+                                   guards={}, returning=("version",))
+            if fail:
+                raise RuntimeError("unit blew up")
+            return got
+        return db.write_together(unit)
+
+    results = await asyncio.gather(*(move(r, i == 2) for i, r in enumerate(rids)),
+                                   return_exceptions=True)
+    assert [r if isinstance(r, dict) else type(r).__name__ for r in results] == \
+        [{"version": 2}, {"version": 2}, "RuntimeError", {"version": 2}, {"version": 2}]
+    states = [await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ())) for r in rids]
+    assert states == [("running", 2), ("running", 2), ("queued", 1), ("running", 2),
+                      ("running", 2)]
+
+
+async def test_update_entity_with_fact_writes_the_fact_only_where_the_swap_matched(
+        db: StateDB) -> None:
+    policy = await policy_of(db)
+    rid = await new_run(db)
+
+    def move(fact_id: str, guard: Any) -> Any:
+        fact = (fact_id, RUN, rid, "queued", "running", "run.started.ok", "", "[]",
+                "system", "w", 2.0, "{}", 0, dumps({"leased_by": "w1"}), None)
+        return db.write(lambda tx: tx.update_entity_with_fact(
+            policy, rid, observed="queued", version=None, to_state="running",
+            changes={"leased_by": "w1", "updated_at": 2.0}, guards={"leased_by": guard},
+            skip_locked=False, fact=fact))
+
+    assert await move(new_id(), "someone") is None  # guard does not match: no fact
+    assert await move(new_id(), None) == 2
+    assert await move(new_id(), None) is None  # moved on
+    facts = await db.read(lambda tx: tx.facts_of(RUN, rid))
+    assert [(f["entity_version"], f["status"], loads(f["patch"])) for f in facts][1:] == \
+        [(2, "running", {"leased_by": "w1"})]

@@ -361,6 +361,7 @@ async def test_a_raising_claim_one_is_logged_and_counted_lost(
         return real(conn, **kw)
 
     monkeypatch.setattr(claim_mod, "_claim_one", flaky)
+    monkeypatch.setattr(claim_mod, "CLAIM_TOGETHER", False)  # one swap per row, hooked
     caplog.set_level(logging.WARNING)
     got = await claim_runs(db, worker_id="w1", limit=3, stuck=StuckRows())
     assert sorted(r["id"] for r in got.claimed) == sorted([ids[0], ids[2]])

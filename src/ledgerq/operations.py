@@ -68,6 +68,10 @@ class Tx(abc.ABC):
 
     #: ``"sqlite"`` or ``"postgresql"``.
     dialect: str
+    #: Whether a non-JSON column stores exactly the value sent (PostgreSQL: typed columns;
+    #: not SQLite, whose type affinity may convert it): a move's fact can then be written
+    #: from the values sent, in the swap's own statement (:meth:`update_entity_with_fact`).
+    stores_as_sent: bool = False
 
     # ------------------------------------------------------------ the engine
 
@@ -96,6 +100,31 @@ class Tx(abc.ABC):
         ``returning`` columns as stored (``None``: the whole row), or None when no row
         matched (a conflict).
         """
+
+    @abc.abstractmethod
+    def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
+                                version: int | None, to_state: str | None,
+                                changes: dict[str, Any], guards: dict[str, Any],
+                                skip_locked: bool, fact: Sequence[Any]) -> int | None:
+        """:meth:`update_entity` and, only where it matched, the move's fact (a row of
+        :meth:`append_facts` whose ``entity_version``, the 13th field, is filled with the
+        row's new version): the new version, or None on a conflict (nothing written).
+
+        The caller writes the fact from the values it sends, so it uses this only where
+        they are what the row stores (:attr:`stores_as_sent`, no JSON column among them).
+        """
+
+    @abc.abstractmethod
+    def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
+                       observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
+        """Claimants' compare-and-swaps of several rows, in the given order, until ``limit``
+        matched: each ``(id, guards, patch)`` row moves from ``observed`` to ``to_state``
+        with ``changes`` and its own ``patch`` set and its version incremented, only where
+        it still has ``observed`` and every one of its guard values (NULL-safe equality);
+        a row another transaction holds is skipped at once (as ``update_entity`` with
+        ``skip_locked``). Every row gives the same guard and patch columns, none of them
+        JSON. Returns the whole rows as stored, in the given order: the first ``limit``
+        rows that matched (rows after the ``limit``-th match are not tried)."""
 
     @abc.abstractmethod
     def fact_by_idempotency_key(self, entity_type: str, entity_id: str,

@@ -294,6 +294,62 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     return done
 
 
+def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, Any],
+                                                                  dict[str, Any]]],
+                 from_state: str, to_state: str, reason: StateReason, actor: Actor, *,
+                 limit: int, now: float | None = None) -> list[dict[str, Any]]:
+    """Claimants' moves of several rows in one swap statement and one fact insert, in
+    ``rows``' order (``(id, guard, patch)`` each) until ``limit`` applied; the rows as
+    stored after their moves (whole rows), in that order.
+
+    Each row is still its own guarded move (status, its guard values, its version
+    incremented) with its own fact; a row another writer holds, took or moved on is not
+    moved (lost, as :func:`apply_move` with ``skip_locked`` reports it). Every row gives
+    the same guard and patch columns, none of them JSON (checked). The checks run once,
+    as they would for each row: the reason, the columns, the edge from ``from_state``.
+    """
+    if not rows:
+        return []
+    guard, patch = rows[0][1], rows[0][2]
+    check_reason(policy, reason)
+    for _, g, p in rows:
+        check_columns(policy, g, p)
+        if g.keys() != guard.keys() or p.keys() != patch.keys():
+            raise ValueError("apply_claims: every row must give the same guard and patch "
+                             "columns")
+    if set(policy.json_columns) & (guard.keys() | patch.keys()):
+        raise ValueError("apply_claims: JSON columns cannot be batched")
+    refusal = _refusal(policy, from_state, to_state, actor, guard, patch)
+    if refusal is not None:
+        raise ValueError(refusal)
+    rule = policy.rule(from_state, to_state)
+    fresh = rule.fresh_tokens - patch.keys() if rule.fresh_tokens else frozenset()
+    ts = time.time() if now is None else now
+    changes: dict[str, Any] = {
+        "updated_at": ts,
+        "status_reason_code": reason.code,
+        "status_reason_summary": reason.summary,
+        "status_evidence_refs": _json(reason.evidence_refs),
+    }
+    given = [(rid, {c: to_sql(v) for c, v in g.items()},
+              {**{c: uuid.uuid4().hex for c in sorted(fresh)},
+               **{c: to_sql(v) for c, v in p.items()}}) for rid, g, p in rows]
+    patched = (*given[0][2], "status_evidence_refs")
+    stored = tx.claim_entities(policy, given, observed=from_state, to_state=to_state,
+                               changes=changes, limit=limit)
+    facts = []
+    for after in stored:
+        # The stored values, so the fact records exactly what the row holds.
+        row_changes = {**changes, **{k: after[k] for k in patched}}
+        facts.append((
+            new_id(), policy.name, after["id"], from_state, to_state, reason.code,
+            reason.summary, _json(reason.evidence_refs), actor.type, actor.id, ts,
+            _json(reason.metadata), after["version"], dumps(row_changes), None))
+    if facts:
+        tx.append_facts(facts)
+    return stored
+
+
 def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,
              guard: dict[str, Any], patch: dict[str, Any]) -> str | None:
     """Why the spec forbids this move from ``observed`` (D3's checks after the read), or
@@ -340,6 +396,19 @@ def _swap(tx: Tx, policy: EntityPolicy, entity_id: str, observed: str, to_state:
     # from what was sent (type affinity; PostgreSQL normalizes jsonb), so the fact records
     # exactly what the row holds. Empty evidence is "[]" everywhere: not worth a column.
     patched = (*patch, "status_evidence_refs") if reason.evidence_refs else tuple(patch)
+    if tx.stores_as_sent and not whole_row and _stored_as_sent(policy, patched, changes):
+        # What the row will store is what is sent: the fact can be written from it, in
+        # the swap's own statement (inserted only if the swap matched).
+        fact_id = new_id()
+        moved_to = tx.update_entity_with_fact(
+            policy, entity_id, observed=observed, version=version,
+            to_state=None if observed == to_state else to_state, changes=changes,
+            guards={c: to_sql(guard[c]) for c in guard_cols}, skip_locked=skip_locked,
+            fact=_fact(fact_id, policy.name, entity_id, observed, to_state, reason, actor,
+                       ts, 0, changes, idempotency_key))
+        if moved_to is None:
+            return None
+        return Moved(True, observed, to_state, fact_id, None)
     returning: tuple[str, ...] | None = None if whole_row else \
         patched if version is not None else ("version", *patched)
     after = tx.update_entity(
@@ -361,6 +430,25 @@ def _swap(tx: Tx, policy: EntityPolicy, entity_id: str, observed: str, to_state:
     _append_fact(tx, fact_id, policy.name, entity_id, observed, to_state, reason, actor,
                  ts, new_version, changes, idempotency_key)
     return Moved(True, observed, to_state, fact_id, after if whole_row else None)
+
+
+#: Per logical column type, the one Python type a value must have to be stored as sent.
+_EXACT = {"text": str, "integer": int, "float": float, "timestamp": float, "boolean": bool}
+
+
+def _stored_as_sent(policy: EntityPolicy, patched: tuple[str, ...],
+                    changes: dict[str, Any]) -> bool:
+    """Whether every patched value reads back from its column as the same value of the
+    same type (no JSON column, no int sent to a float column): the fact's patch is then
+    exactly what a read-back would have given."""
+    for col in patched:
+        value = changes[col]
+        if value is None:
+            continue
+        column = policy.columns.get(col)
+        if column is None or type(value) is not _EXACT.get(column.type):
+            return False
+    return True
 
 
 def _json(value: Any) -> str:
@@ -386,15 +474,20 @@ def _replay(tx: Tx, entity_type: str, entity_id: str, to_state: str,
     return Moved(True, fact[1], fact[2], fact[0])
 
 
+def _fact(fact_id: str, entity_type: str, entity_id: str, previous: str | None,
+          status: str, reason: StateReason, actor: Actor, ts: float, version: int,
+          changes: dict[str, Any], idempotency_key: str | None) -> tuple[Any, ...]:
+    return (fact_id, entity_type, entity_id, previous, status, reason.code, reason.summary,
+            _json(reason.evidence_refs), actor.type, actor.id, ts, _json(reason.metadata),
+            version, dumps(changes), idempotency_key or None)
+
+
 def _append_fact(tx: Tx, fact_id: str, entity_type: str, entity_id: str,
                  previous: str | None, status: str, reason: StateReason, actor: Actor,
                  ts: float, version: int, changes: dict[str, Any],
                  idempotency_key: str | None) -> None:
-    tx.append_facts(((
-        fact_id, entity_type, entity_id, previous, status, reason.code, reason.summary,
-        _json(reason.evidence_refs), actor.type, actor.id, ts, _json(reason.metadata),
-        version, dumps(changes), idempotency_key or None,
-    ),))
+    tx.append_facts((_fact(fact_id, entity_type, entity_id, previous, status, reason,
+                           actor, ts, version, changes, idempotency_key),))
 
 
 def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,

@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import loads
+from ledgerq.lifecycle.engine import apply_claims
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
 from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, DEFAULT_LEASE_TTL_SECONDS, WorkerConfig
 from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS
-from ledgerq.queue.runs import perform, run_policy, worker_actor
+from ledgerq.queue.runs import claim_reason, perform, run_policy, worker_actor
 from ledgerq.queue.stuck import StuckRows, describe, is_database_failure, tracked
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ PAGE_SIZE = 50
 SCAN_CAP = 5000
 #: Where writers run at once: candidates chosen per slot, for the claims others win.
 CLAIM_SPARES = 4
+#: Where writers run at once: a pass's claims of rows without a concurrency key go in one
+#: statement (:func:`_claim_together`) rather than one swap per row.
+CLAIM_TOGETHER = True
 #: An outcome slot of a spare the pass did not need to try.
 _UNTRIED = object()
 
@@ -231,6 +235,34 @@ def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
     return res.row if res.applied else None
 
 
+def _claim_together(tx: Tx, policy: EntityPolicy, chosen: list[dict[str, Any]], limit: int,
+                    worker_id: str, now: float, lease_ttl: float) -> list[Any]:
+    """:func:`_claim_in_order` for candidates without a concurrency key, in one statement
+    (each row still its own guarded move with its own fact); the outcome per candidate.
+
+    A candidate after the ``limit``-th claim was not tried (as in order); one before it
+    that was not claimed was lost to another claimant.
+    """
+    rows = [(c["id"], {"lease_attempts": c["lease_attempts"], "leased_by": None},
+             {"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
+              "lease_token": uuid.uuid4().hex, "lease_attempts": c["lease_attempts"] + 1})
+            for c in chosen]
+    stored = apply_claims(tx, policy, rows, moves.CLAIM.source or "", moves.CLAIM.target,
+                          claim_reason(worker_id), worker_actor(worker_id),
+                          limit=limit, now=now)
+    got = {r["id"]: r for r in stored}
+    out: list[Any] = []
+    claimed = 0
+    for cand in chosen:
+        if claimed >= limit:
+            out.append(_UNTRIED)
+            continue
+        row = got.get(cand["id"])
+        claimed += row is not None
+        out.append(row)
+    return out
+
+
 def _claim_in_order(tx: Tx, chosen: list[dict[str, Any]], limit: int,
                     claim: Callable[..., dict[str, Any] | None]) -> list[Any]:
     """Claim candidates in order until ``limit`` slots are used, each in its own savepoint;
@@ -307,7 +339,20 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
         return result
     claim = functools.partial(_claim_one, policy=policy, worker_id=worker_id, now=ts,
                               lease_ttl=config.lease_ttl)
-    outcomes = await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
+    outcomes: list[Any]
+    if db.many_writers and CLAIM_TOGETHER and all(c["concurrency_key"] is None
+                                                  for c in chosen):
+        try:
+            outcomes = await db.write(lambda tx: _claim_together(
+                tx, policy, chosen, limit, worker_id, ts, config.lease_ttl))
+        except Exception as exc:
+            if is_database_failure(exc):
+                raise
+            # Something about one row (it wrote nothing): claim them one by one, each
+            # in its own savepoint, so that row fails alone.
+            outcomes = await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
+    else:
+        outcomes = await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
     tried: list[str] = []
     for cand, got in zip(chosen, outcomes, strict=True):
         if got is _UNTRIED:

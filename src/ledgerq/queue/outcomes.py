@@ -136,7 +136,9 @@ async def _write_outcome(db: StateDB, unit: Callable[[Tx], bool],
     """
     for attempt in range(attempts):
         try:
-            return await db.write(unit)
+            # Terminal writes of concurrent runs share a commit (PostgreSQL's group
+            # commit; SQLite groups every write): each is still its own guarded move.
+            return await db.write_together(unit)
         except DatabaseUnavailable as exc:
             if attempt == attempts - 1:
                 raise

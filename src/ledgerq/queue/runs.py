@@ -17,8 +17,8 @@ from ledgerq.queue.moves import ENTITY, LEASE, Move
 if TYPE_CHECKING:
     from ledgerq.operations import Database
 
-__all__ = ["ENTITY", "SYSTEM", "MalformedRow", "decode_run", "lease_of", "move", "no_lease",
-           "perform", "resolve_dependents", "run_policy", "worker_actor"]
+__all__ = ["ENTITY", "SYSTEM", "MalformedRow", "claim_reason", "decode_run", "lease_of",
+           "move", "no_lease", "perform", "resolve_dependents", "run_policy", "worker_actor"]
 
 SYSTEM = Actor(type="system", id="ledgerq")
 
@@ -76,6 +76,11 @@ def _reason(code: str, summary: str, metadata: dict[str, Any] | None = None) -> 
 
 #: StateReason is frozen, so one per short (code, summary) is shared by every move.
 _shared_reason = functools.lru_cache(maxsize=1024)(_reason)
+
+
+def claim_reason(worker_id: str) -> StateReason:
+    """The reason of a worker's claim (the one :func:`move` gives it, shared)."""
+    return _shared_reason(moves.CLAIM.code, f"claimed by {worker_id}")
 
 
 def move(tx: Tx, policy: EntityPolicy, run_id: str, from_state: str | None,

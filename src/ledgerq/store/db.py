@@ -57,6 +57,7 @@ class Backend(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
     async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False) -> T: ...
+    async def write_together(self, fn: Callable[[Tx], T]) -> T: ...
     async def read(self, fn: Callable[[Tx], T]) -> T: ...
     async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
                         ) -> dict[str, Any] | None: ...
@@ -167,6 +168,16 @@ class StateDB:
         lease renewals, a server's requests) keeps running meanwhile.
         """
         return await self._backend.write(fn, bulk=bulk)
+
+    async def write_together(self, fn: Callable[[Tx], T]) -> T:
+        """:meth:`write`, allowed to share its transaction with concurrent ones (group
+        commit): the terminal writes of a worker's runs.
+
+        Same contract as :meth:`write`: the call returns once the transaction is durable,
+        and a ``fn`` that raises leaves nothing behind (a group it was in runs again
+        without it). SQLite groups every write already; PostgreSQL groups these.
+        """
+        return await self._backend.write_together(fn)
 
     async def read(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` inside one read-only snapshot (it never waits for a commit)."""

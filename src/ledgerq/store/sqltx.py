@@ -150,6 +150,34 @@ class SqlTx(Tx):
             return None
         return dict(zip([d[0] for d in cur.description], stored[0], strict=True))
 
+    def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
+                                version: int | None, to_state: str | None,
+                                changes: dict[str, Any], guards: dict[str, Any],
+                                skip_locked: bool, fact: Sequence[Any]) -> int | None:
+        # Two statements (a dialect that can do both in one overrides this).
+        after = self.update_entity(policy, entity_id, observed=observed, version=version,
+                                   to_state=to_state, changes=changes, guards=guards,
+                                   returning=("version",), skip_locked=skip_locked)
+        if after is None:
+            return None
+        new_version: int = after["version"]
+        self.append_facts(((*fact[:12], new_version, *fact[13:]),))
+        return new_version
+
+    def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
+                       observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
+        # One swap per row, in order (SQLite: one writer at a time, nothing is skipped).
+        got: list[Row] = []
+        for entity_id, guards, patch in rows:
+            if len(got) >= limit:
+                break
+            row = self.update_entity(policy, entity_id, observed=observed, version=None,
+                                     to_state=to_state, changes={**changes, **patch},
+                                     guards=guards, returning=None, skip_locked=True)
+            if row is not None:
+                got.append(row)
+        return got
+
     def fact_by_idempotency_key(self, entity_type: str, entity_id: str,
                                 key: str) -> tuple[str, str | None, str] | None:
         row: tuple[str, str | None, str] | None = self.execute(

@@ -54,6 +54,8 @@ POOL_SIZE = 8
 CONNECT_TIMEOUT = 10.0
 #: Tries of a unit whose connection died before it committed.
 ATTEMPTS = 3
+#: Units of one group commit (write_together), at most.
+MAX_GROUP = 64
 #: The listener's reconnect backoff, from first to longest wait (seconds).
 LISTEN_BACKOFF = (0.1, 5.0)
 
@@ -81,6 +83,9 @@ class PostgresBackend:
         self._listen_thread: threading.Thread | None = None
         self._listen_stop = threading.Event()
         self._closing = False
+        #: write_together's units waiting for the next group, and the task running them.
+        self._together: list[tuple[Callable[[Tx], Any], asyncio.Future[Any]]] = []
+        self._together_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -247,6 +252,83 @@ class PostgresBackend:
             raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
                                 "writes refused")
         return await self._submit(lambda: self._in_transaction(fn, readonly=False))
+
+    async def write_together(self, fn: Callable[[Tx], T]) -> T:
+        """:meth:`write`, sharing one transaction with the units that arrive while a group
+        is in flight (group commit: one BEGIN, one COMMIT and one thread hop for all).
+
+        Each unit still runs its own statements (its guarded moves, each with its fact);
+        every caller's result is handed back only after the group's COMMIT returned. A
+        unit that raises rolls the group back; the group's units then run again, each
+        in its own transaction, so the others commit and it raises alone, as with
+        :meth:`write`. A failure of the COMMIT itself (outcome unknown) is every unit's.
+        """
+        if self.readonly:
+            raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
+                                "writes refused")
+        if self._pool is None or self._closing:
+            return await self.write(fn)  # raises the same as write would
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._together.append((fn, fut))
+        if self._together_task is None:
+            self._together_task = asyncio.get_running_loop().create_task(
+                self._run_together())
+        return await fut
+
+    async def _run_together(self) -> None:
+        try:
+            while self._together:
+                batch = self._together[:MAX_GROUP]
+                del self._together[:MAX_GROUP]
+                if len(batch) == 1:
+                    await self._alone(*batch[0])
+                else:
+                    await self._group(batch)
+        finally:
+            self._together_task = None
+
+    async def _group(self, batch: list[tuple[Callable[[Tx], Any], asyncio.Future[Any]]]
+                     ) -> None:
+        units = [fn for fn, _ in batch]
+        ran_all = False
+
+        def group(tx: PostgresTx) -> list[Any]:
+            nonlocal ran_all
+            ran_all = False  # a rerun after a lost connection starts over
+            values = [unit(tx) for unit in units]
+            ran_all = True
+            return values
+
+        try:
+            values = await self._submit(lambda: self._in_transaction(group, readonly=False))
+        except Exception as exc:
+            if not ran_all:
+                # One unit raised and rolled the group back: each alone, at once.
+                await asyncio.gather(*(self._alone(fn, fut) for fn, fut in batch))
+                return
+            # Every unit ran; the COMMIT failed (its outcome unknown): every unit's.
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        except BaseException as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            raise
+        for (_, fut), value in zip(batch, values, strict=True):
+            if not fut.done():
+                fut.set_result(value)
+
+    async def _alone(self, fn: Callable[[Tx], Any], fut: asyncio.Future[Any]) -> None:
+        try:
+            value = await self.write(fn)
+        except Exception as exc:
+            if not fut.done():
+                fut.set_exception(exc)
+        else:
+            if not fut.done():
+                fut.set_result(value)
 
     async def read(self, fn: Callable[[Tx], T]) -> T:
         return await self._submit(lambda: self._in_transaction(fn, readonly=True))

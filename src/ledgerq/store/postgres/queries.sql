@@ -54,6 +54,44 @@ WHERE id = (SELECT id FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED)
   AND status = %s {guards}
 RETURNING {returning}
 
+-- name: update_entity_with_fact
+-- A move in one statement: {update} is one of the update_entity texts (RETURNING the
+-- new version); the fact is inserted only if it matched, with that version.
+WITH u AS ({update})
+INSERT INTO status_transitions (
+  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, u.version, %s, %s FROM u
+RETURNING entity_version
+
+-- name: claim_entities
+-- Claimants' swaps of a pass's candidates in one statement. given/patches: JSON arrays
+-- of {id, column: value} read back as the table's row type. pick locks the candidates
+-- in the given order until the LIMIT is reached: a row another transaction holds is
+-- skipped (SKIP LOCKED), and one that no longer has the status or a guard value is
+-- dropped by the lock's re-check against its latest version without using a slot.
+-- Parameters: given, patches, observed, limit, to_state, the changes, observed.
+WITH g AS (
+  SELECT * FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) WITH ORDINALITY
+), p AS (
+  SELECT * FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb)
+), pick AS (
+  SELECT t.id FROM {table} AS t JOIN g ON g.id = t.id
+  WHERE t.status = %s {pick_guards}
+  ORDER BY g.ordinality LIMIT %s
+  FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE {table} AS t SET version = t.version + 1, status = %s, {assignments}
+FROM pick, g, p
+WHERE t.id = pick.id AND g.id = t.id AND p.id = t.id AND t.status = %s {guards}
+RETURNING t.*
+
+-- name: guard_join
+AND t.{column} IS NOT DISTINCT FROM {side}.{column}
+
+-- name: assign_from
+{column} = {side}.{column}
+
 -- name: fact_by_idempotency_key
 SELECT id, previous_status, status FROM status_transitions
 WHERE entity_type = %s AND entity_id = %s AND idempotency_key = %s

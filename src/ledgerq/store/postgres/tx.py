@@ -17,6 +17,10 @@ from typing import Any, ClassVar
 
 import psycopg
 
+from ledgerq.codec import dumps
+from ledgerq.lifecycle.identifiers import quote
+from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.operations import Row
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
 
@@ -87,6 +91,76 @@ class PostgresTx(SqlTx):
 
     def database_failure(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.OperationalError) or stale_plan(exc)
+
+    stores_as_sent = True
+
+    def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
+                                version: int | None, to_state: str | None,
+                                changes: dict[str, Any], guards: dict[str, Any],
+                                skip_locked: bool, fact: Sequence[Any]) -> int | None:
+        # One statement: the swap in a CTE, the fact inserted from its RETURNING (so only
+        # where it matched, with the version it left).
+        guard_cols = tuple(guards)
+        change_cols = tuple(changes)
+        unread = version is None
+        key = ("update+fact", policy.table, to_state is None, change_cols, guard_cols,
+               unread, skip_locked)
+        sql = self._texts.get(key)
+        if sql is None:
+            sets = [*change_cols] if unread else ["version", *change_cols]
+            if to_state is not None:
+                sets.insert(0, "status")
+            name = "update_entity" if not unread else \
+                "update_entity_unread_skip_locked" if skip_locked else "update_entity_unread"
+            update = self.q(
+                name, table=self.table(policy),
+                assignments=", ".join(self.q("assign", column=quote(c)) for c in sets),
+                guards=" ".join(self.q("guard_term", column=quote(c)) for c in guard_cols),
+                returning=quote("version"))
+            sql = self._texts[key] = self.q("update_entity_with_fact", update=update)
+        params: list[Any] = [] if to_state is None else [to_state]
+        if unread:
+            params += [*changes.values(), entity_id, observed, *guards.values()]
+        else:
+            assert version is not None
+            params += [version + 1, *changes.values(), entity_id, observed, version,
+                       *guards.values()]
+        row = self.execute(sql, [*params, *fact[:12], *fact[13:]]).fetchone()
+        return None if row is None else int(row[0])
+
+    def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
+                       observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
+        # One statement for the whole pass: the rows' own guard and patch values travel
+        # as two JSON arrays read back as the table's row type (so every value gets its
+        # column's type), the candidates are locked in the given order up to ``limit``
+        # (SKIP LOCKED; the lock re-checks status and guards on the row's latest
+        # version), and the swap checks them once more.
+        if not rows:
+            return []
+        guard_cols = tuple(rows[0][1])
+        patch_cols = tuple(rows[0][2])
+        change_cols = tuple(changes)
+        key = ("claim", policy.table, guard_cols, patch_cols, change_cols)
+        sql = self._texts.get(key)
+        if sql is None:
+            sql = self._texts[key] = self.q(
+                "claim_entities", table=self.table(policy),
+                pick_guards=" ".join(self.q("guard_join", column=quote(c), side="g")
+                                     for c in guard_cols),
+                guards=" ".join(self.q("guard_join", column=quote(c), side="g")
+                                for c in guard_cols),
+                assignments=", ".join(
+                    [self.q("assign", column=quote(c)) for c in change_cols]
+                    + [self.q("assign_from", column=quote(c), side="p") for c in patch_cols]))
+        ids = [r[0] for r in rows]
+        given = dumps([{"id": i, **g} for i, g, _ in rows])
+        patches = dumps([{"id": i, **p} for i, _, p in rows])
+        cur = self.execute(sql, [given, patches, observed, limit, to_state,
+                                 *changes.values(), observed])
+        names = [d.name for d in cur.description]
+        stored = {r["id"]: r for r in (dict(zip(names, t, strict=True))
+                                       for t in cur.fetchall())}
+        return [stored[i] for i in ids if i in stored]
 
     def notify_claimable(self) -> None:
         self.execute(self.q("notify_claimable"))

@@ -444,6 +444,10 @@ class SqliteBackend:
         del pending[:end]
         return batch
 
+    async def write_together(self, fn: Callable[[Tx], T]) -> T:
+        """:meth:`write`: every write already shares a group commit here."""
+        return await self.write(fn)
+
     async def _drain(self) -> None:
         try:
             while self._pending:
