@@ -381,6 +381,18 @@ def test_openapi_is_complete(server: Server) -> None:
     assert "bearer" in json.dumps(doc["components"]["securitySchemes"]).lower()
 
 
+def test_a_foreign_host_is_refused_on_every_operation_as_documented(server: Server) -> None:
+    """The DNS-rebinding guard answers before any route: 400, on every operation, and
+    every operation's document says so (the fuzz test found /metrics did not)."""
+    doc = httpx.get(server.url + "/openapi.json").json()
+    for path, operations in doc["paths"].items():
+        url = server.url + path.replace("{task_id}", "x").replace("{entity}", "schedule_run")
+        for method, operation in operations.items():
+            got = httpx.request(method, url, headers={"Host": "nil"})
+            assert got.status_code == 400, (method, path, got.status_code)
+            assert "400" in operation["responses"], (method, path)
+
+
 def test_public_read_and_tokenless_servers(tmp_path: Path) -> None:
     db = str(tmp_path / "p.db")
     with serve(db, args=["--public-read"]) as s, httpx.Client(base_url=s.url) as anon:

@@ -127,7 +127,7 @@ async def verify_route(request: Request) -> dict[str, Any]:
 
 @router.get("/healthz", response_model=Health, tags=["ops"],
             summary="Liveness: the database answers a read (no token needed)",
-            responses={503: READ[503]})
+            responses={400: READ[400], 503: READ[503]})
 async def healthz(request: Request) -> dict[str, Any]:
     db = db_of(request)
     await run_status(db, "healthz")

@@ -12,6 +12,10 @@ from ledgerq.web.models import Error
 _UNAVAILABLE = {"model": Error, "description": "The database is unavailable; retry later."}
 #: Refusals of every read route (401 only when the server requires a token for reads).
 READ: dict[int | str, dict[str, Any]] = {
+    # Starlette's TrustedHostMiddleware answers it, before any route, in plain text.
+    400: {"description": "The Host header names no host this server answers to (the "
+                         "guard against DNS rebinding on a loopback bind).",
+          "content": {"text/plain": {"schema": {"type": "string"}}}},
     401: {"model": Error, "description": "Missing or wrong bearer token."},
     503: _UNAVAILABLE,
 }
