@@ -206,10 +206,10 @@ def apply_transition(tx: Tx, policy: EntityPolicy, request: TransitionRequest,
     done = apply_move(tx, policy, request.entity_id, request.from_state, request.to_state,
                       request.reason, request.actor, guard=guard, patch=patch, now=now,
                       idempotency_key=request.idempotency_key, prepared=True)
-    # Built from the engine's own values (bool, str, str | None): nothing to validate.
-    return TransitionResult.model_construct(
-        applied=done.applied, conflict=not done.applied, previous_state=done.previous_state,
-        current_state=done.current_state, transition_id=done.transition_id)
+    # (model_construct, which skips validation, measured slower: it is pure Python.)
+    return TransitionResult(applied=done.applied, conflict=not done.applied,
+                            previous_state=done.previous_state, current_state=done.current_state,
+                            transition_id=done.transition_id)
 
 
 class Moved(NamedTuple):
