@@ -68,14 +68,19 @@ class SqlTx(Tx):
         """Column names and the rows one at a time; a dialect whose cursor buffers the
         whole result overrides this."""
         cur = self.execute(sql, params)
-        return [d[0] for d in cur.description], iter(cur)
+        return self.names(cur), iter(cur)
 
     def marks(self, n: int) -> str:
         return ", ".join([self.mark] * n)
 
     @staticmethod
-    def dicts(cur: Any) -> list[Row]:
-        names = [d[0] for d in cur.description]
+    def names(cur: Any) -> list[str]:
+        """The column names of a cursor's result."""
+        return [d[0] for d in cur.description]
+
+    @classmethod
+    def dicts(cls, cur: Any) -> list[Row]:
+        names = cls.names(cur)
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
     def hint(self, policy: EntityPolicy, state: str, column: str) -> str:
@@ -148,7 +153,7 @@ class SqlTx(Tx):
         stored = cur.fetchall()
         if len(stored) != 1:
             return None
-        return dict(zip([d[0] for d in cur.description], stored[0], strict=True))
+        return dict(zip(self.names(cur), stored[0], strict=True))
 
     def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
                                 version: int | None, to_state: str | None,

@@ -86,8 +86,18 @@ class PostgresTx(SqlTx):
         cur = self.conn.cursor(name=f"ledgerq_stream_{next(_cursor_names)}")
         cur.itersize = ITERSIZE
         cur.execute(sql, params or None)
-        names = [d.name for d in cur.description or ()]
-        return names, iter(cur)
+        return (self.names(cur) if cur.description else []), iter(cur)
+
+    @staticmethod
+    def names(cur: Any) -> list[str]:
+        """The column names, read from the result itself: ``cur.description`` builds a
+        Column object per column (~40 for a run's ``RETURNING *``), which cProfile put at
+        about a quarter of a submit's client CPU on PostgreSQL."""
+        res = cur.pgresult
+        raw = [res.fname(i) or b"" for i in range(res.nfields)] if res is not None else []
+        if all(name.isascii() for name in raw):
+            return [name.decode("ascii") for name in raw]
+        return [d.name for d in cur.description]  # decoded in the connection's encoding
 
     def database_failure(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.OperationalError) or stale_plan(exc)
@@ -157,7 +167,7 @@ class PostgresTx(SqlTx):
         patches = dumps([{"id": i, **p} for i, _, p in rows])
         cur = self.execute(sql, [given, patches, observed, limit, to_state,
                                  *changes.values(), observed])
-        names = [d.name for d in cur.description]
+        names = self.names(cur)
         stored = {r["id"]: r for r in (dict(zip(names, t, strict=True))
                                        for t in cur.fetchall())}
         return [stored[i] for i in ids if i in stored]
