@@ -410,7 +410,7 @@ class SqliteBackend:
     async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False) -> T:
         """Run ``fn`` in a write transaction, grouped with concurrent writers into one commit.
 
-        ``fn`` runs inside its own savepoint: if it raises, its changes are rolled back
+        If ``fn`` raises, its changes are rolled back (its alone: see :func:`_run_group`)
         and the exception is raised here; nothing it wrote survives. It runs in the
         loop's thread when the lock is free (see the module's note), so it must not
         block on anything but the database; a ``bulk`` unit (one that may take long)
