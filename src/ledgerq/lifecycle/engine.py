@@ -325,12 +325,7 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
     rule = policy.rule(from_state, to_state)
     fresh = rule.fresh_tokens - patch.keys() if rule.fresh_tokens else frozenset()
     ts = time.time() if now is None else now
-    changes: dict[str, Any] = {
-        "updated_at": ts,
-        "status_reason_code": reason.code,
-        "status_reason_summary": reason.summary,
-        "status_evidence_refs": _json(reason.evidence_refs),
-    }
+    changes = _stamp(reason, ts)
     given = [(rid, {c: to_sql(v) for c, v in g.items()},
               {**{c: uuid.uuid4().hex for c in sorted(fresh)},
                **{c: to_sql(v) for c, v in p.items()}}) for rid, g, p in rows]
@@ -384,12 +379,7 @@ def _swap(tx: Tx, policy: EntityPolicy, entity_id: str, observed: str, to_state:
     if rule.fresh_tokens and not rule.fresh_tokens.issubset(patch):
         patch = {**{c: uuid.uuid4().hex for c in rule.fresh_tokens}, **patch}
     ts = time.time() if now is None else now
-    changes: dict[str, Any] = {
-        "updated_at": ts,
-        "status_reason_code": reason.code,
-        "status_reason_summary": reason.summary,
-        "status_evidence_refs": _json(reason.evidence_refs),
-    }
+    changes = _stamp(reason, ts)
     for k, v in patch.items():
         changes[k] = to_sql(v)
     # Read back what the database stored of every column whose stored form may differ
@@ -449,6 +439,13 @@ def _stored_as_sent(policy: EntityPolicy, patched: tuple[str, ...],
         if column is None or type(value) is not _EXACT.get(column.type):
             return False
     return True
+
+
+def _stamp(reason: StateReason, ts: float) -> dict[str, Any]:
+    """The columns every move sets besides its patch: when, and why."""
+    return {"updated_at": ts, "status_reason_code": reason.code,
+            "status_reason_summary": reason.summary,
+            "status_evidence_refs": _json(reason.evidence_refs)}
 
 
 def _json(value: Any) -> str:

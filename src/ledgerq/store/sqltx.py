@@ -121,10 +121,21 @@ class SqlTx(Tx):
                       version: int | None, to_state: str | None, changes: dict[str, Any],
                       guards: dict[str, Any], returning: tuple[str, ...] | None,
                       skip_locked: bool = False) -> Row | None:
-        guard_cols = tuple(guards)
-        change_cols = tuple(changes)
-        unread = version is None
-        key = ("update", policy.table, to_state is None, change_cols, guard_cols, returning,
+        back = "*" if returning is None else ", ".join(quote(c) for c in returning or ("id",))
+        sql = self.update_text(policy, to_state is None, tuple(changes), tuple(guards),
+                               version is None, skip_locked, back)
+        cur = self.execute(sql, self.update_params(entity_id, observed, version, to_state,
+                                                   changes, guards))
+        stored = cur.fetchall()
+        if len(stored) != 1:
+            return None
+        return dict(zip(self.names(cur), stored[0], strict=True))
+
+    def update_text(self, policy: EntityPolicy, same_state: bool, change_cols: tuple[str, ...],
+                    guard_cols: tuple[str, ...], unread: bool, skip_locked: bool,
+                    returning: str) -> str:
+        """The swap's UPDATE for one shape of move (remembered per shape)."""
+        key = ("update", policy.table, same_state, change_cols, guard_cols, returning,
                unread, skip_locked)
         sql = self._texts.get(key)
         if sql is None:
@@ -132,28 +143,29 @@ class SqlTx(Tx):
             # it): assigning it would re-check the CHECK constraint and touch every index
             # whose WHERE names status, which doubles the UPDATE's cost on SQLite.
             sets = [*change_cols] if unread else ["version", *change_cols]
-            if to_state is not None:
+            if not same_state:
                 sets.insert(0, "status")
-            back = "*" if returning is None else ", ".join(quote(c) for c in returning or ("id",))
             name = "update_entity" if not unread else \
                 "update_entity_unread_skip_locked" if skip_locked else "update_entity_unread"
             sql = self._texts[key] = self.q(
                 name, table=self.table(policy),
                 assignments=", ".join(self.q("assign", column=quote(c)) for c in sets),
                 guards=" ".join(self.q("guard_term", column=quote(c)) for c in guard_cols),
-                returning=back)
+                returning=returning)
+        return sql
+
+    @staticmethod
+    def update_params(entity_id: str, observed: str, version: int | None,
+                      to_state: str | None, changes: dict[str, Any],
+                      guards: dict[str, Any]) -> list[Any]:
+        """:meth:`update_text`'s parameters, in its placeholders' order."""
         params: list[Any] = [] if to_state is None else [to_state]
-        if unread:
+        if version is None:
             params += [*changes.values(), entity_id, observed, *guards.values()]
         else:
-            assert version is not None
             params += [version + 1, *changes.values(), entity_id, observed, version,
                        *guards.values()]
-        cur = self.execute(sql, params)
-        stored = cur.fetchall()
-        if len(stored) != 1:
-            return None
-        return dict(zip(self.names(cur), stored[0], strict=True))
+        return params
 
     def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
                                 version: int | None, to_state: str | None,

@@ -110,31 +110,13 @@ class PostgresTx(SqlTx):
                                 skip_locked: bool, fact: Sequence[Any]) -> int | None:
         # One statement: the swap in a CTE, the fact inserted from its RETURNING (so only
         # where it matched, with the version it left).
-        guard_cols = tuple(guards)
-        change_cols = tuple(changes)
-        unread = version is None
-        key = ("update+fact", policy.table, to_state is None, change_cols, guard_cols,
-               unread, skip_locked)
-        sql = self._texts.get(key)
+        update = self.update_text(policy, to_state is None, tuple(changes), tuple(guards),
+                                  version is None, skip_locked, quote("version"))
+        sql = self._texts.get(("update+fact", update))
         if sql is None:
-            sets = [*change_cols] if unread else ["version", *change_cols]
-            if to_state is not None:
-                sets.insert(0, "status")
-            name = "update_entity" if not unread else \
-                "update_entity_unread_skip_locked" if skip_locked else "update_entity_unread"
-            update = self.q(
-                name, table=self.table(policy),
-                assignments=", ".join(self.q("assign", column=quote(c)) for c in sets),
-                guards=" ".join(self.q("guard_term", column=quote(c)) for c in guard_cols),
-                returning=quote("version"))
-            sql = self._texts[key] = self.q("update_entity_with_fact", update=update)
-        params: list[Any] = [] if to_state is None else [to_state]
-        if unread:
-            params += [*changes.values(), entity_id, observed, *guards.values()]
-        else:
-            assert version is not None
-            params += [version + 1, *changes.values(), entity_id, observed, version,
-                       *guards.values()]
+            sql = self._texts[("update+fact", update)] = self.q("update_entity_with_fact",
+                                                                update=update)
+        params = self.update_params(entity_id, observed, version, to_state, changes, guards)
         row = self.execute(sql, [*params, *fact[:12], *fact[13:]]).fetchone()
         return None if row is None else int(row[0])
 
