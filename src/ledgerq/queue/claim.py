@@ -222,17 +222,24 @@ def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
         tx.lock_key(key)  # two claims of one key cannot both see it free
         if tx.key_running(policy, key):
             return None
-    attempts = cand["lease_attempts"]
+    guard, patch = _lease_terms(cand, worker_id, now, lease_ttl)
     res = perform(tx, policy, cand["id"], moves.CLAIM,
                   actor=worker_actor(worker_id), summary=f"claimed by {worker_id}",
-                  guard={"lease_attempts": attempts, "leased_by": None},
-                  patch={"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
-                         "lease_token": uuid.uuid4().hex,
-                         "lease_attempts": attempts + 1}, now=now, whole_row=True,
+                  guard=guard, patch=patch, now=now, whole_row=True,
                   # Another claimant's row is skipped, not waited for (PostgreSQL: SKIP
                   # LOCKED).
                   skip_locked=True)
     return res.row if res.applied else None
+
+
+def _lease_terms(cand: dict[str, Any], worker_id: str, now: float,
+                 lease_ttl: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A claim's guard (the row as the scan saw it: no lease, its attempts) and patch
+    (the lease it takes), whether it is claimed alone or with the pass's others."""
+    attempts = cand["lease_attempts"]
+    return ({"lease_attempts": attempts, "leased_by": None},
+            {"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
+             "lease_token": uuid.uuid4().hex, "lease_attempts": attempts + 1})
 
 
 def _claim_together(tx: Tx, policy: EntityPolicy, chosen: list[dict[str, Any]], limit: int,
@@ -243,10 +250,7 @@ def _claim_together(tx: Tx, policy: EntityPolicy, chosen: list[dict[str, Any]], 
     A candidate after the ``limit``-th claim was not tried (as in order); one before it
     that was not claimed was lost to another claimant.
     """
-    rows = [(c["id"], {"lease_attempts": c["lease_attempts"], "leased_by": None},
-             {"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
-              "lease_token": uuid.uuid4().hex, "lease_attempts": c["lease_attempts"] + 1})
-            for c in chosen]
+    rows = [(c["id"], *_lease_terms(c, worker_id, now, lease_ttl)) for c in chosen]
     stored = apply_claims(tx, policy, rows, moves.CLAIM.source or "", moves.CLAIM.target,
                           claim_reason(worker_id), worker_actor(worker_id),
                           limit=limit, now=now)

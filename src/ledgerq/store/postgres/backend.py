@@ -263,11 +263,8 @@ class PostgresBackend:
         in its own transaction, so the others commit and it raises alone, as with
         :meth:`write`. A failure of the COMMIT itself (outcome unknown) is every unit's.
         """
-        if self.readonly:
-            raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
-                                "writes refused")
-        if self._pool is None or self._closing:
-            return await self.write(fn)  # raises the same as write would
+        if self.readonly or self._pool is None or self._closing:
+            return await self.write(fn)  # refused as write refuses it
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._together.append((fn, fut))
         if self._together_task is None:
