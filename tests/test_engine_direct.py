@@ -16,6 +16,7 @@ from a hand-written spec file, so a change of the spec format does not break the
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from helpers import pg
 from ledgerq import StateDB
 from ledgerq.codec import loads
 from ledgerq.lifecycle import Actor, StateReason
@@ -344,13 +346,27 @@ def applications() -> list[TaskApplication]:
 
 
 @pytest.fixture
-async def two_dbs(tmp_path: Path) -> AsyncIterator[tuple[StateDB, StateDB]]:
-    async with StateDB(tmp_path / "one_by_one.db") as a, StateDB(tmp_path / "batch.db") as b:
+async def two_dbs(backend: str, request: pytest.FixtureRequest, tmp_path: Path
+                  ) -> AsyncIterator[tuple[StateDB, StateDB]]:
+    """Two fresh databases of one backend. On PostgreSQL ``submit_task`` writes a creation
+    and its fact in one statement, the fact's patch computed from the values sent, while
+    ``submit_many`` reads its rows back: the facts must still agree."""
+    if backend == "sqlite":
+        targets = [str(tmp_path / "one_by_one.db"), str(tmp_path / "batch.db")]
+    else:
+        base = request.getfixturevalue("pg_database")
+        schemas = [f"two_dbs_{os.getpid()}_{i}" for i in range(2)]
+        targets = [pg.create_schema(base, s) for s in schemas]
+        request.addfinalizer(lambda: [pg.drop_schema(base, s) for s in schemas])
+    async with StateDB(targets[0]) as a, StateDB(targets[1]) as b:
         yield a, b
 
 
-async def all_facts(db: StateDB) -> list[dict[str, Any]]:
-    return await db.fetch_all("SELECT * FROM status_transitions ORDER BY rowid")
+async def all_facts(db: StateDB, ids: list[str]) -> list[dict[str, Any]]:
+    """Every fact, in the order of ``ids`` (their runs' creation; one fact per run here)."""
+    facts = await db.fetch_all("SELECT * FROM status_transitions")
+    assert sorted(f["entity_id"] for f in facts) == sorted(ids)
+    return sorted(facts, key=lambda f: ids.index(f["entity_id"]))
 
 
 def without_ids(fact: dict[str, Any]) -> dict[str, Any]:
@@ -375,7 +391,8 @@ async def test_submit_many_writes_the_facts_submit_task_writes(
     batch_ids = await submit_many(batch_db, apps, now=NOW, host=HOST)
     assert len(set(batch_ids)) == len(apps)
 
-    one_facts, batch_facts = await all_facts(one_db), await all_facts(batch_db)
+    one_facts = await all_facts(one_db, one_ids)
+    batch_facts = await all_facts(batch_db, batch_ids)
     assert [f["entity_id"] for f in one_facts] == one_ids
     assert [f["entity_id"] for f in batch_facts] == batch_ids
     for app, one, batch in zip(apps, one_facts, batch_facts, strict=True):
@@ -412,10 +429,9 @@ async def test_submit_many_passes_its_actor_to_every_fact(
     one_db, batch_db = two_dbs
     who = Actor(type="webhook", id="hook-9")
     apps = applications()
-    for app in apps:
-        await submit_task(one_db, app, now=NOW, host=HOST, actor=who)
-    await submit_many(batch_db, apps, now=NOW, host=HOST, actor=who)
-    for db in two_dbs:
-        facts = await all_facts(db)
+    one_ids = [await submit_task(one_db, app, now=NOW, host=HOST, actor=who) for app in apps]
+    batch_ids = await submit_many(batch_db, apps, now=NOW, host=HOST, actor=who)
+    for db, ids in zip(two_dbs, (one_ids, batch_ids), strict=True):
+        facts = await all_facts(db, ids)
         assert len(facts) == len(apps)
         assert {(f["source"], f["actor"]) for f in facts} == {("webhook", "hook-9")}

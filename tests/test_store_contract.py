@@ -42,7 +42,10 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "table
                  # A pass's claims in one statement (SQLite: one swap per row).
                  "claim_entities", "guard_join", "assign_from",
                  # A move and its fact in one statement (SQLite: two).
-                 "update_entity_with_fact"}
+                 "update_entity_with_fact",
+                 # A creation and its fact in one statement (SQLite: two).
+                 "insert_entity_with_fact", "stored_object", "stored_value",
+                 "stored_json_text"}
 
 
 def test_both_dialects_define_the_same_query_names() -> None:
@@ -629,3 +632,21 @@ async def test_update_entity_with_fact_writes_the_fact_only_where_the_swap_match
     facts = await db.read(lambda tx: tx.facts_of(RUN, rid))
     assert [(f["entity_version"], f["status"], loads(f["patch"])) for f in facts][1:] == \
         [(2, "running", {"leased_by": "w1"})]
+
+
+async def test_insert_entity_with_fact_completes_the_patch_from_the_stored_row(
+        db: StateDB) -> None:
+    policy = await policy_of(db)
+    values = row_values(action_args=dumps({"b": [1, 2.5], "a": "x"}))
+    fact = (new_id(), RUN, values["id"], None, "queued", "run.queued.submitted", None, "[]",
+            "system", "t", 1.0, "{}", 1, dumps({"action_kind": "k", "fired_at": 1.0}), None)
+    await db.write(lambda tx: tx.insert_entity_with_fact(
+        policy, values, fact=fact, stored=("action_args", "lease_attempts")))
+    row = await db.read(lambda tx: tx.entity_row(policy, values["id"]))
+    [written] = await db.read(lambda tx: tx.facts_of(RUN, values["id"]))
+    # The JSON column as the row stores its text (normalized on PostgreSQL), the default
+    # as the database filled it in, and the patch sent as it was sent.
+    assert loads(written["patch"]) == {"action_kind": "k", "fired_at": 1.0,
+                                       "action_args": row["action_args"],
+                                       "lease_attempts": 0}
+    assert (written["entity_version"], written["status"]) == (1, "queued")

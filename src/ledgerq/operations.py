@@ -140,6 +140,17 @@ class Tx(abc.ABC):
         """Insert one projection row; returns it as stored (defaults included)."""
 
     @abc.abstractmethod
+    def insert_entity_with_fact(self, policy: EntityPolicy, row: dict[str, Any], *,
+                                fact: Sequence[Any], stored: tuple[str, ...]) -> None:
+        """:meth:`insert_entity` and its creation fact (a row of :meth:`append_facts`)
+        whose patch, a JSON object, also gets the stored value of each ``stored`` column
+        (a JSON column's as its text, as :meth:`insert_entity` returns it).
+
+        The caller writes the rest of the patch from the values it sends, so it uses this
+        only where they are what the row stores (:attr:`stores_as_sent`).
+        """
+
+    @abc.abstractmethod
     def insert_entities(self, policy: EntityPolicy, columns: tuple[str, ...],
                         rows: Iterable[Sequence[Any]]) -> None:
         """Insert many projection rows that name the same columns."""

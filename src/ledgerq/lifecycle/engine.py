@@ -497,10 +497,54 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
     """
     ts = time.time() if now is None else now
     row = _creation_row(policy, values, reason, ts)
+    sent = _sent_patch(policy, row) if tx.stores_as_sent else None
+    if sent is not None:
+        # The patch is known but for what only the database knows: one statement.
+        patch, stored_cols = sent
+        tx.insert_entity_with_fact(
+            policy, row, stored=stored_cols,
+            fact=_fact(new_id(), policy.name, row["id"], None, row["status"], reason, actor,
+                       ts, 1, patch, idempotency_key))
+        return str(row["id"])
     stored = tx.insert_entity(policy, row)
     _append_fact(tx, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
                  ts, 1, _initial_patch(stored, policy), idempotency_key)
     return str(row["id"])
+
+
+#: Logical types whose database default reads back as the JSON value PostgreSQL's
+#: ``to_jsonb`` gives it (a float default would read back as ``0.0``, to_jsonb says ``0``).
+_DEFAULT_AS_JSON = frozenset({"text", "integer", "boolean", "json"})
+
+
+def _sent_patch(policy: EntityPolicy, row: dict[str, Any]
+                ) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+    """:func:`_initial_patch` of ``row`` before it is stored, where the values sent are
+    what the row will store: the patch of the sent values, and the columns whose stored
+    value only the database knows (JSON columns, which it normalizes, and defaults it
+    fills in). None where a value would be converted (an int sent to a float column)."""
+    defaults = policy.defaulted
+    patch: dict[str, Any] = {}
+    stored: list[str] = []
+    for col, column in policy.columns.items():
+        if col in ("status", "version"):
+            continue
+        if col in row:
+            value = row[col]
+            if value is None:
+                if col in defaults:
+                    patch[col] = None
+            elif column.type == "json":
+                stored.append(col)
+            elif type(value) is _EXACT.get(column.type):
+                patch[col] = value
+            else:
+                return None
+        elif col in defaults:
+            if column.type not in _DEFAULT_AS_JSON:
+                return None
+            stored.append(col)
+    return patch, tuple(stored)
 
 
 def _initial_patch(stored: dict[str, Any], policy: EntityPolicy) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
+from ledgerq.codec import dumps, loads
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.operations import (
@@ -216,6 +217,13 @@ class SqlTx(Tx):
                 "insert_entity", table=self.table(policy),
                 columns=", ".join(quote(c) for c in cols), marks=self.marks(len(cols)))
         return self.dicts(self.execute(sql, list(row.values())))[0]
+
+    def insert_entity_with_fact(self, policy: EntityPolicy, row: dict[str, Any], *,
+                                fact: Sequence[Any], stored: tuple[str, ...]) -> None:
+        # Two statements (a dialect that can do both in one overrides this).
+        after = self.insert_entity(policy, row)
+        patch = {**loads(fact[13]), **{c: after[c] for c in stored}}
+        self.append_facts(((*fact[:13], dumps(patch), *fact[14:]),))
 
     def insert_entities(self, policy: EntityPolicy, columns: tuple[str, ...],
                         rows: Iterable[Sequence[Any]]) -> None:

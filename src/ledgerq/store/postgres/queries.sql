@@ -64,6 +64,26 @@ INSERT INTO status_transitions (
 ) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, u.version, %s, %s FROM u
 RETURNING entity_version
 
+-- name: insert_entity_with_fact
+-- A creation in one statement: the row, then its fact from the stored row, the patch
+-- sent completed by {stored}: the columns whose stored form only the database knows.
+WITH r AS (INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING *)
+INSERT INTO status_transitions (
+  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+         %s::jsonb || {stored}, %s FROM r
+
+-- name: stored_object
+-- At most 50 pairs each (a function takes at most 100 arguments).
+jsonb_build_object({pairs})
+
+-- name: stored_value
+'{key}', r.{column}
+
+-- name: stored_json_text
+'{key}', r.{column}::text
+
 -- name: claim_entities
 -- Claimants' swaps of a pass's candidates in one statement. given/patches: JSON arrays
 -- of {id, column: value} read back as the table's row type. pick locks the candidates

@@ -120,6 +120,23 @@ class PostgresTx(SqlTx):
         row = self.execute(sql, [*params, *fact[:12], *fact[13:]]).fetchone()
         return None if row is None else int(row[0])
 
+    def insert_entity_with_fact(self, policy: EntityPolicy, row: dict[str, Any], *,
+                                fact: Sequence[Any], stored: tuple[str, ...]) -> None:
+        # One statement: the row in a CTE, its fact from what it stored.
+        cols = tuple(row)
+        key = ("insert+fact", policy.table, cols, stored, policy.json_columns)
+        sql = self._texts.get(key)
+        if sql is None:
+            json = set(policy.json_columns)
+            pairs = [self.q("stored_json_text" if c in json else "stored_value",
+                            key=c, column=quote(c)) for c in stored]
+            sql = self._texts[key] = self.q(
+                "insert_entity_with_fact", table=self.table(policy),
+                columns=", ".join(quote(c) for c in cols), marks=self.marks(len(cols)),
+                stored=" || ".join(self.q("stored_object", pairs=", ".join(pairs[i:i + 50]))
+                                   for i in range(0, max(len(pairs), 1), 50)))
+        self.execute(sql, [*row.values(), *fact])
+
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
         # One statement for the whole pass: the rows' own guard and patch values travel
