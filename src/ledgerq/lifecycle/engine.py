@@ -580,7 +580,8 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
                            "by the engine and cannot be given at creation")
     check_values(policy, "creation", values, json_text=True)
     row = {k: to_sql(v) for k, v in values.items()}
-    row.setdefault("id", new_id())
+    if "id" not in row:  # (setdefault would make an id every time)
+        row["id"] = new_id()
     row.setdefault("created_at", ts)
     row["version"] = 1
     row["status_reason_code"] = reason.code
