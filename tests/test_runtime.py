@@ -27,7 +27,9 @@ import pytest
 
 from helpers.trace import count_writes
 from ledgerq import StateDB
-from ledgerq.lifecycle import Actor
+from ledgerq.lifecycle import Actor, StateReason
+from ledgerq.lifecycle.engine import create_entity
+from ledgerq.operations import Tx
 from ledgerq.projections import history, rebuild, verify
 from ledgerq.queue import (
     MAX_LEASE_ATTEMPTS,
@@ -41,7 +43,10 @@ from ledgerq.queue import (
     submit_many,
     submit_task,
 )
+from ledgerq.queue import moves
 from ledgerq.queue.locks import lock_path
+from ledgerq.queue.runs import perform, run_policy
+from ledgerq.queue.submit import run_row
 from ledgerq.queue.worker import LEASE_CHECK_SECONDS, Executors, RunContext, execute_claimed
 from ledgerq.store.sqltx import SqlTx
 
@@ -311,6 +316,37 @@ async def test_in_process_submission_wakes_an_idle_worker(rdb: StateDB, rt_path:
                 await asyncio.sleep(0.2)  # idle again
     assert max(latencies) < 1.0
     assert statistics.median(latencies) < 0.5
+
+
+async def test_a_row_entering_queued_wakes_listening_workers_from_any_path(
+        rdb: StateDB, backend: str, lock_dir: Path) -> None:
+    """PostgreSQL: a row that enters ``queued`` by any write (here the engine's own insert
+    and move, which never wake this process's workers themselves) wakes a worker parked in
+    a 30 s poll, through the runs table's trigger, NOTIFY and the worker's LISTEN."""
+    if backend != "postgresql":
+        pytest.skip("only PostgreSQL has a cross-process wake-up channel")
+    policy = run_policy(rdb)
+    rec = Recorder()
+    w = make_worker(rdb, lock_dir, poll_interval=30.0, execute=rec)
+
+    def created(status: str, **extra: Any) -> Callable[[Tx], str]:
+        row = {**run_row(task(), time.time(), "host", status, [], "digest", policy=policy),
+               **extra}
+        move = {"queued": moves.SUBMITTED, "delayed": moves.SUBMITTED_DELAYED}[status]
+        return lambda tx: create_entity(tx, policy, row, reason=StateReason(code=move.code),
+                                        actor=OPERATOR)
+
+    async with serving(w):
+        await eventually(lambda: rdb.fetch_one(
+            "SELECT 1 FROM workers WHERE worker_id = ?", (w.worker_id,)), what="first pass")
+        await asyncio.sleep(0.3)  # parked in its 30 s wait
+        inserted = await rdb.write(created("queued"))
+        await asyncio.wait_for(rec.event(inserted).wait(), 5.0)
+        later = await rdb.write(created("delayed", not_before=time.time() + 3600))
+        await asyncio.sleep(0.3)
+        assert later not in rec.calls
+        await rdb.write(lambda tx: perform(tx, policy, later, moves.START_DUE))
+        await asyncio.wait_for(rec.event(later).wait(), 5.0)
 
 
 async def test_a_trickle_of_submissions_is_claimed_a_few_rows_per_pass(

@@ -197,7 +197,9 @@ class Tx(abc.ABC):
     @abc.abstractmethod
     def notify_claimable(self) -> None:
         """Tell workers of other processes and hosts that a row may have become claimable
-        (delivered at commit; a no-op where the dialect has no such channel)."""
+        without entering the claim's source state (a cancel freed its concurrency key);
+        delivered at commit; a no-op where the dialect has no such channel. A row that
+        enters that state tells them by itself (PostgreSQL: a trigger)."""
 
     # ------------------------------------------------------------ schedules
 

@@ -37,8 +37,9 @@ Klass = Literal["additive", "removal", "refused", "unchanged-schema"]
 #: ``stop_requested_at`` (``ledgerq worker stop``); opening an older database adds it.
 #: 4: ``ledgerq archive`` (``ledgerq_archives``, ``ledgerq_archive_batch``, and the log's
 #: DELETE guard admitting the archive's listed entities) and ``workers.queues``; opening
-#: an older one replaces its guard and adds the column.
-SCHEMA_VERSION = 4
+#: an older one replaces its guard and adds the column. 5: on PostgreSQL, a run entering
+#: ``queued`` notifies listening workers by trigger (``ledgerq_claimable``).
+SCHEMA_VERSION = 5
 #: Ids a refusal names at most: enough to find the rows, short enough to read.
 SAMPLE_IDS = 5
 

@@ -83,9 +83,7 @@ def _rerun(tx: Tx, policy: EntityPolicy, run_id: str, actor: Actor, summary: str
         code=moves.RETRIED.code, summary=summary or f"run again of {run_id} ({found['status']})",
         evidence_refs=[{"entity_type": policy.name, "entity_id": run_id}],
         metadata={"retry_of": run_id, "retry_of_status": found["status"]})
-    new_id = create_entity(tx, policy, row, reason=reason, actor=actor, now=now)
-    tx.notify_claimable()
-    return new_id
+    return create_entity(tx, policy, row, reason=reason, actor=actor, now=now)
 
 
 async def retry_runs(db: StateDB, run_ids: Iterable[str], *, actor: Actor = RETRIER,

@@ -97,12 +97,10 @@ def move(tx: Tx, policy: EntityPolicy, run_id: str, from_state: str | None,
     # A failure's summary carries its error text: not worth keeping around.
     shared = not metadata and len(summary) <= _CACHED_SUMMARY
     reason = _shared_reason(code, summary) if shared else _reason(code, summary, metadata)
-    moved = apply_move(tx, policy, run_id, from_state, to_state, reason, actor, guard=guard,
-                       patch=patch, now=now, whole_row=whole_row, skip_locked=skip_locked)
-    if moved.applied and to_state == moves.CLAIM.source:
-        # A requeue, a due retry, a released dependent: claimable now, on every host.
-        tx.notify_claimable()
-    return moved
+    # A move into the claim's source state (a requeue, a due retry, a released dependent)
+    # wakes listening workers by itself (PostgreSQL's trigger on the runs table).
+    return apply_move(tx, policy, run_id, from_state, to_state, reason, actor, guard=guard,
+                      patch=patch, now=now, whole_row=whole_row, skip_locked=skip_locked)
 
 
 def perform(tx: Tx, policy: EntityPolicy, run_id: str, which: Move, *,

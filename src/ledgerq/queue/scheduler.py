@@ -166,8 +166,6 @@ def fire_schedule(tx: Tx, spol: EntityPolicy, rpol: EntityPolicy, schedule_id: s
                                                                     summary=summary),
                                actor=actor, now=now)
         (result.fired if busy is None else result.skipped).append(run_id)
-    if result.fired:
-        tx.notify_claimable()
     return result
 
 

@@ -169,7 +169,6 @@ def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
             flush()
             ids.append(_insert(tx, policy, app, now, host, actor))
     flush()
-    tx.notify_claimable()
     return ids
 
 

@@ -90,8 +90,9 @@ def _key(column: str, descending: frozenset[str]) -> str:
     return f"{quote(column)} DESC" if column in descending else quote(column)
 
 
-def workers_ddl(template: str, registry: Registry) -> str | None:
-    """The dialect's ``workers`` DDL referencing the run entity's table (as the spec
-    names it), or None when the registry has no run entity (the engine alone)."""
+def runs_ddl(template: str, registry: Registry) -> str | None:
+    """A dialect's DDL that names the run entity's table as ``{runs}`` (``workers``, the
+    wake-up trigger) with the table the spec names, or None when the registry has no run
+    entity (the engine alone)."""
     runs = next((p for p in registry.policies() if p.name == RUN_ENTITY), None)
     return None if runs is None else template.replace("{runs}", quote(runs.table))

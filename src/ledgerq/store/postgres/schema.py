@@ -109,6 +109,23 @@ CREATE INDEX IF NOT EXISTS idx_workers_leased_run
   ON workers(leased_run_id) WHERE leased_run_id IS NOT NULL;
 """
 
+#: Wake-ups: a run entering ``queued`` (submitted, requeued, retried, released, fired)
+#: tells every listening worker, from the statement that moved it (delivered at commit,
+#: once per transaction). A trigger rather than a statement of each unit: a submit is one
+#: round trip shorter, and no path into ``queued`` can forget it. The condition is
+#: checked without calling the function, so claims and other moves pay nothing.
+WAKEUP_DDL = """
+CREATE OR REPLACE FUNCTION ledgerq_notify_claimable() RETURNS trigger
+  LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('ledgerq_claimable', '');
+  RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER ledgerq_claimable
+  AFTER INSERT OR UPDATE OF status ON {runs}
+  FOR EACH ROW WHEN (NEW.status = 'queued') EXECUTE FUNCTION ledgerq_notify_claimable();
+"""
+
 #: Columns of ``workers`` added after it was first shipped (see the SQLite twin): a table
 #: an older version made gets them in the migration that finds its schema version lower.
 WORKERS_UPGRADE = """
@@ -131,7 +148,7 @@ def schema_statements(registry: Registry) -> list[str]:
     """The whole schema of a new database as statements (the migration creates it the
     same way, entity by entity); workers come last (they reference the runs' table)."""
     parts = [BASE_DDL, META_DDL, *(projection_ddl(p) for p in registry.policies())]
-    workers = ddl.workers_ddl(WORKERS_DDL, registry)
+    workers = ddl.runs_ddl(WORKERS_DDL + WAKEUP_DDL, registry)
     if workers is not None:
         parts.append(workers)
     return parts
@@ -179,7 +196,7 @@ def _in_migration(conn: psycopg.Connection[Any], registry: Registry,
             # Rebuilds and mapped moves may delete and re-add referenced rows' columns.
             conn.execute("SET CONSTRAINTS ALL DEFERRED")
             plan = step(PostgresCatalog(PostgresTx(conn), column_ddl))
-            workers = ddl.workers_ddl(WORKERS_DDL, registry)
+            workers = ddl.runs_ddl(WORKERS_DDL + WAKEUP_DDL, registry)
             if workers is not None:
                 conn.execute(workers)
                 if schema_version(conn) < SCHEMA_VERSION:  # an ALTER locks even when idle

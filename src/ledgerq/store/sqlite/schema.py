@@ -130,7 +130,7 @@ def schema_ddl(registry: Registry) -> str:
     """The whole schema; workers come last because they reference the runs' table."""
     parts = [BASE_DDL, DELETE_GUARD]
     parts += [projection_ddl(p) for p in registry.policies()]
-    workers = ddl.workers_ddl(WORKERS_DDL, registry)
+    workers = ddl.runs_ddl(WORKERS_DDL, registry)
     if workers is not None:
         parts.append(workers)
     return "\n".join(parts)
@@ -188,7 +188,7 @@ def _in_migration(conn: sqlite3.Connection, registry: Registry,
                 conn.execute(statement)
             catalog = SqliteCatalog(SqliteTx(conn), column_ddl)
             plan = step(catalog)
-            workers = ddl.workers_ddl(WORKERS_DDL, registry)
+            workers = ddl.runs_ddl(WORKERS_DDL, registry)
             if workers is not None:
                 for statement in statements(workers):
                     conn.execute(statement)
