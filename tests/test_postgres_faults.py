@@ -23,7 +23,7 @@ import pytest
 
 from ledgerq import StateDB
 from ledgerq.projections import verify
-from ledgerq.queue import TaskApplication, Worker, submit_many
+from ledgerq.queue import TaskApplication, Worker, submit_many, submit_task
 from ledgerq.queue.runs import ENTITY
 
 #: The server restart would cut every other test's connections: run alone.
@@ -145,3 +145,24 @@ async def test_a_worker_survives_a_server_restart(pg_target: str, tmp_path: Path
                 await asyncio.sleep(0.2)
         assert await left(db) == 0, "not every task finished after the restart"
         await assert_each_ran_once(db, ids, ex)
+
+
+async def test_a_submit_on_connections_the_server_closed_is_written_once(pg_target: str) -> None:
+    """A plain submit is one statement, sent as a transaction of its own (no BEGIN, no
+    COMMIT): on a pooled connection the server had closed, its outcome could not be told
+    and it could not be retried. The connection is looked at first; a closed one sends
+    the statement the way a lost connection fails before COMMIT, so it runs again."""
+    async with StateDB(pg_target) as db:
+        ids = [await submit_task(db, TaskApplication("agent", {"warm": i}, "host"))
+               for i in range(3)]
+        for i in range(3):
+            assert terminate_others(pg_target) >= 1
+            await asyncio.sleep(0.3)  # the server's goodbye reaches the pooled sockets
+            ids.append(await submit_task(db, TaskApplication("agent", {"after": i}, "host")))
+        policy = db.registry.entity(ENTITY)
+        statuses = await db.read(lambda tx: tx.statuses(policy, ids))
+        assert statuses == dict.fromkeys(ids, "queued")
+        facts = [await db.read(lambda tx, r=r: tx.facts_of(ENTITY, r)) for r in ids]
+        assert [len(f) for f in facts] == [1] * len(ids)
+        report = await verify(db)
+        assert report.ok, report.drift[:5]

@@ -38,12 +38,12 @@ from ledgerq.queue import (
     Worker,
     cancel_task,
     claim_runs,
+    moves,
     promote_due,
     reap_expired_leases,
     submit_many,
     submit_task,
 )
-from ledgerq.queue import moves
 from ledgerq.queue.locks import lock_path
 from ledgerq.queue.runs import perform, run_policy
 from ledgerq.queue.submit import run_row

@@ -46,6 +46,8 @@ RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
     "status_transitions_no_update", "status_transitions_no_delete", "idx_workers_leased_run",
     # ``ledgerq archive``: its record and the list of entities it may delete facts of.
     "ledgerq_archives", "ledgerq_archive_batch",
+    # PostgreSQL's wake-up: the trigger on the runs table and its function.
+    "ledgerq_claimable", "ledgerq_notify_claimable",
 })
 ACTOR_TYPES: frozenset[str] = frozenset(get_args(ActorType))
 

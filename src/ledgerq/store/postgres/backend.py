@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import select
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -201,20 +202,33 @@ class PostgresBackend:
             raise RuntimeError("StateDB is closing; no new work is accepted")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
-    def _in_transaction(self, fn: Callable[[PostgresTx], T], *, readonly: bool) -> T:
+    def _in_transaction(self, fn: Callable[[PostgresTx], T], *, readonly: bool,
+                        alone: bool = False) -> T:
+        """``fn`` in one transaction on a pooled connection. ``alone``: a unit whose only
+        statement nobody reads the result of runs it as a transaction of its own."""
         pool = self._pool
         assert pool is not None
         for attempt in range(1, ATTEMPTS + 1):
             committing = False
             try:
                 with pool.connection() as conn:
-                    tx = PostgresTx(conn)
+                    tx = PostgresTx(conn, hold_first=alone)
                     # Sent with the BEGIN psycopg issues before the first statement: a
                     # read is one snapshot, and costs no round trip of its own to say so.
                     conn.isolation_level = SNAPSHOT if readonly else None
                     conn.read_only = readonly or self.readonly
                     try:
                         value = fn(tx)
+                        held = tx.take_alone()
+                        if held is not None:
+                            if _received_nothing(conn):
+                                committing = True
+                                _autocommit(conn, *held)
+                                return value
+                            # The server may have closed this connection (a restart, a
+                            # terminated backend): send it in a transaction, which a lost
+                            # connection fails before COMMIT, so it runs again below.
+                            tx.execute(*held)
                     except psycopg.Error as exc:
                         if not stale_plan(exc) or attempt == ATTEMPTS:
                             raise
@@ -251,7 +265,7 @@ class PostgresBackend:
         if self.readonly:
             raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
                                 "writes refused")
-        return await self._submit(lambda: self._in_transaction(fn, readonly=False))
+        return await self._submit(lambda: self._in_transaction(fn, readonly=False, alone=True))
 
     async def write_together(self, fn: Callable[[Tx], T]) -> T:
         """:meth:`write`, sharing one transaction with the units that arrive while a group
@@ -396,6 +410,34 @@ class PostgresBackend:
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
                 self._listen_stop.wait(delay)
                 delay = min(delay * 2, LISTEN_BACKOFF[1])
+
+
+def _received_nothing(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the idle connection has nothing to read. A server that closed it (a
+    restart, ``pg_terminate_backend``) has sent its goodbye, or at least the socket's end:
+    a statement sent on it would fail with an outcome nobody can tell, so it goes the
+    way that can be retried. (Anything else to read, a notice say, is as good a reason.)"""
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.OperationalError:
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+    return not poller.poll(0)
+
+
+def _autocommit(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> None:
+    """One statement as its own transaction. A failure is one of COMMIT's: its outcome
+    is unknown if the connection died, as for any COMMIT. The connection goes back to
+    the pool in transaction mode, or closed (the pool replaces it)."""
+    conn.autocommit = True
+    try:
+        conn.execute(sql, params)
+    finally:
+        try:
+            conn.autocommit = False
+        except psycopg.Error:
+            conn.close()
 
 
 def _connection_lost(exc: psycopg.OperationalError) -> bool:

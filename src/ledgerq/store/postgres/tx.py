@@ -67,15 +67,49 @@ class PostgresTx(SqlTx):
 
     conn: psycopg.Connection[tuple[Any, ...]]
 
+    def __init__(self, conn: Any, *, hold_first: bool = False) -> None:
+        super().__init__(conn)
+        #: Whether a first statement whose result nobody reads may be held back, so that
+        #: a unit of that one statement runs as a transaction of its own (see
+        #: :meth:`take_alone`). Only the backend's write units, which always end with
+        #: :meth:`take_alone`, ask for it.
+        self.hold_first = hold_first
+        self._held: tuple[str, Sequence[Any]] | None = None
+        self._sent = False
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         if "?" in sql:  # an ad-hoc statement in SQLite's paramstyle (ours never are)
             sql = qmark_to_psycopg(sql)
+        self._send_held()
         return self.conn.execute(sql, params or None)
+
+    def _execute_unread(self, sql: str, params: Sequence[Any]) -> None:
+        """A statement whose result nobody reads: held back if it is the unit's first."""
+        if self.hold_first and not self._sent and self._held is None:
+            self._held = (sql, params)
+        else:
+            self.execute(sql, params)
+
+    def _send_held(self) -> None:
+        self._sent = True
+        if self._held is not None:
+            sql, params = self._held
+            self._held = None
+            self.conn.execute(sql, params)
+
+    def take_alone(self) -> tuple[str, Sequence[Any]] | None:
+        """The unit's only statement, if it was held back and nothing else was sent: the
+        backend then runs it as its own transaction (one round trip instead of BEGIN,
+        the statement and COMMIT). A statement is atomic by itself, so the unit is
+        still all or nothing."""
+        held, self._held = self._held, None
+        return held
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         # The rows may be a generator reading a server-side cursor of this connection
         # (rebuild): psycopg holds the connection's lock through executemany, so the
         # stream is read a batch at a time between calls, never inside one.
+        self._send_held()
         it = iter(rows)
         with self.conn.cursor() as cur:
             while batch := list(itertools.islice(it, BATCH)):
@@ -83,6 +117,7 @@ class PostgresTx(SqlTx):
 
     def stream(self, sql: str, params: Sequence[Any] = ()
                ) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+        self._send_held()
         cur = self.conn.cursor(name=f"ledgerq_stream_{next(_cursor_names)}")
         cur.itersize = ITERSIZE
         cur.execute(sql, params or None)
@@ -135,7 +170,7 @@ class PostgresTx(SqlTx):
                 columns=", ".join(quote(c) for c in cols), marks=self.marks(len(cols)),
                 stored=" || ".join(self.q("stored_object", pairs=", ".join(pairs[i:i + 50]))
                                    for i in range(0, max(len(pairs), 1), 50)))
-        self.execute(sql, [*row.values(), *fact])
+        self._execute_unread(sql, [*row.values(), *fact])
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
