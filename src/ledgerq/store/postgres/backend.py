@@ -223,7 +223,7 @@ class PostgresBackend:
                         if held is not None:
                             if _received_nothing(conn):
                                 committing = True
-                                _autocommit(conn, *held)
+                                tx.run_alone(*held)
                                 return value
                             # The server may have closed this connection (a restart, a
                             # terminated backend): send it in a transaction, which a lost
@@ -424,20 +424,6 @@ def _received_nothing(conn: psycopg.Connection[Any]) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
     return not poller.poll(0)
-
-
-def _autocommit(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> None:
-    """One statement as its own transaction. A failure is one of COMMIT's: its outcome
-    is unknown if the connection died, as for any COMMIT. The connection goes back to
-    the pool in transaction mode, or closed (the pool replaces it)."""
-    conn.autocommit = True
-    try:
-        conn.execute(sql, params)
-    finally:
-        try:
-            conn.autocommit = False
-        except psycopg.Error:
-            conn.close()
 
 
 def _connection_lost(exc: psycopg.OperationalError) -> bool:

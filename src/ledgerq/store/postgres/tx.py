@@ -95,15 +95,28 @@ class PostgresTx(SqlTx):
         if self._held is not None:
             sql, params = self._held
             self._held = None
-            self.conn.execute(sql, params)
+            self.execute(sql, params)
 
     def take_alone(self) -> tuple[str, Sequence[Any]] | None:
         """The unit's only statement, if it was held back and nothing else was sent: the
-        backend then runs it as its own transaction (one round trip instead of BEGIN,
-        the statement and COMMIT). A statement is atomic by itself, so the unit is
-        still all or nothing."""
+        backend then runs it as its own transaction (:meth:`run_alone`: one round trip
+        instead of BEGIN, the statement and COMMIT) or sends it as usual. A statement
+        is atomic by itself, so the unit is still all or nothing."""
         held, self._held = self._held, None
         return held
+
+    def run_alone(self, sql: str, params: Sequence[Any]) -> None:
+        """One statement as its own transaction. A failure is one of COMMIT's: its outcome
+        is unknown if the connection died. The connection is left in transaction mode,
+        or closed (the pool replaces it)."""
+        self.conn.autocommit = True
+        try:
+            self.execute(sql, params)
+        finally:
+            try:
+                self.conn.autocommit = False
+            except psycopg.Error:
+                self.conn.close()
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         # The rows may be a generator reading a server-side cursor of this connection
