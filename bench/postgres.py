@@ -26,6 +26,10 @@ Systems:
                  one task in flight per process (bench/pg_peers/floor.py)
   floor+log      the same plus one log row per state change, in the same transaction
                  (ledgerq writes a fact per move)
+  ledgerq-sql    submit single only: the one statement ledgerq sends for a plain submit
+                 (its row and creation fact; captured from ledgerq itself), run by plain
+                 psycopg on ledgerq's schema as a transaction of its own, with fresh ids
+                 and times: the bound of ledgerq's single submit, with none of its Python
   PgQueuer       asyncpg driver, batch_size 25, completions buffered in memory (see
                  bench/pg_peers/pgqueuer_peer.py for what that means for durability)
   Procrastinate  psycopg async connector, concurrency 10 per worker process
@@ -56,17 +60,19 @@ import math
 import platform
 import tempfile
 import time
+import uuid
 from importlib import metadata
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
+import msgspec
 import psycopg
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for pg_peers
 from pg_peers import floor  # importable only after the line above
 from pg_peers.harness import SCENARIOS, Peer, Scratch, measure
 
-SYSTEMS = ["floor", "floor+log", "pgqueuer", "procrastinate", "ledgerq"]
+SYSTEMS = ["floor", "floor+log", "ledgerq-sql", "pgqueuer", "procrastinate", "ledgerq"]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -142,6 +148,62 @@ def _ledgerq_peer() -> Peer:
         worker=_ledgerq_worker,
         done_sql=LEDGERQ_DONE_SQL,
     )
+
+
+def _capture_submit(dsn: str) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
+    """The statement text, row and fact of one plain submit_task, as ledgerq sends them."""
+    from ledgerq import StateDB
+    from ledgerq.queue import submit_task
+    from ledgerq.store.postgres.tx import PostgresTx
+
+    seen: dict[str, Any] = {}
+    real_insert, real_alone = PostgresTx.insert_entity_with_fact, PostgresTx.run_alone
+
+    def insert(self: Any, policy: Any, row: dict[str, Any], *, fact: Any, stored: Any) -> None:
+        seen.update(row=dict(row), fact=tuple(fact))
+        real_insert(self, policy, row, fact=fact, stored=stored)
+
+    def alone(self: Any, sql: str, params: Any) -> None:
+        seen["sql"] = sql
+        real_alone(self, sql, params)
+
+    async def one() -> None:
+        async with StateDB(dsn) as db:
+            await submit_task(db, _ledgerq_app())
+
+    PostgresTx.insert_entity_with_fact, PostgresTx.run_alone = insert, alone  # type: ignore[method-assign]
+    try:
+        asyncio.run(one())
+    finally:
+        PostgresTx.insert_entity_with_fact, PostgresTx.run_alone = real_insert, real_alone  # type: ignore[method-assign]
+    if "sql" not in seen:
+        raise RuntimeError("a plain submit did not run as one statement of its own")
+    return seen["sql"], seen["row"], seen["fact"]
+
+
+def run_ledgerq_sql(scratch: Scratch, n: int) -> dict[str, float]:
+    """LEDGERQ-SQL: ledgerq's submit statement, plain psycopg, autocommit, one per submit."""
+    name, dsn = scratch.create()
+    try:
+        asyncio.run(_ledgerq_install(dsn))
+        sql, row, fact = _capture_submit(dsn)
+        times = [k for k in ("fired_at", "created_at", "queued_at") if k in row]
+        patch = msgspec.json.decode(fact[13])
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                rid, now = str(uuid.uuid4()), time.time()
+                values = {**row, "id": rid, **dict.fromkeys(times, now)}
+                fresh = {**patch, "id": rid, **dict.fromkeys(set(times) & patch.keys(), now)}
+                conn.execute(sql, [*values.values(), str(uuid.uuid4()), fact[1], rid,
+                                   *fact[3:10], now, *fact[11:13],
+                                   msgspec.json.encode(fresh).decode(), *fact[14:]])
+            seconds = time.perf_counter() - t0
+        print(f"  {'ledgerq-sql':<14} {'submit single':<14} {n / seconds:9.0f} /s  "
+              f"({seconds:.2f} s)", flush=True)
+        return {"submit single": n / seconds}
+    finally:
+        scratch.drop(name)
 
 
 def ledgerq_available(scratch: Scratch) -> str | None:
@@ -222,11 +284,14 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
     line("tasks or lifecycles /s", cols)
     line("-" * (label_w - 2), ["-" * (width - 2)] * len(cols))
     names = {"floor": "floor (psycopg)", "floor+log": "floor + log row",
+             "ledgerq-sql": "ledgerq's statement",
              "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "ledgerq": "ledgerq"}
     for system, row in results.items():
         line(names[system], [_fmt(row.get(s)) for s in SCENARIOS])
 
     ratios = [("ledgerq / PgQueuer", "ledgerq", "pgqueuer"),
+              ("ledgerq / its statement", "ledgerq", "ledgerq-sql"),
+              ("its statement / PgQueuer", "ledgerq-sql", "pgqueuer"),
               ("ledgerq / floor + log", "ledgerq", "floor+log"),
               ("ledgerq / floor", "ledgerq", "floor"),
               ("PgQueuer / floor + log", "pgqueuer", "floor+log"),
@@ -281,6 +346,8 @@ def main() -> None:
                 row = run_ledgerq(args.dsn, args.n, args.workers, scratch)
                 if row:
                     results[system] = row
+            elif system == "ledgerq-sql":
+                results[system] = run_ledgerq_sql(scratch, args.n)
             else:
                 results[system] = measure(_peer_for(system), scratch, args.n, args.workers)
     finally:
