@@ -26,10 +26,14 @@ Systems:
                  one task in flight per process (bench/pg_peers/floor.py)
   floor+log      the same plus one log row per state change, in the same transaction
                  (ledgerq writes a fact per move)
-  ledgerq-sql    submit single only: the one statement ledgerq sends for a plain submit
-                 (its row and creation fact; captured from ledgerq itself), run by plain
+  ledgerq-sql    submit single: the one statement ledgerq sends for a plain submit (its
+                 row and creation fact; captured from ledgerq itself), run by plain
                  psycopg on ledgerq's schema as a transaction of its own, with fresh ids
-                 and times: the bound of ledgerq's single submit, with none of its Python
+                 and times: the bound of ledgerq's single submit, with none of its Python.
+                 submit bulk: no statement at all, only the Python submit_many runs per
+                 row before its statements (each application validated, its row built
+                 and checked against the spec, its creation fact encoded): a bound on
+                 ledgerq's bulk submit that no choice of statements can pass
   PgQueuer       asyncpg driver, batch_size 25, completions buffered in memory (see
                  bench/pg_peers/pgqueuer_peer.py for what that means for durability)
   Procrastinate  psycopg async connector, concurrency 10 per worker process
@@ -201,9 +205,41 @@ def run_ledgerq_sql(scratch: Scratch, n: int) -> dict[str, float]:
             seconds = time.perf_counter() - t0
         print(f"  {'ledgerq-sql':<14} {'submit single':<14} {n / seconds:9.0f} /s  "
               f"({seconds:.2f} s)", flush=True)
-        return {"submit single": n / seconds}
+        bulk = _ledgerq_rows_alone(n)
+        print(f"  {'ledgerq-sql':<14} {'submit bulk':<14} {n / bulk:9.0f} /s  "
+              f"({bulk:.2f} s, no database)", flush=True)
+        return {"submit single": n / seconds, "submit bulk": n / bulk}
     finally:
         scratch.drop(name)
+
+
+def _ledgerq_rows_alone(n: int) -> float:
+    """Seconds for the per-row Python of submit_many(n): validation, the row and its
+    checks, the creation fact (as create_entities encodes it), without any statement."""
+    import socket
+
+    from ledgerq.codec import dumps
+    from ledgerq.lifecycle.engine import _creation_row, _initial_patch, new_id
+    from ledgerq.lifecycle.models import StateReason
+    from ledgerq.lifecycle.registry import default_registry
+    from ledgerq.queue import moves
+    from ledgerq.queue.application import DEFAULT_LIMITS, digest, validate
+    from ledgerq.queue.submit import SUBMITTER, run_row
+
+    policy = default_registry().entity("schedule_run")
+    reason = moves.SUBMITTED
+    apps = [_ledgerq_app()] * n
+    t0 = time.perf_counter()
+    now, host = time.time(), socket.gethostname()
+    checked = [validate(a, limits=DEFAULT_LIMITS) for a in apps]
+    why = StateReason(code=reason.code)
+    rows = [_creation_row(policy, run_row(a, now, host, reason.target, [], digest(a),
+                                          policy=policy), why, now) for a in checked]
+    facts = [(new_id(), policy.name, r["id"], None, r["status"], why.code, why.summary, "[]",
+              SUBMITTER.type, SUBMITTER.id, now, "{}", 1, dumps(_initial_patch(r, policy)),
+              None) for r in rows]
+    assert len(facts) == n
+    return time.perf_counter() - t0
 
 
 def ledgerq_available(scratch: Scratch) -> str | None:
