@@ -161,11 +161,11 @@ def _capture_submit(dsn: str) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
     from ledgerq.store.postgres.tx import PostgresTx
 
     seen: dict[str, Any] = {}
-    real_insert, real_alone = PostgresTx.insert_entity_with_fact, PostgresTx.run_alone
+    real_insert, real_alone = PostgresTx.insert_entities_with_facts, PostgresTx.run_alone
 
-    def insert(self: Any, policy: Any, row: dict[str, Any], *, fact: Any, stored: Any) -> None:
-        seen.update(row=dict(row), fact=tuple(fact))
-        real_insert(self, policy, row, fact=fact, stored=stored)
+    def insert(self: Any, policy: Any, columns: Any, rows: Any, stored: Any) -> None:
+        seen.update(row=dict(zip(columns, rows[0][0], strict=True)), fact=tuple(rows[0][1]))
+        real_insert(self, policy, columns, rows, stored)
 
     def alone(self: Any, sql: str, params: Any) -> None:
         seen["sql"] = sql
@@ -175,11 +175,11 @@ def _capture_submit(dsn: str) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
         async with StateDB(dsn) as db:
             await submit_task(db, _ledgerq_app())
 
-    PostgresTx.insert_entity_with_fact, PostgresTx.run_alone = insert, alone  # type: ignore[method-assign]
+    PostgresTx.insert_entities_with_facts, PostgresTx.run_alone = insert, alone  # type: ignore[method-assign]
     try:
         asyncio.run(one())
     finally:
-        PostgresTx.insert_entity_with_fact, PostgresTx.run_alone = real_insert, real_alone  # type: ignore[method-assign]
+        PostgresTx.insert_entities_with_facts, PostgresTx.run_alone = real_insert, real_alone  # type: ignore[method-assign]
     if "sql" not in seen:
         raise RuntimeError("a plain submit did not run as one statement of its own")
     return seen["sql"], seen["row"], seen["fact"]

@@ -34,6 +34,8 @@ from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy, default_r
 from ledgerq.operations import Tx
 from ledgerq.projections import verify
 from ledgerq.queue import RetryPolicy, TaskApplication, runs, submit_many, submit_task
+from ledgerq.queue.application import digest, validate
+from ledgerq.queue.submit import run_row
 from lifecycle_support import new_dispatch, new_run, run_values, snapshot
 
 RUN = default_registry().entity("schedule_run")
@@ -435,3 +437,34 @@ async def test_submit_many_passes_its_actor_to_every_fact(
         facts = await all_facts(db, ids)
         assert len(facts) == len(apps)
         assert {(f["source"], f["actor"]) for f in facts} == {("webhook", "hook-9")}
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["create_entity", "create_entities"])
+async def test_a_fact_written_from_the_values_sent_is_the_fact_read_back(
+        db: StateDB, batch: bool) -> None:
+    """PostgreSQL writes a creation's fact from the values sent and what the database fills
+    in, in the row's own statement; the other way reads the row back first (SQLite, and
+    PostgreSQL for a value its column would convert). Forced to read back, the same rows
+    give the same facts and the same rows (ids apart)."""
+    apps = applications()
+
+    def unit(read_back: bool) -> Callable[[Tx], list[str]]:
+        def fn(tx: Tx) -> list[str]:
+            if read_back:
+                tx.stores_as_sent = False
+            rows = [run_row(validate(a), NOW, HOST, "queued", [], digest(a), policy=RUN)
+                    for a in apps]
+            why = StateReason(code="run.queued.submitted")
+            if batch:
+                return create_entities(tx, RUN, rows, reason=why, actor=ACTOR, now=NOW)
+            return [create_entity(tx, RUN, r, reason=why, actor=ACTOR, now=NOW) for r in rows]
+        return fn
+
+    sent_ids = await db.write(unit(False))
+    read_ids = await db.write(unit(True))
+    for sent_id, read_id in zip(sent_ids, read_ids, strict=True):
+        [sent], [read] = await facts_of(db, sent_id), await facts_of(db, read_id)
+        assert without_ids(sent) == without_ids(read)
+        assert {**await stored_run(db, sent_id), "id": None} == \
+            {**await stored_run(db, read_id), "id": None}
+    assert (await verify(db)).ok

@@ -379,3 +379,34 @@ def test_readme_command_table_names_every_command() -> None:
     group: Any = get_command(app)
     for name in group.commands:
         assert f"`ledgerq {name}" in table, f"README's command table lacks `ledgerq {name}`"
+
+
+def test_show_follow_ends_for_a_run_that_ended_before_its_history_was_read(
+        db_target: str) -> None:
+    """``show`` reads the row, then the history: a run that ends in between is shown
+    running, its terminal fact already in the history, and no later fact ever comes. The
+    follow must end all the same (it once waited forever: seen under a loaded test run)."""
+    import threading
+
+    import click
+
+    from ledgerq.cli.watch import follow_run
+    from ledgerq.lifecycle import Actor
+    from ledgerq.lifecycle.registry import default_registry
+    from ledgerq.queue import cancel_task
+
+    async def ended_run() -> tuple[str, int]:
+        async with StateDB(db_target) as db:
+            rid = await submit_task(db, TaskApplication("agent", {}, "host"))
+            await cancel_task(db, rid, actor=Actor(type="operator", id="t"))
+            return rid, (await run_history(db, rid))[-1]["entity_version"]
+
+    rid, last = asyncio.run(ended_run())
+    ctx = click.Context(click.Command("show"), obj={})
+    policy = default_registry().entity("schedule_run")
+    follower = threading.Thread(target=follow_run, daemon=True,
+                                args=(ctx, db_target, policy, rid, last),
+                                kwargs={"json_lines": True})
+    follower.start()
+    follower.join(timeout=20)
+    assert not follower.is_alive(), "show --follow kept waiting for a run that had ended"

@@ -44,7 +44,7 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "table
                  # A move and its fact in one statement (SQLite: two).
                  "update_entity_with_fact",
                  # A creation and its fact in one statement (SQLite: two).
-                 "insert_entity_with_fact", "stored_object", "stored_value",
+                 "insert_entities_with_facts", "stored_object", "stored_value",
                  "stored_json_text"}
 
 
@@ -634,19 +634,24 @@ async def test_update_entity_with_fact_writes_the_fact_only_where_the_swap_match
         [(2, "running", {"leased_by": "w1"})]
 
 
-async def test_insert_entity_with_fact_completes_the_patch_from_the_stored_row(
-        db: StateDB) -> None:
+@pytest.mark.parametrize("rows", [1, 3])
+async def test_insert_entities_with_facts_complete_each_patch_from_its_stored_row(
+        db: StateDB, rows: int) -> None:
     policy = await policy_of(db)
-    values = row_values(action_args=dumps({"b": [1, 2.5], "a": "x"}))
-    fact = (new_id(), RUN, values["id"], None, "queued", "run.queued.submitted", None, "[]",
-            "system", "t", 1.0, "{}", 1, dumps({"action_kind": "k", "fired_at": 1.0}), None)
-    await db.write(lambda tx: tx.insert_entity_with_fact(
-        policy, values, fact=fact, stored=("action_args", "lease_attempts")))
-    row = await db.read(lambda tx: tx.entity_row(policy, values["id"]))
-    [written] = await db.read(lambda tx: tx.facts_of(RUN, values["id"]))
-    # The JSON column as the row stores its text (normalized on PostgreSQL), the default
-    # as the database filled it in, and the patch sent as it was sent.
-    assert loads(written["patch"]) == {"action_kind": "k", "fired_at": 1.0,
-                                       "action_args": row["action_args"],
-                                       "lease_attempts": 0}
-    assert (written["entity_version"], written["status"]) == (1, "queued")
+    given = [row_values(action_args=dumps({"b": [1, 2.5], "a": f"x{i}"})) for i in range(rows)]
+    cols = tuple(given[0])
+    facts = [(new_id(), RUN, v["id"], None, "queued", "run.queued.submitted", None, "[]",
+              "system", "t", 1.0, "{}", 1, dumps({"action_kind": "k", "fired_at": 1.0}), None)
+             for v in given]
+    await db.write(lambda tx: tx.insert_entities_with_facts(
+        policy, cols, [(list(v.values()), f) for v, f in zip(given, facts, strict=True)],
+        ("action_args", "lease_attempts")))
+    for v in given:
+        row = await db.read(lambda tx, v=v: tx.entity_row(policy, v["id"]))
+        [written] = await db.read(lambda tx, v=v: tx.facts_of(RUN, v["id"]))
+        # The JSON column as the row stores its text (normalized on PostgreSQL), the
+        # default as the database filled it in, and the patch sent as it was sent.
+        assert loads(written["patch"]) == {"action_kind": "k", "fired_at": 1.0,
+                                           "action_args": row["action_args"],
+                                           "lease_attempts": 0}
+        assert (written["entity_version"], written["status"]) == (1, "queued")

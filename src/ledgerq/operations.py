@@ -140,14 +140,16 @@ class Tx(abc.ABC):
         """Insert one projection row; returns it as stored (defaults included)."""
 
     @abc.abstractmethod
-    def insert_entity_with_fact(self, policy: EntityPolicy, row: dict[str, Any], *,
-                                fact: Sequence[Any], stored: tuple[str, ...]) -> None:
-        """:meth:`insert_entity` and its creation fact (a row of :meth:`append_facts`)
-        whose patch, a JSON object, also gets the stored value of each ``stored`` column
-        (a JSON column's as its text, as :meth:`insert_entity` returns it).
+    def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
+                                   rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+                                   stored: tuple[str, ...]) -> None:
+        """Projection rows and their creation facts, each ``(values in columns' order,
+        fact)`` with the fact a row of :meth:`append_facts` whose patch, a JSON object,
+        also gets the row's stored value of each ``stored`` column (a JSON column's as
+        its text, as :meth:`insert_entity` returns it).
 
-        The caller writes the rest of the patch from the values it sends, so it uses this
-        only where they are what the row stores (:attr:`stores_as_sent`).
+        The caller writes the rest of each patch from the values it sends, so it uses
+        this only where they are what the row stores (:attr:`stores_as_sent`).
         """
 
     @abc.abstractmethod

@@ -155,11 +155,15 @@ def follow_run(ctx: typer.Context, path: str, policy: EntityPolicy, run_id: str,
 
             async def step() -> bool:
                 nonlocal last, ended
-                for f in await run_history(handle, run_id):
+                facts = await run_history(handle, run_id)
+                for f in facts:
                     if f["entity_version"] > last:
                         print_fact(f, policy, json_lines=json_lines)
                         last = f["entity_version"]
-                        ended = f["status"] in policy.terminal
+                # From the whole history, not only the facts printed here: the run may
+                # have ended between the caller's read of its row and its read of the
+                # history, and then no later fact ever comes.
+                ended = bool(facts) and facts[-1]["status"] in policy.terminal
                 return not ended
 
             await until_signalled(step)

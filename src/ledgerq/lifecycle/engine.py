@@ -501,10 +501,10 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
     if sent is not None:
         # The patch is known but for what only the database knows: one statement.
         patch, stored_cols = sent
-        tx.insert_entity_with_fact(
-            policy, row, stored=stored_cols,
-            fact=_fact(new_id(), policy.name, row["id"], None, row["status"], reason, actor,
-                       ts, 1, patch, idempotency_key))
+        tx.insert_entities_with_facts(
+            policy, tuple(row), [(list(row.values()), _fact(
+                new_id(), policy.name, row["id"], None, row["status"], reason, actor, ts, 1,
+                patch, idempotency_key))], stored_cols)
         return str(row["id"])
     stored = tx.insert_entity(policy, row)
     _append_fact(tx, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
@@ -602,13 +602,20 @@ def create_entities(tx: Tx, policy: EntityPolicy,
                     now: float | None = None) -> list[str]:
     """:func:`create_entity` for many rows at once (in-transaction), in the given order.
 
-    Same rows and the same creation facts (each carrying its row as stored), written
-    with one ``executemany`` per run of rows that name the same columns, one read-back
-    per chunk of ids and one ``executemany`` for the facts. Every row is checked before
-    the first is written.
+    Same rows and the same creation facts (each carrying its row as stored). Where the
+    values sent are what the rows store (PostgreSQL), each row and its fact are one
+    statement, sent together per run of rows of the same shape; otherwise one
+    ``executemany`` per run of rows that name the same columns, one read-back per chunk
+    of ids and one ``executemany`` for the facts. Every row is checked before the first
+    is written.
     """
     ts = time.time() if now is None else now
     rows = [_creation_row(policy, v, reason, ts) for v in values]
+    sent = [_sent_patch(policy, r) for r in rows] if tx.stores_as_sent else []
+    plans = [s for s in sent if s is not None]
+    if rows and len(plans) == len(rows):
+        _create_with_facts(tx, policy, rows, plans, reason, actor, ts)
+        return [str(r["id"]) for r in rows]
     start = 0
     while start < len(rows):  # consecutive rows with the same columns share one INSERT
         cols = tuple(rows[start])
@@ -630,6 +637,25 @@ def create_entities(tx: Tx, policy: EntityPolicy,
                           dumps(_initial_patch(stored[rid], policy)), None))
     tx.append_facts(facts)
     return [str(r["id"]) for r in rows]
+
+
+def _create_with_facts(tx: Tx, policy: EntityPolicy, rows: list[dict[str, Any]],
+                       sent: list[tuple[dict[str, Any], tuple[str, ...]]],
+                       reason: StateReason, actor: Actor, ts: float) -> None:
+    """Rows and their creation facts, one statement each, sent together per run of
+    consecutive rows with the same columns and the same columns left to the database."""
+    start = 0
+    while start < len(rows):
+        shape = (tuple(rows[start]), sent[start][1])
+        end = start + 1
+        while end < len(rows) and (tuple(rows[end]), sent[end][1]) == shape:
+            end += 1
+        tx.insert_entities_with_facts(policy, shape[0], [
+            (list(row.values()), _fact(new_id(), policy.name, row["id"], None, row["status"],
+                                       reason, actor, ts, 1, patch, None))
+            for row, (patch, _) in zip(rows[start:end], sent[start:end], strict=True)],
+            shape[1])
+        start = end
 
 
 async def create(db: Database, entity_type: str, values: dict[str, Any], *, reason: StateReason,

@@ -218,12 +218,14 @@ class SqlTx(Tx):
                 columns=", ".join(quote(c) for c in cols), marks=self.marks(len(cols)))
         return self.dicts(self.execute(sql, list(row.values())))[0]
 
-    def insert_entity_with_fact(self, policy: EntityPolicy, row: dict[str, Any], *,
-                                fact: Sequence[Any], stored: tuple[str, ...]) -> None:
-        # Two statements (a dialect that can do both in one overrides this).
-        after = self.insert_entity(policy, row)
-        patch = {**loads(fact[13]), **{c: after[c] for c in stored}}
-        self.append_facts(((*fact[:13], dumps(patch), *fact[14:]),))
+    def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
+                                   rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+                                   stored: tuple[str, ...]) -> None:
+        # Two statements a row (a dialect that can do both in one overrides this).
+        for values, fact in rows:
+            after = self.insert_entity(policy, dict(zip(columns, values, strict=True)))
+            patch = {**loads(fact[13]), **{c: after[c] for c in stored}}
+            self.append_facts(((*fact[:13], dumps(patch), *fact[14:]),))
 
     def insert_entities(self, policy: EntityPolicy, columns: tuple[str, ...],
                         rows: Iterable[Sequence[Any]]) -> None:

@@ -64,7 +64,7 @@ INSERT INTO status_transitions (
 ) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, u.version, %s, %s FROM u
 RETURNING entity_version
 
--- name: insert_entity_with_fact
+-- name: insert_entities_with_facts
 -- A creation in one statement: the row, then its fact from the stored row, the patch
 -- sent completed by {stored}: the columns whose stored form only the database knows.
 WITH r AS (INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING *)

@@ -168,10 +168,12 @@ class PostgresTx(SqlTx):
         row = self.execute(sql, [*params, *fact[:12], *fact[13:]]).fetchone()
         return None if row is None else int(row[0])
 
-    def insert_entity_with_fact(self, policy: EntityPolicy, row: dict[str, Any], *,
-                                fact: Sequence[Any], stored: tuple[str, ...]) -> None:
-        # One statement: the row in a CTE, its fact from what it stored.
-        cols = tuple(row)
+    def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
+                                   rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+                                   stored: tuple[str, ...]) -> None:
+        # One statement a row: the row in a CTE, its fact from what it stored; many rows
+        # go out together (psycopg pipelines an executemany).
+        cols = columns
         key = ("insert+fact", policy.table, cols, stored, policy.json_columns)
         sql = self._texts.get(key)
         if sql is None:
@@ -179,11 +181,14 @@ class PostgresTx(SqlTx):
             pairs = [self.q("stored_json_text" if c in json else "stored_value",
                             key=c, column=quote(c)) for c in stored]
             sql = self._texts[key] = self.q(
-                "insert_entity_with_fact", table=self.table(policy),
+                "insert_entities_with_facts", table=self.table(policy),
                 columns=", ".join(quote(c) for c in cols), marks=self.marks(len(cols)),
                 stored=" || ".join(self.q("stored_object", pairs=", ".join(pairs[i:i + 50]))
                                    for i in range(0, max(len(pairs), 1), 50)))
-        self._execute_unread(sql, [*row.values(), *fact])
+        if len(rows) == 1:
+            self._execute_unread(sql, [*rows[0][0], *rows[0][1]])
+        else:
+            self.executemany(sql, ([*values, *fact] for values, fact in rows))
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
