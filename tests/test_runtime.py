@@ -319,34 +319,35 @@ async def test_in_process_submission_wakes_an_idle_worker(rdb: StateDB, rt_path:
 
 
 async def test_a_row_entering_queued_wakes_listening_workers_from_any_path(
-        rdb: StateDB, backend: str, lock_dir: Path) -> None:
+        pg_target: str, lock_dir: Path) -> None:
     """PostgreSQL: a row that enters ``queued`` by any write (here the engine's own insert
     and move, which never wake this process's workers themselves) wakes a worker parked in
     a 30 s poll, through the runs table's trigger, NOTIFY and the worker's LISTEN."""
-    if backend != "postgresql":
-        pytest.skip("only PostgreSQL has a cross-process wake-up channel")
-    policy = run_policy(rdb)
-    rec = Recorder()
-    w = make_worker(rdb, lock_dir, poll_interval=30.0, execute=rec)
+    async with StateDB(pg_target) as db:
+        policy = run_policy(db)
+        rec = Recorder()
+        w = make_worker(db, lock_dir, poll_interval=30.0, execute=rec)
 
-    def created(status: str, **extra: Any) -> Callable[[Tx], str]:
-        row = {**run_row(task(), time.time(), "host", status, [], "digest", policy=policy),
-               **extra}
-        move = {"queued": moves.SUBMITTED, "delayed": moves.SUBMITTED_DELAYED}[status]
-        return lambda tx: create_entity(tx, policy, row, reason=StateReason(code=move.code),
-                                        actor=OPERATOR)
+        def created(status: str, **extra: Any) -> Callable[[Tx], str]:
+            row = {**run_row(task(), time.time(), "host", status, [], "digest",
+                             policy=policy), **extra}
+            move = {"queued": moves.SUBMITTED, "delayed": moves.SUBMITTED_DELAYED}[status]
+            return lambda tx: create_entity(tx, policy, row,
+                                            reason=StateReason(code=move.code),
+                                            actor=OPERATOR)
 
-    async with serving(w):
-        await eventually(lambda: rdb.fetch_one(
-            "SELECT 1 FROM workers WHERE worker_id = ?", (w.worker_id,)), what="first pass")
-        await asyncio.sleep(0.3)  # parked in its 30 s wait
-        inserted = await rdb.write(created("queued"))
-        await asyncio.wait_for(rec.event(inserted).wait(), 5.0)
-        later = await rdb.write(created("delayed", not_before=time.time() + 3600))
-        await asyncio.sleep(0.3)
-        assert later not in rec.calls
-        await rdb.write(lambda tx: perform(tx, policy, later, moves.START_DUE))
-        await asyncio.wait_for(rec.event(later).wait(), 5.0)
+        async with serving(w):
+            await eventually(lambda: db.fetch_one(
+                "SELECT 1 FROM workers WHERE worker_id = ?", (w.worker_id,)),
+                what="first pass")
+            await asyncio.sleep(0.3)  # parked in its 30 s wait
+            inserted = await db.write(created("queued"))
+            await asyncio.wait_for(rec.event(inserted).wait(), 5.0)
+            later = await db.write(created("delayed", not_before=time.time() + 3600))
+            await asyncio.sleep(0.3)
+            assert later not in rec.calls
+            await db.write(lambda tx: perform(tx, policy, later, moves.START_DUE))
+            await asyncio.wait_for(rec.event(later).wait(), 5.0)
 
 
 async def test_a_trickle_of_submissions_is_claimed_a_few_rows_per_pass(
