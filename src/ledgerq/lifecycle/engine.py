@@ -500,11 +500,7 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
     sent = _sent_patch(policy, row) if tx.stores_as_sent else None
     if sent is not None:
         # The patch is known but for what only the database knows: one statement.
-        patch, stored_cols = sent
-        tx.insert_entities_with_facts(
-            policy, tuple(row), [(list(row.values()), _fact(
-                new_id(), policy.name, row["id"], None, row["status"], reason, actor, ts, 1,
-                patch, idempotency_key))], stored_cols)
+        _create_with_facts(tx, policy, [row], [sent], reason, actor, ts, idempotency_key)
         return str(row["id"])
     stored = tx.insert_entity(policy, row)
     _append_fact(tx, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
@@ -512,6 +508,8 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
     return str(row["id"])
 
 
+#: Columns a creation fact's patch leaves out: the fact records them in fields of its own.
+_NOT_IN_PATCH = ("status", "version")
 #: Logical types whose database default reads back as the JSON value PostgreSQL's
 #: ``to_jsonb`` gives it (a float default would read back as ``0.0``, to_jsonb says ``0``).
 _DEFAULT_AS_JSON = frozenset({"text", "integer", "boolean", "json"})
@@ -527,7 +525,7 @@ def _sent_patch(policy: EntityPolicy, row: dict[str, Any]
     patch: dict[str, Any] = {}
     stored: list[str] = []
     for col, column in policy.columns.items():
-        if col in ("status", "version"):
+        if col in _NOT_IN_PATCH:
             continue
         if col in row:
             value = row[col]
@@ -558,7 +556,7 @@ def _initial_patch(stored: dict[str, Any], policy: EntityPolicy) -> dict[str, An
     """
     defaults = policy.defaulted
     return {k: v for k, v in stored.items()
-            if (v is not None or k in defaults) and k not in ("status", "version")}
+            if (v is not None or k in defaults) and k not in _NOT_IN_PATCH}
 
 
 def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateReason,
@@ -641,7 +639,8 @@ def create_entities(tx: Tx, policy: EntityPolicy,
 
 def _create_with_facts(tx: Tx, policy: EntityPolicy, rows: list[dict[str, Any]],
                        sent: list[tuple[dict[str, Any], tuple[str, ...]]],
-                       reason: StateReason, actor: Actor, ts: float) -> None:
+                       reason: StateReason, actor: Actor, ts: float,
+                       idempotency_key: str | None = None) -> None:
     """Rows and their creation facts, one statement each, sent together per run of
     consecutive rows with the same columns and the same columns left to the database."""
     start = 0
@@ -652,7 +651,7 @@ def _create_with_facts(tx: Tx, policy: EntityPolicy, rows: list[dict[str, Any]],
             end += 1
         tx.insert_entities_with_facts(policy, shape[0], [
             (list(row.values()), _fact(new_id(), policy.name, row["id"], None, row["status"],
-                                       reason, actor, ts, 1, patch, None))
+                                       reason, actor, ts, 1, patch, idempotency_key))
             for row, (patch, _) in zip(rows[start:end], sent[start:end], strict=True)],
             shape[1])
         start = end

@@ -173,8 +173,7 @@ class PostgresTx(SqlTx):
                                    stored: tuple[str, ...]) -> None:
         # One statement a row: the row in a CTE, its fact from what it stored; many rows
         # go out together (psycopg pipelines an executemany).
-        cols = columns
-        key = ("insert+fact", policy.table, cols, stored, policy.json_columns)
+        key = ("insert+fact", policy.table, columns, stored, policy.json_columns)
         sql = self._texts.get(key)
         if sql is None:
             json = set(policy.json_columns)
@@ -182,7 +181,7 @@ class PostgresTx(SqlTx):
                             key=c, column=quote(c)) for c in stored]
             sql = self._texts[key] = self.q(
                 "insert_entities_with_facts", table=self.table(policy),
-                columns=", ".join(quote(c) for c in cols), marks=self.marks(len(cols)),
+                columns=", ".join(quote(c) for c in columns), marks=self.marks(len(columns)),
                 stored=" || ".join(self.q("stored_object", pairs=", ".join(pairs[i:i + 50]))
                                    for i in range(0, max(len(pairs), 1), 50)))
         if len(rows) == 1:
