@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import inspect
 import logging
 import time
@@ -149,11 +148,16 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
     with capturing(OutputCapture(ctx.output_tail)) as capture:
         task: asyncio.Task[tuple[int, str]] = asyncio.ensure_future(_call(executor, decoded))
 
-    def ended(outcome: Outcome) -> Outcome:
-        return dataclasses.replace(outcome, output=capture.columns())
+    def ended(move: moves.Move, exit_code: int | None, detail: str | None = None, *,
+              retryable: bool = False) -> Outcome:
+        return Outcome(move, exit_code, detail, retryable=retryable, output=capture.columns())
 
     try:
-        while True:
+        # The executor's first step runs before this coroutine resumes (the loop runs
+        # ready callbacks in order): one that finishes without waiting on anything is
+        # done by then, and needs no timed wait (a timer and two callbacks per run).
+        await asyncio.sleep(0)
+        while not task.done():
             wait = until_next_check(ctx.check_interval)
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - ctx.clock()))
@@ -162,9 +166,9 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
                 break
             if deadline is not None and ctx.clock() >= deadline:
                 await _stop(task)
-                return await record_outcome(db, policy, run, lease, ctx, ended(Outcome(
+                return await record_outcome(db, policy, run, lease, ctx, ended(
                     moves.TIMED_OUT, TIMEOUT_EXIT_CODE,
-                    f"timed out after {timeout:g}s; process group killed")))
+                    f"timed out after {timeout:g}s; process group killed"))
             if ctx.stopping is not None and ctx.stopping.is_set():
                 await _stop(task)
                 return await record_outcome(db, policy, run, lease, ctx, SHUTDOWN)
@@ -181,13 +185,12 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
     try:
         code, detail = task.result()
     except Exception as exc:
-        return await record_outcome(db, policy, run, lease, ctx, ended(Outcome(
-            moves.RAISED, 1, f"{type(exc).__name__}: {exc}", retryable=True)))
+        return await record_outcome(db, policy, run, lease, ctx, ended(
+            moves.RAISED, 1, f"{type(exc).__name__}: {exc}", retryable=True))
     if code == 0:
-        return await record_outcome(db, policy, run, lease, ctx,
-                                    ended(Outcome(moves.EXITED_ZERO, 0)))
-    return await record_outcome(db, policy, run, lease, ctx, ended(Outcome(
-        moves.EXITED_NONZERO, code, detail or f"exit code {code}", retryable=True)))
+        return await record_outcome(db, policy, run, lease, ctx, ended(moves.EXITED_ZERO, 0))
+    return await record_outcome(db, policy, run, lease, ctx, ended(
+        moves.EXITED_NONZERO, code, detail or f"exit code {code}", retryable=True))
 
 
 async def _call(executor: ExecuteFn, decoded: dict[str, Any]) -> tuple[int, str]:
