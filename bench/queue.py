@@ -26,6 +26,13 @@ database file (WAL, the chosen ``synchronous``), so the figures share one disk:
                    validation, savepoints or selection logic. Every ledgerq lifecycle in
                    this scenario runs at least these statements and commits, so its rate
                    bounds what any implementation of ledgerq's schema could reach here
+  units alone      a ceiling for the runtime: ledgerq's in-transaction units for the same
+                   lifecycles (bench/units.py: the submit, the pass's claims, each run's
+                   terminal write, with every check and fact the engine makes) called on
+                   a plain connection and committed like ledgerq's, with no event loop,
+                   futures, validation or supervision. The runtime around the units
+                   cannot make ledgerq faster than this; its ratio to the schema floor
+                   is what the engine alone costs
   submit_many      submit_many(db, apps) of N apps in one call vs raw executemany of the
                    same rows plus their creation facts in one transaction (the raw side
                    builds the same tuples: v7 ids, JSON columns, the fact's non-NULL patch)
@@ -95,8 +102,9 @@ from ledgerq.queue.worker import claim_runs
 from ledgerq.store.sqlite.schema import schema_ddl
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for floor.py
-from floor import (  # noqa: I001  (a sibling script, importable only after the line above)
+from floor import (  # noqa: I001  (sibling scripts, importable only after the line above)
     APP, RAW_FACT_INSERT, RAW_RUN_INSERT, WORKER, connect, schema_floor)
+from units import units_lifecycles
 
 CLAIM_PASSES = 41
 MANY_REPEAT = 5
@@ -110,6 +118,8 @@ async def noop(run: dict[str, Any]) -> tuple[int, str]:
 FLOOR = "schema floor"
 #: The same with each pass's claims and terminal writes batched (issue 13 item 4).
 BATCHED = "batched floor"
+#: ledgerq's units with nothing around them: the runtime's ceiling (bench/units.py).
+UNITS = "units alone"
 #: ledgerq's scenario with a Worker serving while the submitter submits.
 WITH_WORKER = "ledgerq+Worker"
 
@@ -518,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
                 WITH_WORKER: lambda p, s: asyncio.run(
                     ledgerq_with_worker(p, registry, s, n, args.limit)),
                 FLOOR: lambda p, s: schema_floor(p, registry, s, n, args.limit),
+                UNITS: lambda p, s: units_lifecycles(p, registry, s, n, args.limit),
                 BATCHED: lambda p, s: schema_floor(p, registry, s, n, args.limit,
                                                    batched=True),
             }
@@ -564,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             med[name, sync] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         for sync in syncs:
             for name in ("ledgerq", WITH_WORKER, "huey SqliteHuey", "stdlib 3-commit", FLOOR,
-                         BATCHED):
+                         BATCHED, UNITS):
                 m = med[name, sync]
                 print(f"{name:<16} {sync:<6} {m['lifecycle']:>12,.0f} {fmt_rate(m['submit'])} "
                       f"{fmt_rate(m['worker'])} {1e6 / m['lifecycle']:>12.0f} "
@@ -594,6 +605,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{met('ledgerq', FLOOR, sync, 1.5, 'cpu_us', below=True)})")
             print(f"{'':<6} CPU per lifecycle, ledgerq / batched floor = "
                   f"{ratio('ledgerq', BATCHED, sync, 'cpu_us')}")
+            print(f"{'':<6} ceiling, units alone / schema floor = "
+                  f"{ratio(UNITS, FLOOR, sync)}, CPU {ratio(UNITS, FLOOR, sync, 'cpu_us')}; "
+                  f"ledgerq / units alone = {ratio('ledgerq', UNITS, sync)}, CPU "
+                  f"{ratio('ledgerq', UNITS, sync, 'cpu_us')}")
             print(f"{'':<6} with a Worker serving, / schema floor = "
                   f"{ratio(WITH_WORKER, FLOOR, sync)}")
             print(f"{'':<6} beside: ledgerq / SqliteHuey = "

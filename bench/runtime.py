@@ -37,7 +37,8 @@ from ledgerq.lifecycle import default_registry
 from ledgerq.queue import TaskApplication, Worker, submit_many, submit_task
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for floor.py
-from floor import schema_floor  # a sibling script, importable only after the line above
+from floor import schema_floor  # sibling scripts, importable only after the line above
+from units import Units
 
 APP = TaskApplication("command", {"argv": ["true"]}, "host")
 
@@ -139,62 +140,21 @@ async def concurrent_submitters(path: Path, per: int, submitters: int = 64) -> f
 def database_thread_ceiling(path: Path, n: int, group_size: int = 64) -> float:
     """Lifecycles/s of the database thread's own work alone: a ceiling for the 64-submitter case.
 
-    The same in-thread units the StateDB runs for a lifecycle (submit, claim, terminal
-    write), called directly on a plain connection with the same schema and pragmas and
-    committed in groups of ``group_size`` units through the same ``_run_group`` (one
-    fsync per group), single-threaded, with no event loop, no thread hop and no
-    validation: what the 64-submitter case's writes cost without anything around them.
+    ledgerq's units alone (bench/units.py) committed in groups of ``group_size`` units
+    (one fsync per group), as the 64 submitters' writes and the worker's are grouped:
+    what the 64-submitter case's writes cost without anything around them.
     """
-    import sqlite3
-
-    from ledgerq.lifecycle import default_registry
-    from ledgerq.queue import moves
-    from ledgerq.queue.application import validate
-    from ledgerq.queue.claim import _claim_one
-    from ledgerq.queue.outcomes import Outcome, _finish
-    from ledgerq.queue.runs import lease_of
-    from ledgerq.queue.submit import SUBMITTER, _insert_all
-    from ledgerq.store.sqlite.backend import STATEMENT_CACHE, _run_group
-    from ledgerq.store.sqlite.schema import create_schema
-
-    registry = default_registry()
-    policy = registry.entity("schedule_run")
-    conn = sqlite3.connect(path, isolation_level=None, cached_statements=STATEMENT_CACHE)
-    conn.row_factory = sqlite3.Row
-    for pragma in ("journal_mode = WAL", "synchronous = FULL", "foreign_keys = ON",
-                   "temp_store = MEMORY"):
-        conn.execute(f"PRAGMA {pragma}")
-    create_schema(conn, registry)
-    app = validate(APP)
-
-    def submit(c: sqlite3.Connection, now: float) -> str:
-        return _insert_all(c, policy, [app], now, "host", SUBMITTER)[0]
-
-    def claim(c: sqlite3.Connection, rid: str, now: float) -> dict[str, Any] | None:
-        cand = {"id": rid, "concurrency_key": None, "lease_attempts": 0}
-        return _claim_one(c, policy, cand, "bench", now, 30.0)
-
-    def finish(c: sqlite3.Connection, run: dict[str, Any], now: float) -> bool:
-        lease = lease_of(policy, run)
-        patch = {"ended_at": now, "exit_code": 0, "error_detail": None, "run_attempts": 1}
-        completed = Outcome(moves.EXITED_ZERO, 0)
-        return _finish(c, policy, run, completed, lease, patch, now, "bench")
-
-    def group(c: sqlite3.Connection, units: list[Any]) -> list[tuple[bool, Any]]:
-        outcomes = _run_group(c, units=units, wait=True)
-        assert outcomes is not None
-        return outcomes
-
+    units = Units(str(path), default_registry(), "FULL")
     start = time.perf_counter()
     for first in range(0, n, group_size):
         now = time.time()
         size = min(group_size, n - first)
-        ids = [v for _, v in group(conn, [partial(submit, now=now)] * size)]
-        claimed = [v for _, v in group(conn, [partial(claim, rid=rid, now=now) for rid in ids])]
-        done = group(conn, [partial(finish, run=r, now=now) for r in claimed])
-        assert all(ok and value for ok, value in done), done[:1]
+        ids = units.group([partial(units.submit, now=now)] * size)
+        claimed = units.group([partial(units.claim, rid=rid, now=now) for rid in ids])
+        done = units.group([partial(units.finish, run=r, now=now) for r in claimed])
+        assert all(done), done[:1]
     elapsed = time.perf_counter() - start
-    conn.close()
+    units.close()
     return n / elapsed
 
 
