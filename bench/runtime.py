@@ -254,6 +254,8 @@ async def main() -> None:
                                    batched=True)["lifecycle"]
             print(f"  batched floor (each pass's claims and terminal writes one statement "
                   f"each): {batched:,.0f} lifecycles/s")
+            print(f"  ceiling / floor = {ceiling / floor:.2f}x (the units alone: what the "
+                  f"runtime around them could reach at most)")
             print(f"  ledgerq / floor = {rate / floor:.2f}x (target >= 0.8x: "
                   f"{'met' if rate / floor >= 0.8 else 'NOT met'}), ledgerq / batched floor "
                   f"= {rate / batched:.2f}x")
