@@ -291,6 +291,28 @@ async def test_a_group_without_failures_takes_no_savepoints_and_bulk_runs_alone(
     assert ran_in["bulk"] != threading.get_ident()
 
 
+@pytest.mark.sqlite_only
+async def test_a_write_with_nothing_else_ready_runs_in_the_callers_own_step(
+        db: StateDB) -> None:
+    """No other task could join its commit, so it needs no future and no turn of the loop:
+    driving the call one step completes it. With another task ready it waits for the
+    group instead (which that task's write could join)."""
+    statements: list[str] = []
+    await db.run(lambda conn: conn.set_trace_callback(statements.append))
+    await asyncio.sleep(0)
+    step = db.write(lambda tx: "alone")
+    with pytest.raises(StopIteration) as stopped:
+        step.send(None)
+    assert stopped.value.value == "alone"
+
+    other = asyncio.ensure_future(db.write(lambda tx: "other"))
+    assert await db.write(lambda tx: "grouped") == "grouped"
+    assert await other == "other"
+    await db.run(lambda conn: conn.set_trace_callback(None))
+    # One commit for the lone write, one for the two that ran together.
+    assert statements.count("COMMIT") == 2
+
+
 async def test_concurrent_writes_from_two_connections(db_path: Path) -> None:
     async with StateDB(db_path) as one, StateDB(db_path) as two:
         ids = await asyncio.gather(*(new_run(one if i % 2 else two) for i in range(120)))

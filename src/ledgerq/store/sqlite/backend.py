@@ -11,11 +11,14 @@ An uncontended write therefore blocks the loop for its statements and its commit
 ``synchronous=FULL`` an fsync), never for another process's transaction.
 Reads go to a second, query-only connection with its own thread: in WAL mode a reader
 never waits for a writer, and a long read (a scan, verify) never blocks the loop.
-Units that arrive while a group runs are queued and run together in the next
-transaction: a unit that raises is rolled back alone (see :func:`_run_group`), the
-others commit, and every caller learns its outcome only after the commit that made
-it durable. ``BEGIN IMMEDIATE`` takes the write lock before the first read, so a
-read-then-write never fails with SQLITE_BUSY halfway. Units must not sleep or wait on
+A write called while nothing else is ready to run in the loop's turn runs at once, in
+the caller's own step (no other write could have joined its commit); one called beside
+other ready tasks waits for the turn's group, which their writes may join. Units that
+arrive while a group runs are queued and run together in the next transaction: a unit
+that raises is rolled back alone (see :func:`_run_group`), the others commit, and every
+caller learns its outcome only after the commit that made it durable. ``BEGIN
+IMMEDIATE`` takes the write lock before the first read, so a read-then-write never
+fails with SQLITE_BUSY halfway. Units must not sleep or wait on
 anything but the database: they may run in the loop's thread.
 
 A damaged file is never written: opening for write runs ``PRAGMA quick_check`` when the
@@ -424,10 +427,25 @@ class SqliteBackend:
         if self.damaged is not None:
             raise DatabaseDamaged(f"database is damaged: {self.path}: {self.damaged}; "
                                   "writes refused")
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._drainer is None and not bulk and self._inline and self._writer_calls == 0 \
+                and not getattr(loop, "_ready", True):
+            # Nothing else is ready to run in this turn of the loop, so no other write can
+            # join this one's commit: run it now, in the caller's own step, instead of
+            # through a future, a task and two more turns of the loop.
+            try:
+                outcomes = _run_group(self._require()._conn, units=[fn], wait=False)
+            except BaseException as exc:
+                raise self._translate(exc)  # noqa: B904  (its cause is set: the driver's error)
+            if outcomes is not None:
+                ok, value = outcomes[0]
+                if ok:
+                    return value  # type: ignore[no-any-return]
+                raise self._translate(value)
+        fut: asyncio.Future[T] = loop.create_future()
         self._pending.append((fn, fut, bulk))
         if self._drainer is None:
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+            self._drainer = loop.create_task(self._drain())
         return await fut
 
     def _next_group(self) -> list[tuple[Unit, asyncio.Future[Any], bool]]:
