@@ -292,15 +292,17 @@ async def test_a_group_without_failures_takes_no_savepoints_and_bulk_runs_alone(
 
 
 @pytest.mark.sqlite_only
-async def test_a_write_with_nothing_else_ready_runs_in_the_callers_own_step(
+async def test_a_write_with_nothing_else_ready_commits_in_the_callers_own_step(
         db: StateDB) -> None:
-    """No other task could join its commit, so it needs no future and no turn of the loop:
-    driving the call one step completes it. With another task ready it waits for the
-    group instead (which that task's write could join)."""
+    """No other task could join its commit, so it needs no future and no task: its first
+    step commits it (then it yields one turn, as every write does). With another task
+    ready it waits for the group instead, which that task's write joins."""
     statements: list[str] = []
     await db.run(lambda conn: conn.set_trace_callback(statements.append))
     await asyncio.sleep(0)
     step = db.write(lambda tx: "alone")
+    step.send(None)  # one step: suspended in its yield, after the commit
+    assert statements.count("COMMIT") == 1
     with pytest.raises(StopIteration) as stopped:
         step.send(None)
     assert stopped.value.value == "alone"
@@ -311,6 +313,19 @@ async def test_a_write_with_nothing_else_ready_runs_in_the_callers_own_step(
     await db.run(lambda conn: conn.set_trace_callback(None))
     # One commit for the lone write, one for the two that ran together.
     assert statements.count("COMMIT") == 2
+
+
+@pytest.mark.sqlite_only
+async def test_a_caller_writing_in_a_loop_lets_timers_run(db: StateDB) -> None:
+    """Writes that commit in the caller's step still yield a turn each: a loop of them
+    does not hold a due timer (a lease renewal, a signal's handler) until it ends."""
+    loop = asyncio.get_running_loop()
+    fired: list[float] = []
+    loop.call_later(0.005, lambda: fired.append(loop.time()))
+    start = loop.time()
+    while loop.time() - start < 0.2:
+        await db.write(lambda tx: None)
+    assert fired and fired[0] < start + 0.1, (fired, start)
 
 
 async def test_concurrent_writes_from_two_connections(db_path: Path) -> None:

@@ -12,7 +12,8 @@ An uncontended write therefore blocks the loop for its statements and its commit
 Reads go to a second, query-only connection with its own thread: in WAL mode a reader
 never waits for a writer, and a long read (a scan, verify) never blocks the loop.
 A write called while nothing else is ready to run in the loop's turn runs at once, in
-the caller's own step (no other write could have joined its commit); one called beside
+the caller's own step (no other write could have joined its commit), and then yields
+one turn as any write does; one called beside
 other ready tasks waits for the turn's group, which their writes may join. Units that
 arrive while a group runs are queued and run together in the next transaction: a unit
 that raises is rolled back alone (see :func:`_run_group`), the others commit, and every
@@ -432,12 +433,15 @@ class SqliteBackend:
                 and not getattr(loop, "_ready", True):
             # Nothing else is ready to run in this turn of the loop, so no other write can
             # join this one's commit: run it now, in the caller's own step, instead of
-            # through a future, a task and two more turns of the loop.
+            # through a future and a task in two more turns of the loop.
             try:
                 outcomes = _run_group(self._require()._conn, units=[fn], wait=False)
             except BaseException as exc:
                 raise self._translate(exc)  # noqa: B904  (its cause is set: the driver's error)
             if outcomes is not None:
+                # One turn of the loop before returning, as a queued write takes: a caller
+                # that writes in a loop must not keep timers, I/O and signals waiting.
+                await asyncio.sleep(0)
                 ok, value = outcomes[0]
                 if ok:
                     return value  # type: ignore[no-any-return]
