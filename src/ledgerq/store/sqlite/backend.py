@@ -12,15 +12,14 @@ An uncontended write therefore blocks the loop for its statements and its commit
 Reads go to a second, query-only connection with its own thread: in WAL mode a reader
 never waits for a writer, and a long read (a scan, verify) never blocks the loop.
 A write called while nothing else is ready to run in the loop's turn runs at once, in
-the caller's own step (no other write could have joined its commit), and then yields
-one turn as any write does; one called beside
-other ready tasks waits for the turn's group, which their writes may join. Units that
-arrive while a group runs are queued and run together in the next transaction: a unit
-that raises is rolled back alone (see :func:`_run_group`), the others commit, and every
-caller learns its outcome only after the commit that made it durable. ``BEGIN
-IMMEDIATE`` takes the write lock before the first read, so a read-then-write never
-fails with SQLITE_BUSY halfway. Units must not sleep or wait on
-anything but the database: they may run in the loop's thread.
+the caller's own step (no other write could have joined its commit), then yields one
+turn as any write does; one called beside other ready tasks waits for the turn's
+group, which their writes may join. Units that arrive while a group runs are queued
+and run together in the next transaction: a unit that raises is rolled back alone (see
+:func:`_run_group`), the others commit, and every caller learns its outcome only after
+the commit that made it durable. ``BEGIN IMMEDIATE`` takes the write lock before the
+first read, so a read-then-write never fails with SQLITE_BUSY halfway. Units must not
+sleep or wait on anything but the database: they may run in the loop's thread.
 
 A damaged file is never written: opening for write runs ``PRAGMA quick_check`` when the
 last writer did not close cleanly (see :mod:`ledgerq.store.integrity`), and any
