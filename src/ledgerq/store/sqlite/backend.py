@@ -428,7 +428,7 @@ class SqliteBackend:
             raise DatabaseDamaged(f"database is damaged: {self.path}: {self.damaged}; "
                                   "writes refused")
         loop = asyncio.get_running_loop()
-        if self._drainer is None and not bulk and self._inline and self._writer_calls == 0 \
+        if self._drainer is None and self._may_run_inline(bulk) \
                 and not getattr(loop, "_ready", True):
             # Nothing else is ready to run in this turn of the loop, so no other write can
             # join this one's commit: run it now, in the caller's own step, instead of
@@ -450,6 +450,12 @@ class SqliteBackend:
         if self._drainer is None:
             self._drainer = loop.create_task(self._drain())
         return await fut
+
+    def _may_run_inline(self, bulk: bool) -> bool:
+        """Whether a group may run in the loop's thread now: the journal lets the writer
+        find the lock held at once, no call is in flight on the connection's own thread,
+        and it is not a bulk unit (which may take long)."""
+        return self._inline and self._writer_calls == 0 and not bulk
 
     def _next_group(self) -> list[tuple[Unit, asyncio.Future[Any], bool]]:
         """The next units to run together: a bulk unit alone (it may be run again if it
@@ -483,7 +489,7 @@ class SqliteBackend:
                 units = [u for u, _, _ in batch]
                 try:
                     outcomes = None
-                    if self._inline and self._writer_calls == 0 and not batch[0][2]:
+                    if self._may_run_inline(batch[0][2]):
                         # In the loop's own thread: no hop to the connection's thread and
                         # back (~80 us each way on a VM, more than a move's statements).
                         # The lock is tried without waiting; if another process holds it,
