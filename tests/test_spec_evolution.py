@@ -8,6 +8,7 @@ Every database here is first created with the previous release's spec files
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import uuid
@@ -316,6 +317,71 @@ async def test_concurrent_openers_serialize_and_exactly_one_migrates(
         versions = await db.fetch_all("SELECT spec_hash FROM ledgerq_spec_versions "
                                       "WHERE entity = 'schedule_run'")
         assert len(versions) == 2  # v1, and the one migration
+
+
+async def test_an_opener_that_waited_for_another_s_migration_locks_nothing(
+        pg_target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker and a submit start together on a new database: one creates the schema;
+    the other read it as missing first, so it waits for the schema lock, and must then
+    find the schema current and run no DDL. Its ``CREATE OR REPLACE TRIGGER`` on the log
+    would otherwise wait for, and deadlock with, the first one's submit, which holds its
+    run and wants the log (CI, session 11)."""
+    import psycopg
+
+    from ledgerq.store.postgres import schema
+
+    async with StateDB(pg_target):
+        pass
+    registry = load_registry()
+    monkeypatch.setattr(schema, "is_current", lambda conn, registry: False)
+    with psycopg.connect(pg_target) as submit, psycopg.connect(pg_target) as opener:
+        submit.execute("LOCK TABLE schedule_runs IN ROW EXCLUSIVE MODE")  # its run, written
+        opener.execute("SET lock_timeout = '3s'")
+        opener.commit()
+        assert schema.open_schema(opener, registry) is None
+        submit.execute("LOCK TABLE status_transitions IN ROW EXCLUSIVE MODE")  # its fact
+
+
+async def test_a_migration_beside_a_submit_takes_the_tables_in_the_writers_order(
+        pg_target: str, tmp_path: Path) -> None:
+    """A real migration (a new state: the runs' CHECK is altered) starts while a submit
+    holds its run: the migration must wait for that run's table before it locks the log,
+    so the submit's fact goes in, it commits, and the migration follows."""
+    import threading
+
+    import psycopg
+
+    from ledgerq.store.postgres import schema
+
+    async with StateDB(pg_target, registry=load_registry(SPECS_V1)):
+        pass
+    registry = load_registry(SpecDir(tmp_path / "specs").paused().path)
+    outcome: dict[str, Any] = {}
+
+    def migrate() -> None:
+        try:
+            with psycopg.connect(pg_target) as conn:
+                outcome["plan"] = schema.open_schema(conn, registry)
+        except psycopg.Error as exc:
+            outcome["error"] = exc
+
+    with psycopg.connect(pg_target, autocommit=True) as watch, \
+            psycopg.connect(pg_target) as submit:
+        submit.execute("SET lock_timeout = '10s'")
+        submit.execute("LOCK TABLE schedule_runs IN ROW EXCLUSIVE MODE")
+        thread = threading.Thread(target=migrate)
+        thread.start()
+        for _ in range(500):  # until the migration waits for the run's table
+            waiting = watch.execute("SELECT count(*) FROM pg_locks WHERE NOT granted "
+                                    "AND relation = 'schedule_runs'::regclass").fetchone()
+            if (waiting and waiting[0]) or not thread.is_alive():
+                break
+            await asyncio.sleep(0.02)
+        submit.execute("LOCK TABLE status_transitions IN ROW EXCLUSIVE MODE")
+        submit.commit()
+        thread.join(timeout=60)
+    assert "error" not in outcome, outcome
+    assert outcome["plan"] is not None and not outcome["plan"].empty
 
 
 async def test_an_older_release_never_lowers_the_recorded_schema_version(

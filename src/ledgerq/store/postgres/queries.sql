@@ -405,6 +405,13 @@ SELECT COUNT(*) FROM ({inner}) AS inner_rows
 -- One creator at a time, however many hosts start at once (released at commit).
 SELECT pg_advisory_xact_lock(hashtextextended('ledgerq schema', 0))
 
+-- name: lock_for_migration
+-- The tables a migration's DDL locks, taken at its start in the order every writer takes
+-- them (a projection, then the log, then workers), in the mode that stops writers and
+-- lets readers finish: DDL that took them in its own order (the log's triggers first)
+-- would deadlock with a submit holding its projection and waiting for the log.
+LOCK TABLE {tables} IN SHARE ROW EXCLUSIVE MODE
+
 -- name: record_schema_version
 -- Never lowered: a newer release's tables stay recorded as the newer version.
 INSERT INTO ledgerq_schema (key, value) VALUES ('schema_version', %s)

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from ledgerq.lifecycle.evolution import SCHEMA_VERSION, Plan, StateMapping
+from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry
 from ledgerq.store import ddl, migrate
 from ledgerq.store.postgres.catalog import (
@@ -160,25 +161,33 @@ def is_current(conn: psycopg.Connection[Any], registry: Registry) -> bool:
     even when they change nothing, so a worker starting beside busy writers would queue
     behind them."""
     try:
-        return schema_version(conn) >= SCHEMA_VERSION and not migrate.needed(
-            PostgresCatalog(PostgresTx(conn), column_ddl), registry)
+        return _current(conn, registry)
     finally:
         conn.rollback()
+
+
+def _current(conn: psycopg.Connection[Any], registry: Registry) -> bool:
+    return schema_version(conn) >= SCHEMA_VERSION and not migrate.needed(
+        PostgresCatalog(PostgresTx(conn), column_ddl), registry)
 
 
 def open_schema(conn: psycopg.Connection[Any], registry: Registry) -> Plan | None:
     """Create the schema, or migrate it to what these specs add, behind an advisory
     lock: many hosts may open one database at once; exactly one migrates, and the
-    others find it current once the lock is theirs."""
+    others find it current once the lock is theirs, and run no DDL (which would lock
+    the tables the first one's writers are already using)."""
     if is_current(conn, registry):
         return None
-    return _in_migration(conn, registry, lambda cat: migrate.on_open(cat, registry))
+    return _in_migration(conn, registry, lambda cat: migrate.on_open(cat, registry),
+                         unless_current=True)
 
 
 def apply_specs(conn: psycopg.Connection[Any], registry: Registry,
                 mappings: Sequence[StateMapping] = (), *, dry_run: bool = False) -> Plan:
-    return _in_migration(conn, registry, lambda cat: migrate.apply(
+    plan = _in_migration(conn, registry, lambda cat: migrate.apply(
         cat, registry, mappings, dry_run=dry_run), rollback=dry_run)
+    assert plan is not None
+    return plan
 
 
 class _Rollback(Exception):
@@ -186,11 +195,15 @@ class _Rollback(Exception):
 
 
 def _in_migration(conn: psycopg.Connection[Any], registry: Registry,
-                  step: Callable[[PostgresCatalog], Plan], *, rollback: bool = False) -> Plan:
+                  step: Callable[[PostgresCatalog], Plan], *, rollback: bool = False,
+                  unless_current: bool = False) -> Plan | None:
     plan: Plan | None = None
     try:
         with conn.transaction():
             conn.execute(QUERIES("schema_lock"))
+            if unless_current and _current(conn, registry):
+                return None  # another opener migrated while this one waited for the lock
+            _lock_in_writer_order(conn, registry)
             conn.execute(BASE_DDL)
             conn.execute(META_DDL)
             # Rebuilds and mapped moves may delete and re-add referenced rows' columns.
@@ -208,3 +221,14 @@ def _in_migration(conn: psycopg.Connection[Any], registry: Registry,
         pass
     assert plan is not None
     return plan
+
+
+def _lock_in_writer_order(conn: psycopg.Connection[Any], registry: Registry) -> None:
+    """Lock the existing tables this migration's DDL will lock, in the writers' order
+    (``lock_for_migration``); a new database has none, and no writers."""
+    order = [p.table for p in registry.policies()] + ["status_transitions", "workers"]
+    have = {r[0] for r in conn.execute(QUERIES("tables_present"), (order,))}
+    tables = [t for t in order if t in have]
+    if tables:
+        conn.execute(QUERIES("lock_for_migration",
+                             tables=", ".join(quote(t) for t in tables)))
