@@ -166,3 +166,36 @@ async def test_a_submit_on_connections_the_server_closed_is_written_once(pg_targ
         assert [len(f) for f in facts] == [1] * len(ids)
         report = await verify(db)
         assert report.ok, report.drift[:5]
+
+
+async def test_a_unit_the_server_rolls_back_to_break_a_deadlock_runs_again(
+        pg_target: str) -> None:
+    """Two transactions taking locks in opposite orders (a migration's DDL beside a
+    submit, say): PostgreSQL rolls one back whole to break the cycle (40P01). When that
+    one is a unit of ours, nothing of it committed, so it runs again and commits once."""
+    with psycopg.connect(pg_target, autocommit=True) as setup:
+        setup.execute("CREATE TABLE lq_a (n bigint); CREATE TABLE lq_b (n bigint)")
+    tries: list[int] = []
+
+    def unit(tx: Any) -> int:
+        tries.append(1)
+        tx.execute("LOCK TABLE lq_a IN ACCESS EXCLUSIVE MODE")
+        tx.execute("INSERT INTO lq_b VALUES (1)")
+        return len(tries)
+
+    async with StateDB(pg_target) as db:
+        with psycopg.connect(pg_target, autocommit=True) as watch, \
+                psycopg.connect(pg_target) as other:
+            other.execute("SET deadlock_timeout = '60s'")  # the unit's check finds the cycle
+            other.execute("LOCK TABLE lq_b IN ACCESS EXCLUSIVE MODE")
+            write = asyncio.create_task(db.write(unit))
+            for _ in range(500):  # until the unit waits for lq_b
+                row = watch.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND "
+                                    "relation = 'lq_b'::regclass").fetchone()
+                if row and row[0]:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.to_thread(other.execute, "LOCK TABLE lq_a IN ACCESS EXCLUSIVE MODE")
+            other.commit()
+            assert await asyncio.wait_for(write, 30) == 2
+            assert watch.execute("SELECT count(*) FROM lq_b").fetchone() == (1,)

@@ -53,8 +53,12 @@ T = TypeVar("T")
 #: Connections per handle: a worker's concurrent claims, renewals and terminal writes.
 POOL_SIZE = 8
 CONNECT_TIMEOUT = 10.0
-#: Tries of a unit whose connection died before it committed.
+#: Tries of a unit whose connection died before it committed, or that the server
+#: rolled back to break a deadlock (or a serialization failure).
 ATTEMPTS = 3
+#: SQLSTATEs of a transaction the server rolled back whole, so that it may run again:
+#: ``serialization_failure`` and ``deadlock_detected`` (a migration's DDL beside writers).
+ROLLED_BACK = frozenset({"40001", "40P01"})
 #: Units of one group commit (write_together), at most.
 MAX_GROUP = 64
 #: The listener's reconnect backoff, from first to longest wait (seconds).
@@ -244,9 +248,17 @@ class PostgresBackend:
                     conn.commit()
                     return value
             except psycopg.OperationalError as exc:
-                # Died before COMMIT was sent: the server rolled the unit back, so it
-                # can run again on a fresh connection. During COMMIT: unknown, raise.
-                if committing or attempt == ATTEMPTS or not _connection_lost(exc):
+                # Chosen to break a deadlock, or died before COMMIT was sent: the server
+                # rolled the unit back, so it can run again (on a fresh connection). Lost
+                # during COMMIT: the outcome is unknown, raise.
+                if attempt == ATTEMPTS:
+                    raise _translate(exc) from exc
+                if exc.sqlstate in ROLLED_BACK:  # said by the server: nothing committed
+                    log.warning("the server rolled the unit back (%s); running it again",
+                                str(exc).splitlines()[0])
+                    time.sleep(0.05 * attempt)
+                    continue
+                if committing or not _connection_lost(exc):
                     raise _translate(exc) from exc
                 log.warning("connection lost (%s); running the unit again", exc)
                 # Its idle siblings likely died with it (a restart, a mass terminate):
