@@ -572,7 +572,9 @@ async def test_concurrent_runs_share_one_lease_read_per_check(
         for rid in ids:
             await wait_status(rdb, rid, "completed", timeout=30)
     checks = sum(lease_reads)
-    assert checks >= 30 * 10, checks  # every run checked about every 0.1 s
+    # Every run checked about every 0.1 s over its 1.5 s: ~15 each when the machine is
+    # idle; a loaded one (two suites at once) was seen at ~10, so 7 each is the floor.
+    assert checks >= 30 * 7, checks
     assert len(lease_reads) <= checks / 8, (len(lease_reads), checks)
     for rid in ids:
         codes = [f["reason_code"] for f in await facts(rdb, rid)]
