@@ -32,6 +32,7 @@ bench: install
 	$(BIN)/python bench/statements.py
 	$(BIN)/python bench/statements.py --pg
 	$(BIN)/python bench/archive.py
+	$(BIN)/python bench/submit_cpu.py
 
 # The dashboard screenshots the README shows (headless Chromium: apt-get install chromium).
 screenshots: install
