@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ledgerq.codec import dumps
@@ -28,6 +28,8 @@ from ledgerq.store.sqlite.schema import schema_ddl
 from ledgerq.store.sqlite.tx import SqliteTx
 
 WORKER = "bench-worker"
+#: A connection's execute, which the per-row functions below take.
+Execute = Callable[..., sqlite3.Cursor]
 APP = TaskApplication("command", {"argv": ["true"]}, "host")
 
 
@@ -141,26 +143,31 @@ def _fact(rid: str, prev: str | None, status: str, code: str, summary: str, now:
             WORKER, now, "{}", version, dumps(patch), None)
 
 
+def submit_row(x: Execute, args: str, fingerprint: str) -> str:
+    """One row (INSERT ... RETURNING *) and its creation fact, in the caller's transaction;
+    its id."""
+    now = time.time()
+    rid = new_id()
+    values = (rid, None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
+              None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
+              None, 1, "run.queued.submitted", "", "[]")
+    cur = x(RAW_RUN_INSERT + " RETURNING *", values)
+    names = [d[0] for d in cur.description]
+    patch = {k: v for k, v in zip(names, cur.fetchone(), strict=True)
+             if v is not None and k not in ("status", "version")}
+    x(RAW_FACT_INSERT, _fact(rid, None, "queued", "run.queued.submitted", "", now, 1, patch))
+    return rid
+
+
 def _submit_all(conn: sqlite3.Connection, n: int, submit_group: int) -> None:
     """N rows and their creation facts, ``submit_group`` per commit."""
     x = conn.execute
-    insert = RAW_RUN_INSERT + " RETURNING *"
     args = dumps(APP.args)
     fingerprint = digest(APP)
     for i in range(n):
-        now = time.time()
-        rid = new_id()
-        values = (rid, None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
-                  None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
-                  None, 1, "run.queued.submitted", "", "[]")
         if i % submit_group == 0:
             x("BEGIN IMMEDIATE")
-        cur = x(insert, values)
-        names = [d[0] for d in cur.description]
-        patch = {k: v for k, v in zip(names, cur.fetchone(), strict=True)
-                 if v is not None and k not in ("status", "version")}
-        x(RAW_FACT_INSERT, _fact(rid, None, "queued", "run.queued.submitted", "", now, 1,
-                                 patch))
+        submit_row(x, args, fingerprint)
         if (i + 1) % submit_group == 0 or i + 1 == n:
             x("COMMIT")
 
@@ -179,35 +186,46 @@ def _end_patch(now: float, stored: Sequence[Any]) -> dict[str, Any]:
                        strict=True))}
 
 
+def claim_rows(x: Execute, page: str, limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` queued rows claimed, each its own guarded statement and fact, in the
+    caller's transaction; the rows as stored."""
+    now = time.time()
+    summary = f"claimed by {WORKER}"
+    claimed = []
+    for rid, attempts, version in x(page, (limit,)).fetchall():
+        lease = (WORKER, now + 300, uuid.uuid4().hex)
+        cur = x(FLOOR_CLAIM, (version + 1, now, summary, *lease, attempts + 1, rid, attempts))
+        row = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
+        x(RAW_FACT_INSERT, _fact(rid, "queued", "running", "run.started.ok", summary, now,
+                                 version + 1, _claim_patch(now, summary, row)))
+        claimed.append(row)
+    return claimed
+
+
+def end_row(x: Execute, row: dict[str, Any]) -> None:
+    """A claimed row's terminal write after exit 0, guarded on its lease, and its fact."""
+    now = time.time()
+    version = row["version"] + 1
+    cur = x(FLOOR_END, (version, now, now, 0, None, 1, row["id"], row["leased_by"],
+                        row["lease_expires_at"], row["lease_token"]))
+    x(RAW_FACT_INSERT, _fact(row["id"], "running", "completed", "run.completed.ok", "", now,
+                             version, _end_patch(now, cur.fetchone())))
+
+
 def _passes(conn: sqlite3.Connection, page: str, limit: int) -> int:
     """Passes of ``limit`` until the queue is empty, each row its own guarded statement and
     fact; the number completed."""
     x = conn.execute
     done = 0
-    summary = f"claimed by {WORKER}"
     while True:
         x("BEGIN IMMEDIATE")
-        now = time.time()
-        claimed = []
-        for rid, attempts, version in x(page, (limit,)).fetchall():
-            lease = (WORKER, now + 300, uuid.uuid4().hex)
-            cur = x(FLOOR_CLAIM, (version + 1, now, summary, *lease, attempts + 1, rid,
-                                  attempts))
-            row = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
-            x(RAW_FACT_INSERT, _fact(rid, "queued", "running", "run.started.ok", summary, now,
-                                     version + 1, _claim_patch(now, summary, row)))
-            claimed.append(row)
+        claimed = claim_rows(x, page, limit)
         x("COMMIT")
         if not claimed:
             return done
         x("BEGIN IMMEDIATE")
-        now = time.time()
         for row in claimed:  # the no-op executor: exit 0
-            version = row["version"] + 1
-            cur = x(FLOOR_END, (version, now, now, 0, None, 1, row["id"], row["leased_by"],
-                                row["lease_expires_at"], row["lease_token"]))
-            x(RAW_FACT_INSERT, _fact(row["id"], "running", "completed", "run.completed.ok",
-                                     "", now, version, _end_patch(now, cur.fetchone())))
+            end_row(x, row)
             done += 1
         x("COMMIT")
 

@@ -3,8 +3,9 @@
 the memory of a worker process after many tasks.
 
 Targets (issue 13): 64 submitters >= 0.8x the floor (bench/floor.py, 64 submits per
-commit, passes of 64; the batched floor printed beside); a worker's RSS grows by less
-than 10 MB from 1k to 1M tasks (``--memory-tasks 1000000``: 1k, 100k, 1M).
+commit, passes of 64; the batched floor and the asyncio floor printed beside); a
+worker's RSS grows by less than 10 MB from 1k to 1M tasks (``--memory-tasks 1000000``:
+1k, 100k, 1M).
 
 Run: .venv/bin/python bench/runtime.py [--quick] [--only memory --memory-tasks 1000000]
 """
@@ -37,7 +38,8 @@ from ledgerq.lifecycle import default_registry
 from ledgerq.queue import TaskApplication, Worker, submit_many, submit_task
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for floor.py
-from floor import schema_floor  # sibling scripts, importable only after the line above
+from asyncio_floor import asyncio_floor  # sibling scripts, importable only after the line above
+from floor import schema_floor
 from units import Units
 
 APP = TaskApplication("command", {"argv": ["true"]}, "host")
@@ -254,11 +256,16 @@ async def main() -> None:
                                    batched=True)["lifecycle"]
             print(f"  batched floor (each pass's claims and terminal writes one statement "
                   f"each): {batched:,.0f} lifecycles/s")
+            shaped = (await asyncio_floor(str(d / "asyncio.db"), default_registry(), "FULL",
+                                          64, per))["lifecycle"]
+            print(f"  asyncio floor (bench/asyncio_floor.py: the floor's statements under 64 "
+                  f"submitter coroutines and a worker running each task as a task): "
+                  f"{shaped:,.0f} lifecycles/s = {shaped / floor:.2f}x the floor")
             print(f"  ceiling / floor = {ceiling / floor:.2f}x (the units alone: what the "
                   f"runtime around them could reach at most)")
             print(f"  ledgerq / floor = {rate / floor:.2f}x (target >= 0.8x: "
                   f"{'met' if rate / floor >= 0.8 else 'NOT met'}), ledgerq / batched floor "
-                  f"= {rate / batched:.2f}x")
+                  f"= {rate / batched:.2f}x, ledgerq / asyncio floor = {rate / shaped:.2f}x")
         if "memory" in only:
             points = [1000, 5000, 20_000] if q else [1000, 10_000, 50_000, 100_000]
             if opts.memory_tasks:

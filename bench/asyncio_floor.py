@@ -1,0 +1,130 @@
+"""The asyncio floor: the schema floor's statements, driven the least way an asyncio API can.
+
+Target 2 of issue 13 is a case of concurrent callers: 64 coroutines submitting while a
+worker in the same loop runs every claimed task concurrently. Any asyncio library
+serving it must at least suspend each caller until its group commit lands (one future
+per group, a wake-up per caller), run each claimed task as a task of its own (the
+executor is a coroutine), and suspend each until its terminal write commits. This does
+exactly that and nothing more: the floor's own per-row statements (bench/floor.py), one
+group commit per turn of the loop in the loop's thread, an event for wake-ups, no
+validation, no leases renewed, no supervision, no reader thread. What it loses against
+the schema floor (a loop of statements with no concurrency at all) is the cost of the
+asyncio shape itself, which no implementation of this API avoids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+from floor import APP, FLOOR_PAGE, Execute, claim_rows, connect, end_row, submit_row
+from ledgerq.codec import dumps
+from ledgerq.lifecycle import Registry
+from ledgerq.queue.application import digest
+from ledgerq.store.sqlite.schema import schema_ddl
+from ledgerq.store.sqlite.tx import SqliteTx
+
+
+class GroupCommit:
+    """Callers add a unit and await the turn's group; the group commits once, in the
+    loop's thread, after every caller ready in that turn has joined it."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.x: Execute = conn.execute
+        self.units: list[Callable[[Execute], Any]] = []
+        self.future: asyncio.Future[list[Any]] | None = None
+
+    async def run(self, unit: Callable[[Execute], Any]) -> Any:
+        if self.future is None:
+            loop = asyncio.get_running_loop()
+            self.future = loop.create_future()
+            loop.call_soon(self._commit)
+        index = len(self.units)
+        self.units.append(unit)
+        return (await self.future)[index]
+
+    def _commit(self) -> None:
+        units, future = self.units, self.future
+        self.units, self.future = [], None
+        assert future is not None
+        self.x("BEGIN IMMEDIATE")
+        values = [unit(self.x) for unit in units]
+        self.x("COMMIT")
+        future.set_result(values)
+
+
+async def _scenario(conn: sqlite3.Connection, page: str, submitters: int, per: int,
+                    capacity: int) -> None:
+    commits = GroupCommit(conn)
+    args, fingerprint = dumps(APP.args), digest(APP)
+    queued = asyncio.Event()
+    total = submitters * per
+    finished = 0
+    running = 0
+    freed = asyncio.Event()
+
+    async def submitter() -> None:
+        for _ in range(per):
+            await commits.run(lambda x: submit_row(x, args, fingerprint))
+            queued.set()
+
+    async def noop(run: dict[str, Any]) -> tuple[int, str]:
+        return 0, ""
+
+    async def execute(row: dict[str, Any]) -> None:
+        nonlocal finished, running
+        code, _ = await noop(row)
+        assert code == 0
+        await commits.run(lambda x: end_row(x, row))
+        finished += 1
+        running -= 1
+        freed.set()
+
+    async def worker() -> None:
+        nonlocal running
+        tasks: set[asyncio.Task[None]] = set()
+        while finished < total:
+            free = capacity - running
+            if free == 0:
+                freed.clear()
+                await freed.wait()
+                continue
+            queued.clear()
+            rows = await commits.run(lambda x, free=free: claim_rows(x, page, free))
+            for row in rows:
+                running += 1
+                task = asyncio.create_task(execute(row))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if not rows:
+                if finished + running >= total:
+                    freed.clear()
+                    await freed.wait()
+                else:
+                    await queued.wait()
+
+    await asyncio.gather(worker(), *(submitter() for _ in range(submitters)))
+
+
+async def asyncio_floor(path: str, registry: Registry, sync: str, submitters: int, per: int,
+                  capacity: int = 64) -> dict[str, float]:
+    """``submitters`` coroutines submitting ``per`` tasks each while a worker of
+    ``capacity`` runs them, all on the floor's statements; lifecycles/s and CPU per
+    lifecycle. Run in the caller's loop (the benchmarks' own)."""
+    conn = connect(path, sync)
+    conn.executescript(schema_ddl(registry))
+    page = FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
+        registry.entity("schedule_run"), "queued", "queue"))
+    c0, t0 = time.process_time(), time.perf_counter()
+    await _scenario(conn, page, submitters, per, capacity)
+    t1, c1 = time.perf_counter(), time.process_time()
+    n = submitters * per
+    (facts,) = conn.execute("SELECT count(*) FROM status_transitions").fetchone()
+    (left,) = conn.execute(
+        "SELECT count(*) FROM schedule_runs WHERE status <> 'completed'").fetchone()
+    conn.close()
+    assert facts == 3 * n and left == 0, (facts, left)
+    return {"lifecycle": n / (t1 - t0), "cpu_us": (c1 - c0) / n * 1e6}
