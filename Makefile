@@ -33,6 +33,7 @@ bench: install
 	$(BIN)/python bench/statements.py --pg
 	$(BIN)/python bench/archive.py
 	$(BIN)/python bench/submit_cpu.py
+	$(BIN)/python bench/parts.py --without checks --without dependents
 
 # The dashboard screenshots the README shows (headless Chromium: apt-get install chromium).
 screenshots: install
