@@ -122,9 +122,8 @@ class SqlTx(Tx):
                       version: int | None, to_state: str | None, changes: dict[str, Any],
                       guards: dict[str, Any], returning: tuple[str, ...] | None,
                       skip_locked: bool = False) -> Row | None:
-        back = "*" if returning is None else ", ".join(quote(c) for c in returning or ("id",))
         sql = self.update_text(policy, to_state is None, tuple(changes), tuple(guards),
-                               version is None, skip_locked, back)
+                               version is None, skip_locked, returning)
         cur = self.execute(sql, self.update_params(entity_id, observed, version, to_state,
                                                    changes, guards))
         stored = cur.fetchall()
@@ -134,8 +133,9 @@ class SqlTx(Tx):
 
     def update_text(self, policy: EntityPolicy, same_state: bool, change_cols: tuple[str, ...],
                     guard_cols: tuple[str, ...], unread: bool, skip_locked: bool,
-                    returning: str) -> str:
-        """The swap's UPDATE for one shape of move (remembered per shape)."""
+                    returning: tuple[str, ...] | None) -> str:
+        """The swap's UPDATE for one shape of move (remembered per shape); ``returning``
+        the columns it returns (None: every column)."""
         key = ("update", policy.table, same_state, change_cols, guard_cols, returning,
                unread, skip_locked)
         sql = self._texts.get(key)
@@ -152,7 +152,8 @@ class SqlTx(Tx):
                 name, table=self.table(policy),
                 assignments=", ".join(self.q("assign", column=quote(c)) for c in sets),
                 guards=" ".join(self.q("guard_term", column=quote(c)) for c in guard_cols),
-                returning=returning)
+                returning="*" if returning is None else
+                ", ".join(quote(c) for c in returning or ("id",)))
         return sql
 
     @staticmethod

@@ -159,7 +159,7 @@ class PostgresTx(SqlTx):
         # One statement: the swap in a CTE, the fact inserted from its RETURNING (so only
         # where it matched, with the version it left).
         update = self.update_text(policy, to_state is None, tuple(changes), tuple(guards),
-                                  version is None, skip_locked, quote("version"))
+                                  version is None, skip_locked, ("version",))
         sql = self._texts.get(("update+fact", update))
         if sql is None:
             sql = self._texts[("update+fact", update)] = self.q("update_entity_with_fact",
