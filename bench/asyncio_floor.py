@@ -20,12 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from floor import APP, FLOOR_PAGE, Execute, claim_rows, connect, end_row, submit_row
+from floor import APP, Execute, claim_page, claim_rows, connect, end_row, submit_row
 from ledgerq.codec import dumps
 from ledgerq.lifecycle import Registry
 from ledgerq.queue.application import digest
 from ledgerq.store.sqlite.schema import schema_ddl
-from ledgerq.store.sqlite.tx import SqliteTx
 
 
 class GroupCommit:
@@ -116,8 +115,7 @@ async def asyncio_floor(path: str, registry: Registry, sync: str, submitters: in
     lifecycle. Run in the caller's loop (the benchmarks' own)."""
     conn = connect(path, sync)
     conn.executescript(schema_ddl(registry))
-    page = FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
-        registry.entity("schedule_run"), "queued", "queue"))
+    page = claim_page(registry)
     c0, t0 = time.process_time(), time.perf_counter()
     await _scenario(conn, page, submitters, per, capacity)
     t1, c1 = time.perf_counter(), time.process_time()

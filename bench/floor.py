@@ -107,6 +107,13 @@ BATCH_END = (
     "RETURNING schedule_runs.id, version, ended_at, exit_code, error_detail, run_attempts")
 
 
+def claim_page(registry: Registry) -> str:
+    """:data:`FLOOR_PAGE` with the partial-index term the dialect adds to its claim scan
+    (see ``SqliteTx.hint``), so the floor's scan uses the index ledgerq's does."""
+    return FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
+        registry.entity("schedule_run"), "queued", "queue"))
+
+
 def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
                  submit_group: int = 1, batched: bool = False) -> dict[str, float]:
     """ledgerq's own statements in plain sqlite3, ledgerq's commits: a ceiling, not a system.
@@ -120,9 +127,7 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
     """
     conn = connect(path, sync)
     conn.executescript(schema_ddl(registry))
-    # The same partial-index term the dialect adds to its claim scan (see SqliteTx.hint).
-    page = FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
-        registry.entity("schedule_run"), "queued", "queue"))
+    page = claim_page(registry)
     passes = _batched_passes if batched else _passes
     c0, t0 = time.process_time(), time.perf_counter()
     _submit_all(conn, n, submit_group)

@@ -23,7 +23,6 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import argparse
 import contextlib
-import sqlite3
 import statistics
 import tempfile
 import time
@@ -35,11 +34,10 @@ from ledgerq.codec import dumps
 from ledgerq.lifecycle import default_registry, engine
 from ledgerq.queue.application import digest
 from ledgerq.store.sqlite.schema import schema_ddl
-from ledgerq.store.sqlite.tx import SqliteTx
 from ledgerq.store.sqltx import SqlTx
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins
-from floor import APP, FLOOR_PAGE, claim_rows, connect, end_row, submit_row
+from floor import APP, claim_page, claim_rows, connect, end_row, submit_row
 from units import Units
 
 GROUP = 64
@@ -56,8 +54,7 @@ def floor_parts(path: str, n: int) -> dict[str, float]:
     registry = default_registry()
     conn = connect(path, "OFF")
     conn.executescript(schema_ddl(registry))
-    page = FLOOR_PAGE.format(claim_index=SqliteTx(sqlite3.connect(":memory:")).hint(
-        registry.entity("schedule_run"), "queued", "queue"))
+    page = claim_page(registry)
     x = conn.execute
     args, fingerprint = dumps(APP.args), digest(APP)
     claimed: list[dict[str, Any]] = []
