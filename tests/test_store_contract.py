@@ -153,6 +153,35 @@ async def test_an_unread_swap_holds_status_and_guards_and_bumps_the_version(
         == ("running", 3, 9.5)
 
 
+async def test_a_swap_statement_is_made_once_and_runs_in_any_transaction(
+        db: StateDB) -> None:
+    """The engine keeps one statement per shape of move and runs it with each move's
+    values, in transactions after the one that made it: the same compare-and-swap as
+    ``update_entity`` (status, version and guards decide; the returned columns as
+    stored)."""
+    policy = await policy_of(db)
+    first, second = row_values(leased_by=None), row_values(leased_by=None)
+    for values in (first, second):
+        await db.write(lambda tx, v=values: tx.insert_entity(policy, v))
+    unread, read = await db.write(lambda tx: tuple(tx.swap_statement(
+        policy, same_state=False, change_cols=("leased_by", "updated_at"),
+        guard_cols=("leased_by",), read=read, skip_locked=False,
+        returning=("leased_by",) if read else ("version", "leased_by"))
+        for read in (False, True)))
+
+    def swap(statement: Any, rid: str, version: int | None, guard: Any) -> Any:
+        return db.write(lambda tx: tx.swap(statement, rid, "queued", version, "running",
+                                           ["w1", 2.0], [guard]))
+
+    assert await swap(unread, first["id"], None, "someone") is None  # guard decides
+    assert await swap(unread, first["id"], None, None) == {"version": 2, "leased_by": "w1"}
+    assert await swap(unread, first["id"], None, None) is None  # moved on
+    assert await swap(read, second["id"], 2, None) is None  # version decides
+    assert await swap(read, second["id"], 1, None) == {"leased_by": "w1"}
+    assert await db.read(lambda tx: tx.statuses(policy, [first["id"], second["id"]])) == {
+        first["id"]: "running", second["id"]: "running"}
+
+
 async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB) -> None:
     """The hot path: a legal move whose caller names the state it expects is one UPDATE
     and one fact INSERT (on PostgreSQL one statement doing both); the row is read only

@@ -102,6 +102,22 @@ class Tx(abc.ABC):
         """
 
     @abc.abstractmethod
+    def swap_statement(self, policy: EntityPolicy, *, same_state: bool,
+                       change_cols: tuple[str, ...], guard_cols: tuple[str, ...], read: bool,
+                       skip_locked: bool, returning: tuple[str, ...] | None) -> Any:
+        """:meth:`update_entity`'s statement for one shape of move, made once and run by
+        :meth:`swap` with each move's values: the engine keeps it per shape, so a hot move
+        neither rebuilds nor looks up its text. ``read``: the caller read the row's
+        version first (the swap requires it); ``same_state``: ``to_state`` will be None."""
+
+    @abc.abstractmethod
+    def swap(self, statement: Any, entity_id: str, observed: str, version: int | None,
+             to_state: str | None, changes: Iterable[Any], guards: Iterable[Any]
+             ) -> Row | None:
+        """:meth:`update_entity` through a :meth:`swap_statement`: ``changes`` and
+        ``guards`` are the values of its ``change_cols`` and ``guard_cols``, in order."""
+
+    @abc.abstractmethod
     def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
                                 version: int | None, to_state: str | None,
                                 changes: dict[str, Any], guards: dict[str, Any],

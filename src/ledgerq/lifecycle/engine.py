@@ -255,20 +255,23 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
         repeat = _replay(tx, policy.name, entity_id, to_state, idempotency_key)
         if repeat is not None:
             return repeat
+    if from_state is not None:
+        plan = _plan(tx, policy, from_state, to_state, reason, actor, guard, patch,
+                     whole_row, skip_locked)
+        if plan.refusal is None:
+            # The caller named the state it expects and the move is legal from there: the
+            # swap itself is the read (status and guards in its WHERE). Only when it
+            # matches nothing is the row read, to tell not-found from a conflict in D3's
+            # order.
+            done = _swap(tx, policy, plan, entity_id, from_state, to_state, reason, actor,
+                         guard, patch, now, idempotency_key, whole_row, skip_locked, None)
+            if done is not None:
+                return done
+            if skip_locked:
+                # A claimant's row another claimant holds, took or moved on: lost, as the
+                # read would have found it (no read: under contention most claims lose one).
+                return _conflict(from_state)
     guard_cols = tuple(sorted(guard))
-    if from_state is not None and _refusal(policy, from_state, to_state, actor,
-                                           guard, patch) is None:
-        # The caller named the state it expects and the move is legal from there: the
-        # swap itself is the read (status and guards in its WHERE). Only when it matches
-        # nothing is the row read, to tell not-found from a conflict in D3's order.
-        done = _swap(tx, policy, entity_id, from_state, to_state, reason, actor, guard,
-                     guard_cols, patch, now, idempotency_key, whole_row, skip_locked, None)
-        if done is not None:
-            return done
-        if skip_locked:
-            # A claimant's row another claimant holds, took or moved on: lost, as the read
-            # would have found it (no read: under contention most claims lose one).
-            return _conflict(from_state)
     row = tx.entity_for_move(policy, entity_id, guard_cols, skip_locked=skip_locked)
     if row is None:
         if skip_locked:  # held by another writer (or gone): not this caller's to move
@@ -277,14 +280,15 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     observed: str = row[0]
     if from_state is not None and observed != from_state:
         return _conflict(observed)
-    refusal = _refusal(policy, observed, to_state, actor, guard, patch)
-    if refusal is not None:
-        raise ValueError(refusal)
+    plan = _plan(tx, policy, observed, to_state, reason, actor, guard, patch, whole_row,
+                 skip_locked)
+    if plan.refusal is not None:
+        raise ValueError(plan.refusal)
     for i, col in enumerate(guard_cols):
         if row[2 + i] != guard[col]:
             return _conflict(observed)
-    done = _swap(tx, policy, entity_id, observed, to_state, reason, actor, guard,
-                 guard_cols, patch, now, idempotency_key, whole_row, False, row[1])
+    done = _swap(tx, policy, plan, entity_id, observed, to_state, reason, actor, guard,
+                 patch, now, idempotency_key, whole_row, False, row[1])
     if done is None:
         # Another writer moved the row between the read and the swap (possible where
         # writers run at once: PostgreSQL's READ COMMITTED): the conflict reports the
@@ -365,60 +369,125 @@ def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,
     return None
 
 
-def _swap(tx: Tx, policy: EntityPolicy, entity_id: str, observed: str, to_state: str,
-          reason: StateReason, actor: Actor, guard: dict[str, Any],
-          guard_cols: tuple[str, ...], patch: dict[str, Any], now: float | None,
-          idempotency_key: str, whole_row: bool, skip_locked: bool,
-          version: int | None) -> Moved | None:
+class _Plan(NamedTuple):
+    """What every move of one shape shares (its policy, states, actor type, guard and
+    patch columns, whether its reason has evidence, what it returns): worked out once,
+    so a move does only the work its values need."""
+
+    #: Why the spec forbids the move (D3's checks after the read); None: it may run, and
+    #: the fields below are set.
+    refusal: str | None
+    #: Columns the edge wants a fresh token in that the patch does not give.
+    fresh: tuple[str, ...] = ()
+    guard_cols: tuple[str, ...] = ()
+    #: The patched columns whose stored value the fact records.
+    patched: tuple[str, ...] = ()
+    #: The swap without a read (the WHERE holds status and guards), and with one.
+    unread: Any = None
+    read: Any = None
+
+
+#: The columns every move sets besides its patch (:func:`_stamp`), in its order.
+_STAMPED = ("updated_at", "status_reason_code", "status_reason_summary",
+            "status_evidence_refs")
+#: Shapes remembered per policy; past this many (a caller with ever-new column sets)
+#: the policy's plans start over.
+_PLAN_LIMIT = 4096
+_PLANS: dict[int, tuple[EntityPolicy, dict[tuple[Any, ...], _Plan]]] = {}
+
+
+def _plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str, reason: StateReason,
+          actor: Actor, guard: dict[str, Any], patch: dict[str, Any], whole_row: bool,
+          skip_locked: bool) -> _Plan:
+    """The plan of a move of this shape from ``observed`` (keyed by the policy's identity,
+    held by its entry as in :func:`_plain_types`, and by the dialect, whose statements
+    it keeps)."""
+    entry = _PLANS.get(id(policy))
+    if entry is None:
+        entry = _PLANS[id(policy)] = (policy, {})
+    plans = entry[1]
+    key = (type(tx), observed, to_state, actor.type, tuple(guard), tuple(patch),
+           not reason.evidence_refs, whole_row, skip_locked)
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) >= _PLAN_LIMIT:
+            plans.clear()
+        plan = plans[key] = _make_plan(tx, policy, observed, to_state, reason, actor, guard,
+                                       patch, whole_row, skip_locked)
+    return plan
+
+
+def _make_plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str,
+               reason: StateReason, actor: Actor, guard: dict[str, Any],
+               patch: dict[str, Any], whole_row: bool, skip_locked: bool) -> _Plan:
+    refusal = _refusal(policy, observed, to_state, actor, guard, patch)
+    if refusal is not None:
+        return _Plan(refusal)
+    rule = policy.rule(observed, to_state)
+    fresh = tuple(sorted(rule.fresh_tokens - patch.keys()))
+    # Read back what the database stored of every column whose stored form may differ
+    # from what was sent (type affinity; PostgreSQL normalizes jsonb), so the fact records
+    # exactly what the row holds. Empty evidence is "[]" everywhere: not worth a column.
+    patched = (*fresh, *patch, *(("status_evidence_refs",) if reason.evidence_refs else ()))
+    guard_cols = tuple(sorted(guard))
+    # The order in which _swap fills a move's changes (a patch may name a stamped column).
+    change_cols = tuple(dict.fromkeys((*_STAMPED, *fresh, *patch)))
+    same = observed == to_state
+
+    def statement(read: bool, returning: tuple[str, ...]) -> Any:
+        return tx.swap_statement(policy, same_state=same, change_cols=change_cols,
+                                 guard_cols=guard_cols, read=read,
+                                 skip_locked=skip_locked and not read,
+                                 returning=None if whole_row else returning)
+
+    return _Plan(None, fresh, guard_cols, patched, statement(False, ("version", *patched)),
+                 statement(True, patched))
+
+
+def _swap(tx: Tx, policy: EntityPolicy, plan: _Plan, entity_id: str, observed: str,
+          to_state: str, reason: StateReason, actor: Actor, guard: dict[str, Any],
+          patch: dict[str, Any], now: float | None, idempotency_key: str, whole_row: bool,
+          skip_locked: bool, version: int | None) -> Moved | None:
     """The compare-and-swap and its fact; None when it matched no row.
 
     ``version`` is the one read before (the swap requires it), or None when nothing was
     read: the swap then bumps whatever version the row has and returns it.
     """
-    rule = policy.rule(observed, to_state)
-    if rule.fresh_tokens and not rule.fresh_tokens.issubset(patch):
-        patch = {**{c: uuid.uuid4().hex for c in rule.fresh_tokens}, **patch}
     ts = time.time() if now is None else now
     changes = _stamp(reason, ts)
+    for c in plan.fresh:
+        changes[c] = uuid.uuid4().hex
     for k, v in patch.items():
         changes[k] = to_sql(v)
-    # Read back what the database stored of every column whose stored form may differ
-    # from what was sent (type affinity; PostgreSQL normalizes jsonb), so the fact records
-    # exactly what the row holds. Empty evidence is "[]" everywhere: not worth a column.
-    patched = (*patch, "status_evidence_refs") if reason.evidence_refs else tuple(patch)
-    if tx.stores_as_sent and not whole_row and _stored_as_sent(policy, patched, changes):
+    guards = [to_sql(guard[c]) for c in plan.guard_cols]
+    moved_to = None if observed == to_state else to_state
+    if tx.stores_as_sent and not whole_row and _stored_as_sent(policy, plan.patched, changes):
         # What the row will store is what is sent: the fact can be written from it, in
         # the swap's own statement (inserted only if the swap matched).
         fact_id = new_id()
-        moved_to = tx.update_entity_with_fact(
-            policy, entity_id, observed=observed, version=version,
-            to_state=None if observed == to_state else to_state, changes=changes,
-            guards={c: to_sql(guard[c]) for c in guard_cols}, skip_locked=skip_locked,
-            fact=_fact(fact_id, policy.name, entity_id, observed, to_state, reason, actor,
-                       ts, 0, changes, idempotency_key))
-        if moved_to is None:
+        if tx.update_entity_with_fact(
+                policy, entity_id, observed=observed, version=version, to_state=moved_to,
+                changes=changes, guards=dict(zip(plan.guard_cols, guards, strict=True)),
+                skip_locked=skip_locked,
+                fact=_fact(fact_id, policy.name, entity_id, observed, to_state, reason, actor,
+                           ts, 0, changes, idempotency_key)) is None:
             return None
         return Moved(True, observed, to_state, fact_id, None)
-    returning: tuple[str, ...] | None = None if whole_row else \
-        patched if version is not None else ("version", *patched)
-    after = tx.update_entity(
-        policy, entity_id, observed=observed, version=version,
-        to_state=None if observed == to_state else to_state, changes=changes,
-        guards={c: to_sql(guard[c]) for c in guard_cols},
-        returning=returning, skip_locked=skip_locked)
+    after = tx.swap(plan.unread if version is None else plan.read, entity_id, observed,
+                    version, moved_to, changes.values(), guards)
     if after is None:
         return None
     # The stored values (after the column's type affinity or the database's own
     # normalization of JSON), so the fact records exactly what the row holds and
     # folding the log reproduces the row.
-    for k in patched:
+    for k in plan.patched:
         changes[k] = after[k]
     if whole_row:
         changes["status_evidence_refs"] = after["status_evidence_refs"]
     new_version: int = version + 1 if version is not None else after["version"]
     fact_id = new_id()
-    _append_fact(tx, fact_id, policy.name, entity_id, observed, to_state, reason, actor,
-                 ts, new_version, changes, idempotency_key)
+    tx.append_facts((_fact(fact_id, policy.name, entity_id, observed, to_state, reason,
+                           actor, ts, new_version, changes, idempotency_key),))
     return Moved(True, observed, to_state, fact_id, after if whole_row else None)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from ledgerq.codec import dumps, loads
 from ledgerq.lifecycle.identifiers import quote
@@ -34,6 +34,14 @@ from ledgerq.store.queries import Queries
 ARCHIVES_TABLE = "ledgerq_archives"
 #: Ids bound per ``IN (...)`` statement (under SQLite's bound-parameter limit).
 CHUNK = 500
+
+
+class Swap(NamedTuple):
+    """A compare-and-swap statement for one shape of move (:meth:`SqlTx.swap_statement`)."""
+
+    text: str
+    #: The columns it returns, in order; None: the whole row (named by the cursor).
+    names: tuple[str, ...] | None
 
 
 class SqlTx(Tx):
@@ -122,14 +130,30 @@ class SqlTx(Tx):
                       version: int | None, to_state: str | None, changes: dict[str, Any],
                       guards: dict[str, Any], returning: tuple[str, ...] | None,
                       skip_locked: bool = False) -> Row | None:
-        sql = self.update_text(policy, to_state is None, tuple(changes), tuple(guards),
-                               version is None, skip_locked, returning)
-        cur = self.execute(sql, self.update_params(entity_id, observed, version, to_state,
-                                                   changes, guards))
+        statement = self.swap_statement(policy, same_state=to_state is None,
+                                        change_cols=tuple(changes), guard_cols=tuple(guards),
+                                        read=version is not None, skip_locked=skip_locked,
+                                        returning=returning)
+        return self.swap(statement, entity_id, observed, version, to_state,
+                         changes.values(), guards.values())
+
+    def swap_statement(self, policy: EntityPolicy, *, same_state: bool,
+                       change_cols: tuple[str, ...], guard_cols: tuple[str, ...], read: bool,
+                       skip_locked: bool, returning: tuple[str, ...] | None) -> Swap:
+        text = self.update_text(policy, same_state, change_cols, guard_cols, not read,
+                                skip_locked, returning)
+        return Swap(text, None if returning is None else returning or ("id",))
+
+    def swap(self, statement: Swap, entity_id: str, observed: str, version: int | None,
+             to_state: str | None, changes: Iterable[Any], guards: Iterable[Any]
+             ) -> Row | None:
+        cur = self.execute(statement.text, self.update_params(entity_id, observed, version,
+                                                              to_state, changes, guards))
         stored = cur.fetchall()
         if len(stored) != 1:
             return None
-        return dict(zip(self.names(cur), stored[0], strict=True))
+        names = statement.names if statement.names is not None else self.names(cur)
+        return dict(zip(names, stored[0], strict=True))
 
     def update_text(self, policy: EntityPolicy, same_state: bool, change_cols: tuple[str, ...],
                     guard_cols: tuple[str, ...], unread: bool, skip_locked: bool,
@@ -158,15 +182,15 @@ class SqlTx(Tx):
 
     @staticmethod
     def update_params(entity_id: str, observed: str, version: int | None,
-                      to_state: str | None, changes: dict[str, Any],
-                      guards: dict[str, Any]) -> list[Any]:
-        """:meth:`update_text`'s parameters, in its placeholders' order."""
+                      to_state: str | None, changes: Iterable[Any],
+                      guards: Iterable[Any]) -> list[Any]:
+        """:meth:`update_text`'s parameters, in its placeholders' order (``changes`` and
+        ``guards``: the values, in the order of the text's columns)."""
         params: list[Any] = [] if to_state is None else [to_state]
         if version is None:
-            params += [*changes.values(), entity_id, observed, *guards.values()]
+            params += [*changes, entity_id, observed, *guards]
         else:
-            params += [version + 1, *changes.values(), entity_id, observed, version,
-                       *guards.values()]
+            params += [version + 1, *changes, entity_id, observed, version, *guards]
         return params
 
     def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,

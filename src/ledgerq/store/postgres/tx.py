@@ -164,7 +164,8 @@ class PostgresTx(SqlTx):
         if sql is None:
             sql = self._texts[("update+fact", update)] = self.q("update_entity_with_fact",
                                                                 update=update)
-        params = self.update_params(entity_id, observed, version, to_state, changes, guards)
+        params = self.update_params(entity_id, observed, version, to_state, changes.values(),
+                                    guards.values())
         row = self.execute(sql, [*params, *fact[:12], *fact[13:]]).fetchone()
         return None if row is None else int(row[0])
 
