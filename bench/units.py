@@ -1,8 +1,8 @@
 """ledgerq's units alone: the in-transaction work of a lifecycle, with nothing around it.
 
 A ceiling for the runtime, not a system: the same units a StateDB runs for a submit, a
-claim pass and a run's terminal write (``_insert_all``, ``_claim_in_order`` over
-``_claim_one``, ``_finish``: every check, statement and fact the engine makes), called
+claim pass and a run's terminal write (``_insert_all``, ``_claim_together``,
+``_finish``: every check, statement and fact the engine makes), called
 directly on a plain sqlite3 connection with the same schema and pragmas and committed
 through the same ``_run_group``, single-threaded: no event loop, no futures, no
 validation of the application, no supervision of the run. What the runtime adds is the
@@ -23,7 +23,7 @@ from floor import APP, WORKER
 from ledgerq.lifecycle import Registry
 from ledgerq.queue import moves
 from ledgerq.queue.application import validate
-from ledgerq.queue.claim import _claim_in_order, _claim_one
+from ledgerq.queue.claim import _claim_together
 from ledgerq.queue.outcomes import Outcome, _finish
 from ledgerq.queue.runs import lease_of
 from ledgerq.queue.submit import SUBMITTER, _insert_all
@@ -60,17 +60,11 @@ class Units:
         return _insert_all(tx, self.policy, [self.app], time.time() if now is None else now,
                            "host", SUBMITTER)[0]
 
-    def claim(self, tx: Any, rid: str, now: float) -> dict[str, Any] | None:
-        """One run's claim, as the pass makes it (a candidate the scan found)."""
-        cand = {"id": rid, "concurrency_key": None, "lease_attempts": 0}
-        return _claim_one(tx, self.policy, cand, WORKER, now, LEASE_TTL)
-
     def claim_pass(self, tx: Any, rids: list[str], now: float) -> list[Any]:
-        """A pass's claims in one savepoint, as ``claim_pass`` writes them."""
+        """A pass's claims, as ``claim_pass`` writes those of rows without a concurrency
+        key: together."""
         cands = [{"id": rid, "concurrency_key": None, "lease_attempts": 0} for rid in rids]
-        claim = partial(_claim_one, policy=self.policy, worker_id=WORKER, now=now,
-                        lease_ttl=LEASE_TTL)
-        return _claim_in_order(tx, cands, len(cands), claim)
+        return _claim_together(tx, self.policy, cands, len(cands), WORKER, now, LEASE_TTL)
 
     def finish(self, tx: Any, run: dict[str, Any], now: float) -> bool:
         """A run's terminal write after exit 0, guarded on its lease."""

@@ -555,8 +555,8 @@ async def test_a_lost_claim_is_counted_and_not_retried(qdb: StateDB,
 
 async def test_a_lost_claim_of_a_pass_claimed_together_is_counted(
         qdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same race where a pass's claims are one statement (PostgreSQL): the cancelled
-    row is lost, the pass's other rows are claimed, each with its own fact."""
+    """The same race where a pass's claims go together (on PostgreSQL one statement): the
+    cancelled row is lost, the pass's other rows are claimed, each with its own fact."""
     # One queued_at for all: claim order is id order.
     ids = sorted(await submit_many(qdb, [app(args={"i": i}) for i in range(4)], now=NOW))
     policy = qdb.registry.entity("schedule_run")
@@ -572,7 +572,11 @@ async def test_a_lost_claim_of_a_pass_claimed_together_is_counted(
     monkeypatch.setattr(claim_mod, "apply_claims", cancel_first)
     got = await claim_runs(qdb, worker_id="w1", now=NOW + 1, limit=2)
     if not qdb.many_writers:
-        assert calls == []  # SQLite: the pass's claims are one swap per row
+        # SQLite's single writer picks no spares: the first is lost, the second claimed.
+        assert calls == [2]
+        assert [r["id"] for r in got.claimed] == ids[1:2] and got.lost == 1
+        assert (await get_row(qdb, ids[0]))["status"] == "cancelled"
+        assert (await verify(qdb)).ok
         return
     assert calls == [4]  # the limit's spares, in one statement
     assert [r["id"] for r in got.claimed] == ids[1:3] and got.lost == 1
@@ -596,8 +600,8 @@ async def test_a_claim_together_that_raises_claims_row_by_row(
 
     monkeypatch.setattr(claim_mod, "apply_claims", broken)
     got = await claim_runs(qdb, worker_id="w1", now=NOW + 1, limit=3)
-    # PostgreSQL tried the pass-wide statement first; SQLite claims row by row anyway.
-    assert broke == ([1] if qdb.many_writers else [])
+    # The pass tried its claims together first, then row by row.
+    assert broke == [1]
     assert sorted(r["id"] for r in got.claimed) == sorted(ids) and got.lost == 0
     assert (await verify(qdb)).ok
 

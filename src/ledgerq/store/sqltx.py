@@ -209,14 +209,20 @@ class SqlTx(Tx):
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
-        # One swap per row, in order (SQLite: one writer at a time, nothing is skipped).
+        # One swap per row, in order (SQLite: one writer at a time, nothing is skipped),
+        # every row the same statement (the rows give the same columns).
         got: list[Row] = []
+        if not rows:
+            return got
+        statement = self.swap_statement(
+            policy, same_state=observed == to_state,
+            change_cols=tuple({**changes, **rows[0][2]}), guard_cols=tuple(rows[0][1]),
+            read=False, skip_locked=True, returning=None)
         for entity_id, guards, patch in rows:
             if len(got) >= limit:
                 break
-            row = self.update_entity(policy, entity_id, observed=observed, version=None,
-                                     to_state=to_state, changes={**changes, **patch},
-                                     guards=guards, returning=None, skip_locked=True)
+            row = self.swap(statement, entity_id, observed, None, to_state,
+                            {**changes, **patch}.values(), guards.values())
             if row is not None:
                 got.append(row)
         return got
