@@ -20,11 +20,13 @@ def loads(text: str | bytes | None) -> Any:
     return _decoder.decode(text)
 
 
-_CONTAINERS = (dict, list, tuple)  # a tuple: ``dict | list | tuple`` is rebuilt per call
+#: What goes to the database as JSON text (a tuple: ``dict | list | tuple`` is rebuilt
+#: per call).
+CONTAINERS = (dict, list, tuple)
 
 
 def to_sql(value: Any) -> Any:
     """Containers go to the database as JSON text; scalars as they are."""
-    if isinstance(value, _CONTAINERS):
+    if isinstance(value, CONTAINERS):
         return dumps(value)
     return value

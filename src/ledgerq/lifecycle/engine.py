@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any, NamedTuple
 
-from ledgerq.codec import dumps, loads, to_sql
+from ledgerq.codec import CONTAINERS, dumps, loads, to_sql
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
@@ -63,14 +63,16 @@ _LOGICAL = {"text": (str,), "integer": (int,), "float": (int, float),
 
 
 def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any], *,
-                 json_text: bool = False) -> None:
-    """Each value fits its column's logical type and can be stored exactly in the log.
+                 json_text: bool = False) -> list[str]:
+    """Each value fits its column's logical type and can be stored exactly in the log;
+    returns the columns whose values are lists or objects (JSON to encode), usually none.
 
     ``json_text``: a str given for a JSON column is JSON text (a creation's rows), not a
     JSON string value. Runs for every value of every move and creation, so the common
     case (a scalar of its column's exact type) costs a dict lookup and a set test.
     """
     plain = _plain_types(policy, json_text)
+    containers: list[str] = []
     for col, value in given.items():
         vtype = type(value)
         if vtype in plain[col] and (
@@ -93,6 +95,9 @@ def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any], *,
         problem = value_problem(value, json=logical == "json")
         if problem is not None:
             raise InvalidInput(f"{kind} column {col} of {policy.name}: {problem}")
+        if isinstance(value, CONTAINERS):
+            containers.append(col)
+    return containers
 
 
 _PLAIN: dict[tuple[int, bool], tuple[EntityPolicy, dict[str, frozenset[type]]]] = {}
@@ -641,19 +646,21 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
     if not policy.columns.keys() >= values.keys():
         unknown = sorted(set(values) - set(policy.columns))
         raise InvalidInput(f"{policy.table} has no column(s) {', '.join(unknown)}")
-    maintained = sorted(_CREATION_MAINTAINED & values.keys())
-    if maintained:  # the engine writes these from the reason; a value would be dropped
+    if not _CREATION_MAINTAINED.isdisjoint(values):
+        # The engine writes these from the reason; a value would be dropped.
+        maintained = sorted(_CREATION_MAINTAINED & values.keys())
         raise InvalidInput(f"{policy.name} column(s) {', '.join(maintained)} are maintained "
                            "by the engine and cannot be given at creation")
-    check_values(policy, "creation", values, json_text=True)
-    row = {k: to_sql(v) for k, v in values.items()}
+    row = dict(values)
+    for col in check_values(policy, "creation", values, json_text=True):
+        row[col] = dumps(row[col])  # (to_sql, only where it converts)
     if "id" not in row:  # (setdefault would make an id every time)
         row["id"] = new_id()
     row.setdefault("created_at", ts)
     row["version"] = 1
     row["status_reason_code"] = reason.code
     row["status_reason_summary"] = reason.summary
-    row["status_evidence_refs"] = dumps(reason.evidence_refs)
+    row["status_evidence_refs"] = _json(reason.evidence_refs)
     return row
 
 
