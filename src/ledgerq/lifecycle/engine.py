@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import uuid
 from typing import Any, NamedTuple
 
 from ledgerq.codec import CONTAINERS, dumps, loads, to_sql
@@ -34,6 +33,12 @@ def new_id() -> str:
     n = n & ~(0xF000 << 64 | 0xC000 << 48) | (0x7000 << 64 | 0x8000 << 48)
     h = f"{n:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def new_token() -> str:
+    """A fresh random token (128 bits as 32 hex digits, the shape of ``uuid4().hex``):
+    a lease's fencing token, made by every claim, at a quarter of uuid4's cost."""
+    return os.urandom(16).hex()
 
 
 def check_columns(policy: EntityPolicy, guard: dict[str, Any] | None,
@@ -336,7 +341,7 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
     ts = time.time() if now is None else now
     changes = _stamp(reason, ts)
     given = [(rid, {c: to_sql(v) for c, v in g.items()},
-              {**{c: uuid.uuid4().hex for c in sorted(fresh)},
+              {**{c: new_token() for c in sorted(fresh)},
                **{c: to_sql(v) for c, v in p.items()}}) for rid, g, p in rows]
     patched = (*given[0][2], "status_evidence_refs")
     stored = tx.claim_entities(policy, given, observed=from_state, to_state=to_state,
@@ -461,7 +466,7 @@ def _swap(tx: Tx, policy: EntityPolicy, plan: _Plan, entity_id: str, observed: s
     ts = time.time() if now is None else now
     changes = _stamp(reason, ts)
     for c in plan.fresh:
-        changes[c] = uuid.uuid4().hex
+        changes[c] = new_token()
     for k, v in patch.items():
         changes[k] = to_sql(v)
     guards = [to_sql(guard[c]) for c in plan.guard_cols]
@@ -753,4 +758,5 @@ def fold(facts: list[dict[str, Any]], policy: EntityPolicy) -> dict[str, Any]:
 
 
 __all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "Moved", "apply_move", "apply_transition",
-           "create", "create_entities", "create_entity", "fold", "new_id", "transition"]
+           "create", "create_entities", "create_entity", "fold", "new_id", "new_token",
+           "transition"]

@@ -22,13 +22,12 @@ import functools
 import heapq
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import loads
-from ledgerq.lifecycle.engine import apply_claims
+from ledgerq.lifecycle.engine import apply_claims, new_token
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves
@@ -241,7 +240,7 @@ def _lease_terms(cand: dict[str, Any], worker_id: str, now: float,
     attempts = cand["lease_attempts"]
     return ({"lease_attempts": attempts, "leased_by": None},
             {"leased_by": worker_id, "lease_expires_at": now + lease_ttl,
-             "lease_token": uuid.uuid4().hex, "lease_attempts": attempts + 1})
+             "lease_token": new_token(), "lease_attempts": attempts + 1})
 
 
 def _claim_together(tx: Tx, policy: EntityPolicy, chosen: list[dict[str, Any]], limit: int,
