@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -65,6 +66,11 @@ MAX_GROUP = 256
 #: Compiled statements sqlite3 keeps per connection (its default is 128). The engine has
 #: one UPDATE text per shape of move, the queue dozens of its own; a miss re-prepares.
 STATEMENT_CACHE = 512
+#: A caller whose writes commit in its own step (see :meth:`SqliteBackend.write`) yields
+#: a turn of the loop after one when this long has passed since the last such turn: a
+#: due timer or signal waits at most this much longer, and a caller writing in a loop
+#: does not pay a turn (a poll of the selector) for every write.
+INLINE_YIELD_SECONDS = 0.001
 
 
 class SqliteBackend:
@@ -102,6 +108,8 @@ class SqliteBackend:
         #: Calls in flight on the write connection's own thread: an inline group waits
         #: its turn behind them (the connection is never used by two threads at once).
         self._writer_calls = 0
+        #: When a write that committed in its caller's step last yielded a turn.
+        self._yielded = 0.0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -438,9 +446,13 @@ class SqliteBackend:
             except BaseException as exc:
                 raise self._translate(exc)  # noqa: B904  (its cause is set: the driver's error)
             if outcomes is not None:
-                # One turn of the loop before returning, as a queued write takes: a caller
-                # that writes in a loop must not keep timers, I/O and signals waiting.
-                await asyncio.sleep(0)
+                # A turn of the loop before returning, as a queued write takes, at least
+                # every INLINE_YIELD_SECONDS: a caller that writes in a loop must not keep
+                # timers, I/O and signals waiting.
+                now = time.monotonic()
+                if now - self._yielded >= INLINE_YIELD_SECONDS:
+                    self._yielded = now
+                    await asyncio.sleep(0)
                 ok, value = outcomes[0]
                 if ok:
                     return value  # type: ignore[no-any-return]
