@@ -1,6 +1,7 @@
 """A claimed run while it executes: its lease kept alive, its deadline kept, a cancel noticed.
 
-The executor runs as a task beside a loop that wakes every check interval: the lease
+The executor runs as a task beside a loop that wakes every check interval (unless its
+first step, taken at once, already finished it: see :func:`_start`): the lease
 is checked (a reap, a cancel or a reclaim stops the child and writes nothing), renewed
 once a third of its TTL has passed, and the deadline and a shutdown are honoured.
 """
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -144,19 +146,16 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
     started = ctx.clock()
     timeout = run.get("timeout_seconds")
     deadline = started + timeout if timeout else None
-    # The task copies the context, capture included: what it launches fills the capture.
+    # The executor's context is a copy, capture included: what it launches fills the
+    # capture, and what it sets stays its own.
     with capturing(OutputCapture(ctx.output_tail)) as capture:
-        task: asyncio.Task[tuple[int, str]] = asyncio.ensure_future(_call(executor, decoded))
+        task = _start(executor, decoded, contextvars.copy_context())
 
     def ended(move: moves.Move, exit_code: int | None, detail: str | None = None, *,
               retryable: bool = False) -> Outcome:
         return Outcome(move, exit_code, detail, retryable=retryable, output=capture.columns())
 
     try:
-        # The executor's first step runs before this coroutine resumes (the loop runs
-        # ready callbacks in order): one that finishes without waiting on anything is
-        # done by then, and needs no timed wait (a timer and two callbacks per run).
-        await asyncio.sleep(0)
         while not task.done():
             wait = until_next_check(ctx.check_interval)
             if deadline is not None:
@@ -194,11 +193,61 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
 
 
 async def _call(executor: ExecuteFn, decoded: dict[str, Any]) -> tuple[int, str]:
-    """Call inside the task, so an executor raising before it awaits is a failed run too."""
+    """Call inside the coroutine, so an executor raising before it awaits is a failed run
+    too."""
     return await executor(decoded)
 
 
-async def _stop(task: asyncio.Task[Any]) -> None:
+def _start(executor: ExecuteFn, decoded: dict[str, Any], context: contextvars.Context
+           ) -> asyncio.Future[tuple[int, str]]:
+    """The executor's run, its first step taken at once (in ``context``): a done future
+    when that step finished it, else a task (in the same context) that goes on from there.
+
+    What asyncio's eager tasks do (3.12's ``eager_task_factory``): an executor that needs
+    no wait (an in-process handler) costs no task, no turn of the loop and no timed wait;
+    one that waits (a subprocess) is a task, supervised as before.
+    """
+    coro = _call(executor, decoded)
+    done: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+    try:
+        pending = context.run(coro.send, None)
+    except StopIteration as stop:
+        done.set_result(stop.value)
+        return done
+    except Exception as exc:  # raised before its first wait: a failed run, as in a task
+        done.set_exception(exc)
+        return done
+    return asyncio.get_running_loop().create_task(_rest(coro, pending), context=context)
+
+
+async def _rest(coro: Coroutine[Any, Any, tuple[int, str]], pending: Any) -> tuple[int, str]:
+    return await _Started(coro, pending)
+
+
+class _Started:
+    """A coroutine whose first step ran already (it yielded ``pending``), awaitable for
+    the rest: the task that awaits it waits on ``pending`` first, then each value sent
+    and each exception thrown (a cancel) goes on to the coroutine, as ``await`` would."""
+
+    def __init__(self, coro: Coroutine[Any, Any, tuple[int, str]], pending: Any) -> None:
+        self.coro, self.pending = coro, pending
+
+    def __await__(self) -> Generator[Any, Any, tuple[int, str]]:
+        coro, pending = self.coro, self.pending
+        while True:
+            try:
+                try:
+                    sent = yield pending
+                except BaseException as exc:
+                    pending = coro.throw(exc)
+                else:
+                    pending = coro.send(sent)
+            except StopIteration as stop:
+                result: tuple[int, str] = stop.value
+                return result
+
+
+async def _stop(task: asyncio.Future[Any]) -> None:
     task.cancel()
     with contextlib.suppress(BaseException):
         await task
