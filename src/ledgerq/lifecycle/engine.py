@@ -44,11 +44,19 @@ def new_token() -> str:
 def check_columns(policy: EntityPolicy, guard: dict[str, Any] | None,
                   patch: dict[str, Any] | None) -> None:
     """Allowlisted columns, and values the log can store exactly (ValueError otherwise)."""
+    check_allowed(policy, guard, patch)
+    if guard:
+        check_values(policy, "guard", guard)
+    if patch:
+        check_values(policy, "patch", patch)
+
+
+def check_allowed(policy: EntityPolicy, guard: dict[str, Any] | None,
+                  patch: dict[str, Any] | None) -> None:
+    """The guard and patch columns are in the spec's allowlists (InvalidInput otherwise)."""
     for kind, given, allowed in (("guard", guard, policy.guard_columns),
                                  ("patch", patch, policy.patch_columns)):
-        if not given:
-            continue
-        if not allowed.issuperset(given):
+        if given and not allowed.issuperset(given):
             names = [k for k in given if not isinstance(k, str)]
             if names:
                 raise InvalidInput(f"{kind} column names must be strings, not {names[0]!r}")
@@ -57,7 +65,6 @@ def check_columns(policy: EntityPolicy, guard: dict[str, Any] | None,
                 f"{kind} column(s) {', '.join(extra)} not allowed for {policy.name}; "
                 f"allowed: {', '.join(sorted(allowed)) or 'none'}"
             )
-        check_values(policy, kind, given)
 
 
 #: The Python types each logical column type takes (bool is no integer here, whatever
@@ -255,9 +262,18 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     """
     guard = guard or {}
     patch = patch or {}
+    # A move naming the state it expects has a plan, whose making checked the reason code
+    # and the allowlists (D3's first checks, once per shape); its values are its own.
+    plan = None if from_state is None else _plan(
+        tx, policy, from_state, to_state, reason, actor, guard, patch, whole_row, skip_locked)
     if not prepared:
-        check_reason(policy, reason)
-        check_columns(policy, guard, patch)
+        if plan is None:
+            check_reason(policy, reason)
+            check_allowed(policy, guard, patch)
+        if guard:
+            check_values(policy, "guard", guard)
+        if patch:
+            check_values(policy, "patch", patch)
     if idempotency_key:
         # Two moves under one key at once (other connections): the second waits for the
         # first to commit, then replays it, as it would have one after the other.
@@ -265,22 +281,18 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
         repeat = _replay(tx, policy.name, entity_id, to_state, idempotency_key)
         if repeat is not None:
             return repeat
-    if from_state is not None:
-        plan = _plan(tx, policy, from_state, to_state, reason, actor, guard, patch,
-                     whole_row, skip_locked)
-        if plan.refusal is None:
-            # The caller named the state it expects and the move is legal from there: the
-            # swap itself is the read (status and guards in its WHERE). Only when it
-            # matches nothing is the row read, to tell not-found from a conflict in D3's
-            # order.
-            done = _swap(tx, policy, plan, entity_id, from_state, to_state, reason, actor,
-                         guard, patch, now, idempotency_key, whole_row, skip_locked, None)
-            if done is not None:
-                return done
-            if skip_locked:
-                # A claimant's row another claimant holds, took or moved on: lost, as the
-                # read would have found it (no read: under contention most claims lose one).
-                return _conflict(from_state)
+    if plan is not None and plan.refusal is None and from_state is not None:
+        # The caller named the state it expects and the move is legal from there: the swap
+        # itself is the read (status and guards in its WHERE). Only when it matches nothing
+        # is the row read, to tell not-found from a conflict in D3's order.
+        done = _swap(tx, policy, plan, entity_id, from_state, to_state, reason, actor, guard,
+                     patch, now, idempotency_key, whole_row, skip_locked, None)
+        if done is not None:
+            return done
+        if skip_locked:
+            # A claimant's row another claimant holds, took or moved on: lost, as the read
+            # would have found it (no read: under contention most claims lose one).
+            return _conflict(from_state)
     guard_cols = tuple(sorted(guard))
     row = tx.entity_for_move(policy, entity_id, guard_cols, skip_locked=skip_locked)
     if row is None:
@@ -290,8 +302,9 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     observed: str = row[0]
     if from_state is not None and observed != from_state:
         return _conflict(observed)
-    plan = _plan(tx, policy, observed, to_state, reason, actor, guard, patch, whole_row,
-                 skip_locked)
+    if plan is None:
+        plan = _plan(tx, policy, observed, to_state, reason, actor, guard, patch, whole_row,
+                     skip_locked)
     if plan.refusal is not None:
         raise ValueError(plan.refusal)
     for i, col in enumerate(guard_cols):
@@ -326,11 +339,15 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
         return []
     guard, patch = rows[0][1], rows[0][2]
     check_reason(policy, reason)
+    check_allowed(policy, guard, patch)
     for _, g, p in rows:
-        check_columns(policy, g, p)
         if g.keys() != guard.keys() or p.keys() != patch.keys():
             raise ValueError("apply_claims: every row must give the same guard and patch "
                              "columns")
+        if g:
+            check_values(policy, "guard", g)
+        if p:
+            check_values(policy, "patch", p)
     if set(policy.json_columns) & (guard.keys() | patch.keys()):
         raise ValueError("apply_claims: JSON columns cannot be batched")
     refusal = _refusal(policy, from_state, to_state, actor, guard, patch)
@@ -416,7 +433,7 @@ def _plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str, reason: St
     if entry is None:
         entry = _PLANS[id(policy)] = (policy, {})
     plans = entry[1]
-    key = (type(tx), observed, to_state, actor.type, tuple(guard), tuple(patch),
+    key = (type(tx), observed, to_state, reason.code, actor.type, tuple(guard), tuple(patch),
            not reason.evidence_refs, whole_row, skip_locked)
     plan = plans.get(key)
     if plan is None:
@@ -430,6 +447,8 @@ def _plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str, reason: St
 def _make_plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str,
                reason: StateReason, actor: Actor, guard: dict[str, Any],
                patch: dict[str, Any], whole_row: bool, skip_locked: bool) -> _Plan:
+    check_reason(policy, reason)  # (raised, never kept: a plan is made only past these)
+    check_allowed(policy, guard, patch)
     refusal = _refusal(policy, observed, to_state, actor, guard, patch)
     if refusal is not None:
         return _Plan(refusal)
