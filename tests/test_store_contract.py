@@ -593,6 +593,21 @@ async def test_claim_entities_swaps_in_order_until_the_limit(db: StateDB) -> Non
     assert [r["id"] for r in again] == [rids[3]]  # moved on, or guards no longer match
 
 
+async def test_claim_entities_takes_each_rows_values_by_column_name(db: StateDB) -> None:
+    """Rows give the same columns, not necessarily in the same order: each value goes to
+    its own column, whichever order its row's guard and patch list them in."""
+    policy = await policy_of(db)
+    rids = [await new_run(db) for _ in range(2)]
+    rows = [(rids[0], {"lease_attempts": 0, "leased_by": None},
+             {"leased_by": "w1", "lease_token": "t0", "lease_expires_at": 10.0}),
+            (rids[1], {"leased_by": None, "lease_attempts": 0},
+             {"lease_expires_at": 20.0, "lease_token": "t1", "leased_by": "w2"})]
+    got = await db.write(lambda tx: tx.claim_entities(
+        policy, rows, observed="queued", to_state="running", changes={}, limit=2))
+    assert [(r["leased_by"], r["lease_token"], r["lease_expires_at"]) for r in got] == [
+        ("w1", "t0", 10.0), ("w2", "t1", 20.0)]
+
+
 async def test_claim_entities_skips_a_row_another_transaction_holds(db: StateDB) -> None:
     if db.dialect == "sqlite":
         pytest.skip("SQLite's single writer never meets another's row lock")

@@ -397,9 +397,9 @@ def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,
 
 
 class _Plan(NamedTuple):
-    """What every move of one shape shares (its policy, states, actor type, guard and
-    patch columns, whether its reason has evidence, what it returns): worked out once,
-    so a move does only the work its values need."""
+    """What every move of one shape shares (its policy, states, reason code, actor type,
+    guard and patch columns, whether its reason has evidence, what it returns): worked
+    out once, so a move does only the work its values need."""
 
     #: Why the spec forbids the move (D3's checks after the read); None: it may run, and
     #: the fields below are set.

@@ -207,17 +207,19 @@ def _start(executor: ExecuteFn, decoded: dict[str, Any], context: contextvars.Co
     no wait (an in-process handler) costs no task, no turn of the loop and no timed wait;
     one that waits (a subprocess) is a task, supervised as before.
     """
+    loop = asyncio.get_running_loop()
     coro = _call(executor, decoded)
-    done: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
     try:
         pending = context.run(coro.send, None)
     except StopIteration as stop:
+        done: asyncio.Future[tuple[int, str]] = loop.create_future()
         done.set_result(stop.value)
         return done
     except Exception as exc:  # raised before its first wait: a failed run, as in a task
-        done.set_exception(exc)
-        return done
-    return asyncio.get_running_loop().create_task(_rest(coro, pending), context=context)
+        failed: asyncio.Future[tuple[int, str]] = loop.create_future()
+        failed.set_exception(exc)
+        return failed
+    return loop.create_task(_rest(coro, pending), context=context)
 
 
 async def _rest(coro: Coroutine[Any, Any, tuple[int, str]], pending: Any) -> tuple[int, str]:

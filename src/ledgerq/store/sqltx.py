@@ -210,19 +210,22 @@ class SqlTx(Tx):
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
         # One swap per row, in order (SQLite: one writer at a time, nothing is skipped),
-        # every row the same statement (the rows give the same columns).
+        # every row the same statement (the rows give the same columns, maybe in another
+        # order: each row's values are taken in the statement's).
         got: list[Row] = []
         if not rows:
             return got
+        change_cols = tuple({**changes, **rows[0][2]})
+        guard_cols = tuple(rows[0][1])
         statement = self.swap_statement(
-            policy, same_state=observed == to_state,
-            change_cols=tuple({**changes, **rows[0][2]}), guard_cols=tuple(rows[0][1]),
+            policy, same_state=False, change_cols=change_cols, guard_cols=guard_cols,
             read=False, skip_locked=True, returning=None)
         for entity_id, guards, patch in rows:
             if len(got) >= limit:
                 break
+            merged = {**changes, **patch}
             row = self.swap(statement, entity_id, observed, None, to_state,
-                            {**changes, **patch}.values(), guards.values())
+                            [merged[c] for c in change_cols], [guards[c] for c in guard_cols])
             if row is not None:
                 got.append(row)
         return got
