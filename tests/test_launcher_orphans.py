@@ -42,3 +42,28 @@ def test_child_dies_when_its_worker_is_sigkilled(tmp_path: Path) -> None:
     while _alive(child):
         assert time.monotonic() < deadline, f"child {child} outlived its SIGKILLed worker"
         time.sleep(0.02)
+
+
+RECORDS = r"""
+import asyncio, os, sys
+from pathlib import Path
+from ledgerq.queue import orphans
+from ledgerq.queue.launcher import run_argv
+groups = Path(sys.argv[1])
+orphans.use_ledger(groups)
+# The command's first act lists the ledger: its group must be recorded before it runs.
+code, out, err = asyncio.run(run_argv(["sh", "-c", f"echo $$; ls {groups}"]))
+pid, *names = out.split()
+print(f"{os.getpid()}.{pid}" in names)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups via /proc")
+def test_a_runs_group_is_recorded_before_its_command_runs(tmp_path: Path) -> None:
+    """A worker SIGKILLed the instant its command started has left a record of the
+    command's group (written by the child before exec), so the next worker kills what
+    the command forked, however soon the first died."""
+    for _ in range(5):  # a race the recording lost would show within a few tries
+        done = subprocess.run([sys.executable, "-c", RECORDS, str(tmp_path / "groups")],
+                              capture_output=True, text=True, timeout=60, check=True)
+        assert done.stdout.strip() == "True", (done.stdout, done.stderr)

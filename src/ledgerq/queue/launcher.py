@@ -159,12 +159,17 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
-def _die_with_parent(parent: int) -> Callable[[], None] | None:
-    """In the child before exec: ask Linux to SIGKILL it when the worker dies.
+def _die_with_parent(parent: int, ledger: orphans.GroupLedger | None
+                     ) -> Callable[[], None] | None:
+    """In the child before exec: ask Linux to SIGKILL it when the worker dies, and record
+    its process group in ``ledger`` (the worker's; the child leads its own group).
 
     A SIGKILLed worker cannot stop its children, and the reaper will hand the run to
     another worker after the lease expires; without this the orphan would still be
-    running then, and the task would run twice at once.
+    running then, and the task would run twice at once. The group is recorded before the
+    command runs, so a worker killed at any moment after it started has left a record of
+    whatever the command forks (the worker records it again once the spawn returns, in
+    case the child could not).
     """
     if not sys.platform.startswith("linux"):
         return None
@@ -178,6 +183,9 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the worker died before prctl took effect
             os._exit(137)
+        if ledger is not None:
+            with contextlib.suppress(OSError):
+                ledger.record(os.getpid())
 
     return preexec
 
@@ -189,6 +197,7 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
     Cancelling the awaiting task stops the whole group (SIGTERM, then SIGKILL after a
     grace period), so a timed-out or cancelled run leaves no orphans behind.
     """
+    ledger = orphans.current()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
@@ -196,7 +205,7 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=err_w,
             start_new_session=True, cwd=cwd,
             env=None if env is None else {**os.environ, **env},
-            preexec_fn=_die_with_parent(os.getpid()),
+            preexec_fn=_die_with_parent(os.getpid(), ledger),
         )
     except BaseException:
         for fd in (out_r, err_r):
@@ -205,7 +214,6 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
     finally:
         os.close(out_w)
         os.close(err_w)
-    ledger = orphans.current()
     if ledger is not None:
         ledger.record(proc.pid)  # the child leads its own group: pgid == pid
     capture = _capture.get()

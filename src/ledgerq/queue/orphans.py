@@ -2,10 +2,11 @@
 
 ``PR_SET_PDEATHSIG`` kills a run's leader when its worker dies, but not the leader's
 descendants: ``sh -c 'sleep 60 & …'`` leaves ``sleep`` running beside the re-run. Every
-run is its own process group, so the worker records each group it starts in a
-host-local directory (``<lock_dir>/groups``) while holding an ``flock`` that marks it
-alive; a worker starting later kills the recorded groups of every owner whose lock is
-free (the kernel drops an flock with its process, however it died).
+run is its own process group, so each group a worker starts is recorded in a
+host-local directory (``<lock_dir>/groups``; by the child itself, before its command
+runs) while the worker holds an ``flock`` that marks it alive; a worker starting later
+kills the recorded groups of every owner whose lock is free (the kernel drops an flock
+with its process, however it died).
 
 Not guaranteed: a descendant that leaves the group (``setsid``, a daemon) is beyond
 this, and so is anything that runs between the worker's death and the next worker's
