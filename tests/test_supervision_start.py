@@ -83,6 +83,26 @@ async def test_a_cancel_of_the_task_reaches_the_executor() -> None:
     assert cleaned == ["killed its child"]
 
 
+async def test_a_cancel_before_the_task_first_runs_still_reaches_the_executor() -> None:
+    """The executor already started (its first step ran): a cancel that comes before its
+    task's own first step (a worker stopping at once) must still stop it where it waits,
+    not leave it suspended until the garbage collector closes it."""
+    cleaned: list[str] = []
+
+    async def forever(run: dict[str, Any]) -> tuple[int, str]:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            cleaned.append("killed its child")
+        return 0, ""
+
+    fut = start(forever)
+    fut.cancel()  # before the loop ran the task at all
+    with pytest.raises(asyncio.CancelledError):
+        await fut
+    assert cleaned == ["killed its child"]
+
+
 async def test_the_executor_sees_the_capture_and_keeps_what_it_sets() -> None:
     seen: list[Any] = []
 

@@ -9,6 +9,7 @@ once a third of its TTL has passed, and the deadline and a shutdown are honoured
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import contextlib
 import contextvars
 import inspect
@@ -219,34 +220,40 @@ def _start(executor: ExecuteFn, decoded: dict[str, Any], context: contextvars.Co
         failed: asyncio.Future[tuple[int, str]] = loop.create_future()
         failed.set_exception(exc)
         return failed
-    return loop.create_task(_rest(coro, pending), context=context)
+    return loop.create_task(_Started(coro, pending), context=context)
 
 
-async def _rest(coro: Coroutine[Any, Any, tuple[int, str]], pending: Any) -> tuple[int, str]:
-    return await _Started(coro, pending)
-
-
-class _Started:
-    """A coroutine whose first step ran already (it yielded ``pending``), awaitable for
-    the rest: the task that awaits it waits on ``pending`` first, then each value sent
-    and each exception thrown (a cancel) goes on to the coroutine, as ``await`` would."""
+class _Started(collections.abc.Coroutine[Any, Any, tuple[int, str]]):
+    """An executor's coroutine whose first step ran already (it waits on ``pending``), as
+    the coroutine a task runs: the task's first step is handed ``pending`` to wait on, and
+    every later value, and every exception thrown (a cancel, even one before the task's
+    first step), goes to the executor's coroutine where it waits."""
 
     def __init__(self, coro: Coroutine[Any, Any, tuple[int, str]], pending: Any) -> None:
-        self.coro, self.pending = coro, pending
+        self._coro = coro
+        self._pending: Any = pending
+        self._handed = False
+        # What a task's repr and asyncio's debug messages name.
+        self.__name__ = self.__qualname__ = getattr(coro, "__qualname__", "executor")
+
+    def send(self, value: Any) -> Any:
+        if not self._handed:
+            self._handed = True
+            pending, self._pending = self._pending, None
+            return pending
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self._handed = True
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # the old three-argument form
+
+    def close(self) -> None:
+        self._coro.close()
 
     def __await__(self) -> Generator[Any, Any, tuple[int, str]]:
-        coro, pending = self.coro, self.pending
-        while True:
-            try:
-                try:
-                    sent = yield pending
-                except BaseException as exc:
-                    pending = coro.throw(exc)
-                else:
-                    pending = coro.send(sent)
-            except StopIteration as stop:
-                result: tuple[int, str] = stop.value
-                return result
+        raise TypeError("an executor's run goes on as a task (supervision._start)")
 
 
 async def _stop(task: asyncio.Future[Any]) -> None:
