@@ -414,9 +414,6 @@ class _Plan(NamedTuple):
     read: Any = None
 
 
-#: The columns every move sets besides its patch (:func:`_stamp`), in its order.
-_STAMPED = ("updated_at", "status_reason_code", "status_reason_summary",
-            "status_evidence_refs")
 #: Shapes remembered per policy; past this many (a caller with ever-new column sets)
 #: the policy's plans start over.
 _PLAN_LIMIT = 4096
@@ -549,6 +546,11 @@ def _stamp(reason: StateReason, ts: float) -> dict[str, Any]:
 def _json(value: Any) -> str:
     # Most reasons carry no evidence and no metadata: skip the encoder for the empty ones.
     return dumps(value) if value else ("[]" if isinstance(value, list) else "{}")
+
+
+#: The columns every move sets besides its patch, in :func:`_stamp`'s order.
+_STAMPED = tuple(_stamp(StateReason.model_construct(code="", summary="", evidence_refs=[],
+                                                    metadata={}), 0.0))
 
 
 def _conflict(observed: str) -> Moved:
