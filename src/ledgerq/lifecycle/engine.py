@@ -338,8 +338,8 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
     if not rows:
         return []
     guard, patch = rows[0][1], rows[0][2]
-    check_reason(policy, reason)
-    check_allowed(policy, guard, patch)
+    # The whole-row claimant's plan (its making checks the reason code and allowlists).
+    plan = _plan(tx, policy, from_state, to_state, reason, actor, guard, patch, True, True)
     for _, g, p in rows:
         if g.keys() != guard.keys() or p.keys() != patch.keys():
             raise ValueError("apply_claims: every row must give the same guard and patch "
@@ -350,15 +350,12 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
             check_values(policy, "patch", p)
     if set(policy.json_columns) & (guard.keys() | patch.keys()):
         raise ValueError("apply_claims: JSON columns cannot be batched")
-    refusal = _refusal(policy, from_state, to_state, actor, guard, patch)
-    if refusal is not None:
-        raise ValueError(refusal)
-    rule = policy.rule(from_state, to_state)
-    fresh = rule.fresh_tokens - patch.keys() if rule.fresh_tokens else frozenset()
+    if plan.refusal is not None:
+        raise ValueError(plan.refusal)
     ts = time.time() if now is None else now
     changes = _stamp(reason, ts)
     given = [(rid, {c: to_sql(v) for c, v in g.items()},
-              {**{c: new_token() for c in sorted(fresh)},
+              {**{c: new_token() for c in plan.fresh},
                **{c: to_sql(v) for c, v in p.items()}}) for rid, g, p in rows]
     patched = (*given[0][2], "status_evidence_refs")
     stored = tx.claim_entities(policy, given, observed=from_state, to_state=to_state,
@@ -367,10 +364,8 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
     for after in stored:
         # The stored values, so the fact records exactly what the row holds.
         row_changes = {**changes, **{k: after[k] for k in patched}}
-        facts.append((
-            new_id(), policy.name, after["id"], from_state, to_state, reason.code,
-            reason.summary, _json(reason.evidence_refs), actor.type, actor.id, ts,
-            _json(reason.metadata), after["version"], dumps(row_changes), None))
+        facts.append(_fact(new_id(), policy.name, after["id"], from_state, to_state, reason,
+                           actor, ts, after["version"], row_changes, None))
     if facts:
         tx.append_facts(facts)
     return stored
