@@ -12,8 +12,9 @@ An uncontended write therefore blocks the loop for its statements and its commit
 Reads go to a second, query-only connection with its own thread: in WAL mode a reader
 never waits for a writer, and a long read (a scan, verify) never blocks the loop.
 A write called while nothing else is ready to run in the loop's turn runs at once, in
-the caller's own step (no other write could have joined its commit), then yields one
-turn as any write does; one called beside other ready tasks waits for the turn's
+the caller's own step (no other write could have joined its commit), then yields a
+turn of the loop if 1 ms has passed since its last such turn; one called beside other
+ready tasks waits for the turn's
 group, which their writes may join. Units that arrive while a group runs are queued
 and run together in the next transaction: a unit that raises is rolled back alone (see
 :func:`_run_group`), the others commit, and every caller learns its outcome only after
