@@ -70,8 +70,8 @@ class Units:
         """A run's terminal write after exit 0, guarded on its lease."""
         lease = lease_of(self.policy, run)
         patch = {"ended_at": now, "exit_code": 0, "error_detail": None, "run_attempts": 1}
-        return _finish(tx, self.policy, run, Outcome(moves.EXITED_ZERO, 0), lease, patch,
-                       now, WORKER)
+        return _finish(tx, policy=self.policy, run=run, outcome=Outcome(moves.EXITED_ZERO, 0),
+                       guard=lease, patch=patch, now=now, worker_id=WORKER)
 
 
 def units_lifecycles(path: str, registry: Registry, sync: str, n: int,

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledgerq.codec import loads
 from ledgerq.errors import DatabaseUnavailable
@@ -22,12 +24,15 @@ from ledgerq.queue.application import RetryPolicy
 from ledgerq.queue.moves import Move
 from ledgerq.queue.promotion import settle_dependents
 from ledgerq.queue.runs import no_lease, perform, run_policy, worker_actor
+from ledgerq.queue.stuck import is_database_failure
 
 if TYPE_CHECKING:
     from ledgerq.queue.supervision import RunContext
     from ledgerq.store.db import StateDB
 
 log = logging.getLogger("ledgerq.worker")
+
+T = TypeVar("T")
 
 #: Longest error_detail kept on a row.
 DETAIL_LIMIT = 4096
@@ -78,7 +83,7 @@ def output_patch(policy: EntityPolicy, outcome: Outcome) -> dict[str, str | None
     return {c: v for c, v in outcome.output.items() if c in policy.patch_columns}
 
 
-def _finish(tx: Tx, policy: EntityPolicy, run: dict[str, Any], outcome: Outcome,
+def _finish(tx: Tx, *, policy: EntityPolicy, run: dict[str, Any], outcome: Outcome,
             guard: dict[str, Any], patch: dict[str, Any], now: float,
             worker_id: str) -> bool:
     summary = outcome.summary if outcome.summary is not None else outcome.detail or ""
@@ -89,50 +94,163 @@ def _finish(tx: Tx, policy: EntityPolicy, run: dict[str, Any], outcome: Outcome,
     return res.applied
 
 
+@dataclass(frozen=True)
+class Ended:
+    """A claimed run whose outcome is known without waiting: its executor finished in its
+    first step, or the run was refused before it ran. Its write can go with others'."""
+
+    run: dict[str, Any]
+    #: The lease the claim gave this worker, as the write's guard.
+    lease: dict[str, Any]
+    outcome: Outcome
+
+
 async def record_outcome(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
                          lease: dict[str, Any], ctx: RunContext, outcome: Outcome) -> str:
     """Write ``outcome`` guarded on ``lease``; returns the state written, or how the run
     counts when the lease was gone (see :func:`lost_outcome`)."""
+    (got,) = await record_outcomes(db, policy, [Ended(run, lease, outcome)], ctx)
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+async def record_outcomes(db: StateDB, policy: EntityPolicy, ended: Sequence[Ended],
+                          ctx: RunContext) -> list[str | Exception]:
+    """Write each run's outcome guarded on its lease, all in one transaction; per run, the
+    state written, how it counts when its lease was gone (see :func:`lost_outcome`), or
+    the exception its write raised.
+
+    Each write is still its own guarded move with its own fact: one that raises is
+    rolled back alone and the others commit. A failure of the database itself (after
+    :func:`_write_outcome`'s retries) fails them all: it raises here.
+    """
+    planned: list[tuple[str, Callable[[Tx], bool]] | Exception] = []
+    for end in ended:
+        try:
+            planned.append(_planned(policy, end, ctx))
+        except Exception as exc:  # a hand-edited row: this run's failure alone
+            planned.append(exc)
+    units = [p[1] for p in planned if not isinstance(p, Exception)]
+    written = iter(await _write_outcomes(db, units) if units else [])
+    out: list[str | Exception] = []
+    for end, plan in zip(ended, planned, strict=True):
+        if isinstance(plan, Exception):
+            out.append(plan)
+            continue
+        applied = next(written)
+        if isinstance(applied, Exception):
+            out.append(applied)
+        elif applied:
+            out.append(plan[0])
+        else:
+            out.append(await _conflicted(db, end.run, end.lease, plan[0]))
+    return out
+
+
+def _planned(policy: EntityPolicy, end: Ended, ctx: RunContext
+             ) -> tuple[str, Callable[[Tx], bool]]:
+    """The state ``end``'s write moves its run to, and the write (a unit)."""
+    outcome, patch, now = _terms(policy, end.run, ctx, end.outcome)
+    return outcome.to_state, functools.partial(
+        _finish, policy=policy, run=end.run, outcome=outcome, guard=dict(end.lease),
+        patch=patch, now=now, worker_id=ctx.worker_id)
+
+
+def _terms(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext, outcome: Outcome
+           ) -> tuple[Outcome, dict[str, Any], float]:
+    """The outcome written for ``outcome``, its patch and its time.
+
+    A failed run goes to retry_wait while its retry policy has attempts left (and the
+    loaded specs have retries at all: older ones fail it plainly). A run given back on
+    shutdown is not a failed attempt.
+    """
+    outcome = _storable(outcome)
     if outcome.retryable:
-        return await _fail(db, policy, run, lease, ctx, outcome)
-    return await _end(db, policy, run, lease, ctx, outcome)
+        raw = run.get("retry_policy")
+        detail = outcome.detail or ""
+        try:
+            retry = RetryPolicy.from_dict(loads(raw)) if raw else None
+        except Exception as exc:  # a hand-edited row: fail it plainly rather than strand it
+            retry = None
+            detail = f"{detail} (retry_policy unreadable: {exc})"
+            outcome = dataclasses.replace(outcome, detail=detail)
+        runs_done = int(run.get("run_attempts") or 0) + 1
+        if retry is not None and runs_done < retry.max_attempts \
+                and moves.BACKOFF.offered_by(policy):
+            now = ctx.clock()
+            backoff = {**no_lease(policy), "retry_due_at": now + retry.delay(runs_done),
+                       "run_attempts": runs_done, "exit_code": outcome.exit_code,
+                       "error_detail": detail[-DETAIL_LIMIT:], **output_patch(policy, outcome)}
+            return Outcome(moves.BACKOFF, outcome.exit_code, detail,
+                           summary=f"attempt {runs_done} of {retry.max_attempts} failed"
+                           ), backoff, now
+    now = ctx.clock()
+    if outcome.to_state not in policy.terminal:
+        # graceful shutdown: not a failed attempt, give it back
+        patch: dict[str, Any] = {**no_lease(policy),
+                                 "lease_attempts": max(0, int(run["lease_attempts"]) - 1)}
+    else:
+        why = outcome.detail
+        patch = {"ended_at": now, "exit_code": outcome.exit_code,
+                 "error_detail": why[-DETAIL_LIMIT:] if why else None,
+                 "run_attempts": int(run.get("run_attempts") or 0) + 1,
+                 **output_patch(policy, outcome)}
+    return outcome, patch, now
 
 
-async def _fail(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: dict[str, Any],
-                ctx: RunContext, outcome: Outcome) -> str:
-    """A failed run goes to retry_wait while its retry policy has attempts left (and the
-    loaded specs have retries at all: older ones fail it plainly)."""
-    raw = run.get("retry_policy")
-    detail = outcome.detail or ""
+#: What no backend's text stores: NUL, and lone surrogates (no UTF-8 encodes them).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _storable(outcome: Outcome) -> Outcome:
+    """``outcome`` with a detail the log can store on every backend: an executor's text
+    (its detail, an exception's message) may hold a NUL or a lone surrogate, which
+    PostgreSQL's text refuses and so the engine does on both; they become U+FFFD, as in
+    a run's output tails. Refused, the write would leave the run running until its lease
+    expired, and it would then run again."""
+    text = outcome.detail
+    if text is None or (text.isascii() and "\x00" not in text):
+        return outcome
+    return dataclasses.replace(outcome, detail=_UNSTORABLE.sub("\ufffd", text))
+
+
+async def _write_outcomes(db: StateDB, units: list[Callable[[Tx], bool]]
+                          ) -> list[bool | Exception]:
+    """Run the outcome writes ``units`` in one transaction; whether each applied, or the
+    exception it raised.
+
+    They rarely raise, so they first run together; when one does, nothing was written,
+    and they run again, each in its own savepoint, so that one fails alone.
+    """
     try:
-        policy_ = RetryPolicy.from_dict(loads(raw)) if raw else None
-    except Exception as exc:  # a hand-edited row: fail it plainly rather than strand it
-        policy_ = None
-        detail = f"{detail} (retry_policy unreadable: {exc})"
-        outcome = dataclasses.replace(outcome, detail=detail)
-    runs_done = int(run.get("run_attempts") or 0) + 1
-    if policy_ is not None and runs_done < policy_.max_attempts \
-            and moves.BACKOFF.offered_by(policy):
-        now = ctx.clock()
-        due = now + policy_.delay(runs_done)
-        patch = {**no_lease(policy), "retry_due_at": due,
-                 "run_attempts": runs_done, "exit_code": outcome.exit_code,
-                 "error_detail": detail[-DETAIL_LIMIT:], **output_patch(policy, outcome)}
-        retry = Outcome(moves.BACKOFF, outcome.exit_code, detail,
-                        summary=f"attempt {runs_done} of {policy_.max_attempts} failed")
-        applied = await _write_outcome(db, lambda tx: _finish(
-            tx, policy, run, retry, dict(lease), patch, now, ctx.worker_id))
-        return retry.to_state if applied else await _conflicted(db, run, lease, retry.to_state)
-    return await _end(db, policy, run, lease, ctx, outcome)
+        return await _write_outcome(db, lambda tx: [unit(tx) for unit in units])
+    except Exception as exc:
+        if is_database_failure(exc):
+            raise
+        if len(units) == 1:
+            return [exc]
+    return await _write_outcome(db, lambda tx: [_alone(tx, unit) for unit in units])
 
 
-async def _write_outcome(db: StateDB, unit: Callable[[Tx], bool],
-                         attempts: int = 3) -> bool:
-    """Write a run's outcome, retrying a transient database error a few times.
+def _alone(tx: Tx, unit: Callable[[Tx], bool]) -> bool | Exception:
+    """``unit`` in its own savepoint: whether it applied, or what it raised (its writes
+    rolled back); a failure of the database itself fails the whole transaction."""
+    try:
+        with tx.savepoint():
+            return unit(tx)
+    except Exception as exc:
+        if tx.database_failure(exc):
+            raise
+        return exc
 
-    Giving up leaves the row running until its lease expires and the reaper requeues
-    it, i.e. the task runs again: worth a short wait here. The write is guarded, so a
-    retry after a commit that did land simply conflicts.
+
+async def _write_outcome(db: StateDB, unit: Callable[[Tx], T], attempts: int = 3) -> T:
+    """Write runs' outcomes, retrying a transient database error a few times.
+
+    Giving up leaves the rows running until their leases expire and the reaper requeues
+    them, i.e. the tasks run again: worth a short wait here. The writes are guarded, so
+    a retry after a commit that did land simply conflicts.
     """
     for attempt in range(attempts):
         try:
@@ -145,26 +263,6 @@ async def _write_outcome(db: StateDB, unit: Callable[[Tx], bool],
             log.warning("outcome write failed (%s); retrying", exc)
             await asyncio.sleep(0.2 * 2 ** attempt)
     raise AssertionError("unreachable")
-
-
-async def _end(db: StateDB, policy: EntityPolicy, run: dict[str, Any], lease: dict[str, Any],
-               ctx: RunContext, outcome: Outcome) -> str:
-    now = ctx.clock()
-    detail = outcome.detail
-    if outcome.to_state not in policy.terminal:
-        # graceful shutdown: not a failed attempt, give it back
-        patch: dict[str, Any] = {**no_lease(policy),
-                                 "lease_attempts": max(0, int(run["lease_attempts"]) - 1)}
-    else:
-        patch = {"ended_at": now, "exit_code": outcome.exit_code,
-                 "error_detail": detail[-DETAIL_LIMIT:] if detail else None,
-                 "run_attempts": int(run.get("run_attempts") or 0) + 1,
-                 **output_patch(policy, outcome)}
-    applied = await _write_outcome(db, lambda tx: _finish(
-        tx, policy, run, outcome, dict(lease), patch, now, ctx.worker_id))
-    if not applied:
-        return await _conflicted(db, run, lease, outcome.to_state)
-    return outcome.to_state
 
 
 async def _conflicted(db: StateDB, run: dict[str, Any], lease: dict[str, Any],

@@ -2,8 +2,9 @@
 
 One asyncio loop heartbeats, reaps, promotes due retries, fires due schedule slots (unless
 ``scheduler=False``) and claims only as many rows as it has free capacity; each claimed
-row runs in its own task under :func:`execute_claimed` (lease renewal, deadline, cancel
-notice, OS lock per key).
+row that does not end in its executor's first step runs on in its own task (lease renewal,
+deadline, cancel notice, OS lock per key: see :mod:`ledgerq.queue.supervision`), and the
+outcomes of those that do are written together.
 A submission in the same process wakes the loop at once; otherwise it polls.
 """
 
@@ -20,7 +21,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,7 @@ from ledgerq.queue.reaper import reap_expired_leases
 from ledgerq.queue.recycling import Recycling
 from ledgerq.queue.scheduler import fire_due
 from ledgerq.queue.stuck import STUCK_RETRY_SECONDS, StuckRows
-from ledgerq.queue.supervision import Authorize, RunContext, execute_claimed
+from ledgerq.queue.supervision import Authorize, RunContext, begin_runs, write_ended
 from ledgerq.queue.undeclared import UNDECLARED_EVERY, UndeclaredReport
 
 if TYPE_CHECKING:
@@ -337,8 +338,9 @@ class Worker:
         self.claim_passes += 1
         got = await claim_pass(self.db, self.config, limit=limit, stuck=self.stuck)
         self.recycling.note_claimed(len(got.claimed), self.worker_id)
-        for run in got.claimed:
-            task = asyncio.get_running_loop().create_task(self._execute(run))
+        begun = begin_runs(self.db, got.claimed, self.context)
+        for run, coro in begun.going:
+            task = asyncio.get_running_loop().create_task(self._execute(run, coro))
             self.active[run["id"]] = task
             self.max_active = max(self.max_active, len(self.active))
         if len(got.claimed) == limit:
@@ -348,16 +350,29 @@ class Worker:
         # so a new submission is claimed at once; after a full one the backlog goes on.
         drained = 0 < len(got.claimed) < limit
         self._cooldown_until = started + self.claim_cooldown if drained else 0.0
+        # Runs that ended in their first step (or were refused) write their outcomes
+        # together, here; the pass's capacity was never theirs for longer.
+        ended = await write_ended(self.db, begun.ended, self.context)
+        for run, got_ in [*zip([e.run for e in begun.ended], ended, strict=True),
+                          *begun.failed]:
+            self._count(run, got_)
 
-    async def _execute(self, run: dict[str, Any]) -> str:
+    async def _execute(self, run: dict[str, Any], going: Coroutine[Any, Any, str]) -> str:
         try:
-            outcome = await execute_claimed(self.db, run, self.context)
-        except Exception:
-            log.exception("worker %s: run %s crashed its supervisor", self.worker_id, run["id"])
-            outcome = "error"
+            outcome: str | Exception = await going
+        except Exception as exc:
+            outcome = exc
         finally:
             self.active.pop(run["id"], None)
             self._wake.set()  # capacity freed
+        return self._count(run, outcome)
+
+    def _count(self, run: dict[str, Any], outcome: str | Exception) -> str:
+        """Count a run's outcome; an exception is its supervisor's crash, counted as error."""
+        if isinstance(outcome, Exception):
+            log.error("worker %s: run %s crashed its supervisor", self.worker_id, run["id"],
+                      exc_info=outcome)
+            outcome = "error"
         self.outcomes[outcome] += 1
         return outcome
 

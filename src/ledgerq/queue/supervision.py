@@ -27,7 +27,13 @@ from ledgerq.queue.executors import Executors
 from ledgerq.queue.launcher import OUTPUT_TAIL_BYTES, ExecuteFn, OutputCapture, capturing
 from ledgerq.queue.leases import LeaseReads, until_next_check
 from ledgerq.queue.locks import KeyLock
-from ledgerq.queue.outcomes import Outcome, lost_outcome, record_outcome
+from ledgerq.queue.outcomes import (
+    Ended,
+    Outcome,
+    lost_outcome,
+    record_outcome,
+    record_outcomes,
+)
 from ledgerq.queue.runs import (
     MalformedRow,
     decode_run,
@@ -45,6 +51,8 @@ log = logging.getLogger("ledgerq.worker")
 
 #: A lease is renewed once this fraction of its TTL has passed.
 RENEW_FRACTION = 1 / 3
+#: The exit codes an executor may return: what an integer column stores on every backend.
+EXIT_CODES = (-(2**63), 2**63 - 1)
 #: exit_code recorded for a run killed at its deadline (the coreutils ``timeout`` convention).
 TIMEOUT_EXIT_CODE = 124
 
@@ -97,65 +105,207 @@ async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> 
     meanwhile, or ``lost`` when the lease went away otherwise; in those two cases the
     child is stopped and nothing is written.
     """
+    return await _carry_on(db, begin_claimed(db, run, ctx), ctx)
+
+
+@dataclass
+class Begun:
+    """A pass's claimed runs, each taken as far as it goes without waiting."""
+
+    #: Runs whose outcome is known: their writes go together (:func:`record_outcomes`).
+    ended: list[Ended] = field(default_factory=list)
+    #: Runs still going: each coroutine supervises its run to an end and writes its
+    #: outcome (run each as a task); it returns what :func:`execute_claimed` returns.
+    going: list[tuple[dict[str, Any], Coroutine[Any, Any, str]]] = field(default_factory=list)
+    #: Runs whose supervisor failed before they got that far, and why.
+    failed: list[tuple[dict[str, Any], Exception]] = field(default_factory=list)
+
+
+def begin_runs(db: StateDB, runs: list[dict[str, Any]], ctx: RunContext) -> Begun:
+    """:func:`begin_claimed` for each of a pass's runs, in order.
+
+    A pass of in-process handlers that need no wait then costs no task and no write per
+    run: their outcomes are written together, each still its own guarded move.
+    """
+    begun = Begun()
+    for run in runs:
+        try:
+            got = begin_claimed(db, run, ctx)
+        except Exception as exc:  # the others still run to their end
+            begun.failed.append((run, exc))
+            continue
+        if isinstance(got, Ended):
+            begun.ended.append(got)
+        else:
+            begun.going.append((run, got))
+    return begun
+
+
+async def write_ended(db: StateDB, ended: list[Ended], ctx: RunContext
+                      ) -> list[str | Exception]:
+    """The outcomes of a pass's ended runs, written together (:func:`record_outcomes`);
+    per run, what :func:`execute_claimed` would return, or the exception its write raised
+    (a failure of the database is every run's)."""
+    if not ended:
+        return []
+    try:
+        return await record_outcomes(db, run_policy(db), ended, ctx)
+    except Exception as exc:
+        return [exc] * len(ended)
+
+
+def begin_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext
+                  ) -> Ended | Coroutine[Any, Any, str]:
+    """A claimed run taken as far as it goes without waiting: :class:`Ended` when its
+    outcome is known (it was refused before it ran, or its executor's first step
+    finished it), to be written with others' (:func:`record_outcomes`); else the
+    coroutine that supervises it to its end and writes its outcome."""
     policy = run_policy(db)
     # The lease the claim gave this worker: the row's, owned by us whatever it says.
     lease = {**lease_of(policy, run), "leased_by": ctx.worker_id}
     try:
         decoded = decode_run(policy, run)
     except MalformedRow as exc:
-        return await record_outcome(db, policy, run, lease, ctx, Outcome(
-            moves.RAISED, 1, str(exc)))
-    if ctx.authorize is not None:
-        try:
-            verdict = ctx.authorize(decoded)
-            if inspect.isawaitable(verdict):
-                verdict = await verdict
-        except Exception as exc:  # fail closed: a broken hook denies, it does not strand the row
-            verdict = f"authorize hook raised {type(exc).__name__}: {exc}"
-        if verdict is not True:
-            why = verdict if isinstance(verdict, str) and verdict else "denied by authorize hook"
-            return await record_outcome(db, policy, run, lease, ctx, Outcome(
-                moves.UNAUTHORIZED, None, f"unauthorized: {why}"))
+        return Ended(run, lease, Outcome(moves.RAISED, 1, str(exc)))
+    if ctx.authorize is None:
+        return _begin_authorized(db, policy, run, decoded, lease, ctx)
+    try:
+        verdict = ctx.authorize(decoded)
+    except Exception as exc:  # fail closed: a broken hook denies, it does not strand the row
+        verdict = _hook_raised(exc)
+    if inspect.isawaitable(verdict):
+        return _authorize_then_run(db, policy, run, decoded, lease, verdict, ctx)
+    refused = _refusal(verdict)
+    if refused is not None:
+        return Ended(run, lease, refused)
+    return _begin_authorized(db, policy, run, decoded, lease, ctx)
+
+
+def _hook_raised(exc: Exception) -> str:
+    return f"authorize hook raised {type(exc).__name__}: {exc}"
+
+
+def _refusal(verdict: object) -> Outcome | None:
+    """The outcome of an authorize hook's ``verdict``; None when it allows the run."""
+    if verdict is True:
+        return None
+    why = verdict if isinstance(verdict, str) and verdict else "denied by authorize hook"
+    return Outcome(moves.UNAUTHORIZED, None, f"unauthorized: {why}")
+
+
+async def _authorize_then_run(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+                              decoded: dict[str, Any], lease: dict[str, Any],
+                              verdict: Awaitable[bool | str], ctx: RunContext) -> str:
+    try:
+        allowed = await verdict
+    except Exception as exc:  # fail closed, as in begin_claimed
+        allowed = _hook_raised(exc)
+    refused = _refusal(allowed)
+    if refused is not None:
+        return await record_outcome(db, policy, run, lease, ctx, refused)
+    return await _carry_on(db, _begin_authorized(db, policy, run, decoded, lease, ctx), ctx)
+
+
+async def _carry_on(db: StateDB, begun: Ended | Coroutine[Any, Any, str],
+                    ctx: RunContext) -> str:
+    """What :func:`begin_claimed` began, to its end: an ended run's outcome written alone."""
+    if isinstance(begun, Ended):
+        return await record_outcome(db, run_policy(db), begun.run, begun.lease, ctx,
+                                    begun.outcome)
+    return await begun
+
+
+def _begin_authorized(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+                      decoded: dict[str, Any], lease: dict[str, Any], ctx: RunContext
+                      ) -> Ended | Coroutine[Any, Any, str]:
     executor = ctx.executors.for_kind(run["action_kind"])
     if executor is None:
-        return await record_outcome(db, policy, run, lease, ctx, Outcome(
+        return Ended(run, lease, Outcome(
             moves.RAISED, 1, f"no executor for action kind {run['action_kind']!r}"))
     key = run.get("concurrency_key")
-    lock = KeyLock(ctx.lock_dir, key) if key and ctx.lock_dir is not None else None
+    if key and ctx.lock_dir is not None:
+        return _run_locked(db, policy, run, decoded, lease, executor,
+                           KeyLock(ctx.lock_dir, key), ctx)
+    return _begin_executor(db, policy, run, decoded, lease, executor, ctx)
+
+
+async def _run_locked(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+                      decoded: dict[str, Any], lease: dict[str, Any], executor: ExecuteFn,
+                      lock: KeyLock, ctx: RunContext) -> str:
+    """The run once it holds its concurrency key's lock (its lease kept meanwhile)."""
     try:
-        if lock is not None:
-            next_check = 0.0
-            while not lock.try_acquire():
-                if ctx.stopping is not None and ctx.stopping.is_set():
-                    return await record_outcome(db, policy, run, lease, ctx, SHUTDOWN)
-                if time.monotonic() >= next_check:
-                    await _supervise_once(db, policy, run, lease, ctx)
-                    next_check = time.monotonic() + ctx.check_interval
-                await asyncio.sleep(0.05)
-        return await _run_supervised(db, policy, run, decoded, lease, executor, ctx)
+        next_check = 0.0
+        while not lock.try_acquire():
+            if ctx.stopping is not None and ctx.stopping.is_set():
+                return await record_outcome(db, policy, run, lease, ctx, SHUTDOWN)
+            if time.monotonic() >= next_check:
+                await _supervise_once(db, policy, run, lease, ctx)
+                next_check = time.monotonic() + ctx.check_interval
+            await asyncio.sleep(0.05)
+        return await _carry_on(
+            db, _begin_executor(db, policy, run, decoded, lease, executor, ctx), ctx)
     except LeaseLost as exc:
-        log.info("run %s: lease lost (%s); child stopped, nothing written", run["id"], exc)
-        return exc.outcome
+        return _lease_lost(run, exc)
     finally:
-        if lock is not None:
-            lock.release()
+        lock.release()
 
 
-async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
-                          decoded: dict[str, Any], lease: dict[str, Any], executor: ExecuteFn,
-                          ctx: RunContext) -> str:
+def _lease_lost(run: dict[str, Any], exc: LeaseLost) -> str:
+    log.info("run %s: lease lost (%s); child stopped, nothing written", run["id"], exc)
+    return exc.outcome
+
+
+def _begin_executor(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+                    decoded: dict[str, Any], lease: dict[str, Any], executor: ExecuteFn,
+                    ctx: RunContext) -> Ended | Coroutine[Any, Any, str]:
+    """The executor's first step, taken at once (see :func:`_start`)."""
     started = ctx.clock()
-    timeout = run.get("timeout_seconds")
-    deadline = started + timeout if timeout else None
     # The executor's context is a copy, capture included: what it launches fills the
     # capture, and what it sets stays its own.
     with capturing(OutputCapture(ctx.output_tail)) as capture:
         task = _start(executor, decoded, contextvars.copy_context())
+    if task.done():
+        return Ended(run, lease, _result(task, capture))
+    return _supervised(db, policy, run, lease, task, capture, started, ctx)
 
-    def ended(move: moves.Move, exit_code: int | None, detail: str | None = None, *,
-              retryable: bool = False) -> Outcome:
-        return Outcome(move, exit_code, detail, retryable=retryable, output=capture.columns())
 
+def _result(task: asyncio.Future[tuple[int, str]], capture: OutputCapture) -> Outcome:
+    """The outcome of a run whose executor finished (``task`` is done)."""
+    output = capture.columns()
+    try:
+        got = task.result()
+    except Exception as exc:
+        return Outcome(moves.RAISED, 1, f"{type(exc).__name__}: {exc}", retryable=True,
+                       output=output)
+    if not _storable_result(got):
+        # Written as given, it would be refused, and the run left running until its
+        # lease expired (and then run again): the executor failed instead.
+        return Outcome(moves.RAISED, 1, f"executor returned {got!r:.200}, not (an integer "
+                       "exit code, a text detail or None)", retryable=True, output=output)
+    code, detail = got
+    if code == 0:
+        return Outcome(moves.EXITED_ZERO, 0, output=output)
+    return Outcome(moves.EXITED_NONZERO, code, detail or f"exit code {code}", retryable=True,
+                   output=output)
+
+
+def _storable_result(got: object) -> bool:
+    """Whether an executor's result is the record's ``(exit_code, detail)`` with values a
+    run's columns store on every backend."""
+    if not isinstance(got, tuple | list) or len(got) != 2:
+        return False
+    code, detail = got
+    return type(code) is int and EXIT_CODES[0] <= code <= EXIT_CODES[1] \
+        and (detail is None or isinstance(detail, str))
+
+
+async def _supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+                      lease: dict[str, Any], task: asyncio.Future[tuple[int, str]],
+                      capture: OutputCapture, started: float, ctx: RunContext) -> str:
+    """A run whose executor goes on as ``task``, to its end: its lease checked and renewed,
+    its deadline and a shutdown honoured, then its outcome written."""
+    timeout = run.get("timeout_seconds")
+    deadline = started + timeout if timeout else None
     try:
         while not task.done():
             wait = until_next_check(ctx.check_interval)
@@ -166,9 +316,10 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
                 break
             if deadline is not None and ctx.clock() >= deadline:
                 await _stop(task)
-                return await record_outcome(db, policy, run, lease, ctx, ended(
+                return await record_outcome(db, policy, run, lease, ctx, Outcome(
                     moves.TIMED_OUT, TIMEOUT_EXIT_CODE,
-                    f"timed out after {timeout:g}s; process group killed"))
+                    f"timed out after {timeout:g}s; process group killed",
+                    output=capture.columns()))
             if ctx.stopping is not None and ctx.stopping.is_set():
                 await _stop(task)
                 return await record_outcome(db, policy, run, lease, ctx, SHUTDOWN)
@@ -179,18 +330,13 @@ async def _run_supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any]
             except Exception as exc:  # e.g. a busy database: the lease may still be ours
                 log.warning("run %s: lease check failed (%s); retrying at the next check",
                             run["id"], exc)
+    except LeaseLost as exc:
+        await _stop(task)
+        return _lease_lost(run, exc)
     except BaseException:
         await _stop(task)
         raise
-    try:
-        code, detail = task.result()
-    except Exception as exc:
-        return await record_outcome(db, policy, run, lease, ctx, ended(
-            moves.RAISED, 1, f"{type(exc).__name__}: {exc}", retryable=True))
-    if code == 0:
-        return await record_outcome(db, policy, run, lease, ctx, ended(moves.EXITED_ZERO, 0))
-    return await record_outcome(db, policy, run, lease, ctx, ended(
-        moves.EXITED_NONZERO, code, detail or f"exit code {code}", retryable=True))
+    return await record_outcome(db, policy, run, lease, ctx, _result(task, capture))
 
 
 async def _call(executor: ExecuteFn, decoded: dict[str, Any]) -> tuple[int, str]:

@@ -40,7 +40,9 @@ from ledgerq.queue.supervision import (
     Authorize,
     LeaseLost,
     RunContext,
+    begin_runs,
     execute_claimed,
+    write_ended,
 )
 
 if TYPE_CHECKING:
@@ -107,11 +109,15 @@ async def _claim_and_execute(db: StateDB, config: WorkerConfig, now: float | Non
                              stuck: StuckRows | None) -> int:
     claimed = await claim_pass(db, config, now=now, stuck=stuck)
     ctx = RunContext.from_config(config, clock=_fixed_clock(now))
-    outcomes = await asyncio.gather(*(execute_claimed(db, run, ctx) for run in claimed.claimed),
-                                    return_exceptions=True)
-    for run, outcome in zip(claimed.claimed, outcomes, strict=True):
-        if isinstance(outcome, BaseException):  # the others still ran to their end
-            log.error("run %s: supervisor failed: %r", run["id"], outcome)
+    begun = begin_runs(db, claimed.claimed, ctx)
+    tasks = [asyncio.ensure_future(coro) for _, coro in begun.going]
+    ended = await write_ended(db, begun.ended, ctx)
+    going = await asyncio.gather(*tasks, return_exceptions=True)
+    for run, got in [*zip([e.run for e in begun.ended], ended, strict=True),
+                     *zip([run for run, _ in begun.going], going, strict=True),
+                     *begun.failed]:
+        if isinstance(got, BaseException):  # the others still ran to their end
+            log.error("run %s: supervisor failed: %r", run["id"], got)
     return len(claimed.claimed)
 
 
