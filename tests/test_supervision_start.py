@@ -98,9 +98,8 @@ async def test_the_executor_sees_the_capture_and_keeps_what_it_sets() -> None:
         seen.append(_var.get())
         return 0, ""
 
-    with capturing(OutputCapture(100)) as capture:
-        context = contextvars.copy_context()
-    fut = supervision._start(sets, {}, context)
+    capture = OutputCapture(100)
+    fut = supervision._start(sets, {}, capturing(capture))
     assert seen == [capture]  # its first step saw the capture
     assert _var.get() == "caller's"  # what that step set stayed the executor's
     assert await fut == (0, "")

@@ -15,7 +15,7 @@ import shutil
 import signal
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,14 +144,12 @@ _capture: contextvars.ContextVar[OutputCapture | None] = contextvars.ContextVar(
     "ledgerq_output_capture", default=None)
 
 
-@contextlib.contextmanager
-def capturing(capture: OutputCapture) -> Iterator[OutputCapture]:
-    """Set ``capture`` for tasks created inside the block (they copy the context)."""
-    token = _capture.set(capture)
-    try:
-        yield capture
-    finally:
-        _capture.reset(token)
+def capturing(capture: OutputCapture) -> contextvars.Context:
+    """A copy of the current context with ``capture`` set: what runs in it (an executor,
+    and every task it creates) fills ``capture``, and nothing it sets leaks out."""
+    context = contextvars.copy_context()
+    context.run(_capture.set, capture)
+    return context
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

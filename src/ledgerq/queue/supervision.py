@@ -262,8 +262,8 @@ def _begin_executor(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
     started = ctx.clock()
     # The executor's context is a copy, capture included: what it launches fills the
     # capture, and what it sets stays its own.
-    with capturing(OutputCapture(ctx.output_tail)) as capture:
-        task = _start(executor, decoded, contextvars.copy_context())
+    capture = OutputCapture(ctx.output_tail)
+    task = _start(executor, decoded, capturing(capture))
     if task.done():
         return Ended(run, lease, _result(task, capture))
     return _supervised(db, policy, run, lease, task, capture, started, ctx)
