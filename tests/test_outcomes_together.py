@@ -183,3 +183,23 @@ async def test_a_worker_counts_the_outcomes_it_writes_together(qdb: StateDB) -> 
         await serving
     assert dict(worker.outcomes) == {"completed": 29, "failed": 1}
     assert worker.max_active == 0  # none needed a task of its own
+
+
+@pytest.mark.parametrize("waits_first", [False, True])
+async def test_an_executor_that_cancels_itself_fails_its_run_alone(
+        qdb: StateDB, waits_first: bool) -> None:
+    """A CancelledError the executor raises itself (at once, or after a wait) is its run's
+    failure: the pass's other runs end as usual and the run is not left running."""
+    ids = await submit_many(qdb, apps(3))
+
+    async def executor(run: dict[str, Any]) -> tuple[int, str]:
+        if run["action_args"]["prompt"] == "p1":
+            if waits_first:
+                await asyncio.sleep(0)
+            raise asyncio.CancelledError
+        return 0, ""
+
+    assert await claim_and_execute(qdb, worker_id=WORKER, execute=executor, limit=3) == 3
+    got = await ends(qdb)
+    assert [got[rid][0] for rid in ids] == ["completed", "failed", "completed"]
+    assert got[ids[1]][1] == "CancelledError: the executor was cancelled"

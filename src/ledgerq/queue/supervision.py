@@ -272,6 +272,9 @@ def _begin_executor(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
 def _result(task: asyncio.Future[tuple[int, str]], capture: OutputCapture) -> Outcome:
     """The outcome of a run whose executor finished (``task`` is done)."""
     output = capture.columns()
+    if task.cancelled():  # by itself: the supervisor's own cancels never get here
+        return Outcome(moves.RAISED, 1, "CancelledError: the executor was cancelled",
+                       retryable=True, output=output)
     try:
         got = task.result()
     except Exception as exc:
@@ -366,6 +369,10 @@ def _start(executor: ExecuteFn, decoded: dict[str, Any], context: contextvars.Co
         failed: asyncio.Future[tuple[int, str]] = loop.create_future()
         failed.set_exception(exc)
         return failed
+    except asyncio.CancelledError:  # it cancelled itself: a cancelled run, as in a task
+        cancelled: asyncio.Future[tuple[int, str]] = loop.create_future()
+        cancelled.cancel()
+        return cancelled
     return loop.create_task(_Started(coro, pending), context=context)
 
 
