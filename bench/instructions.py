@@ -80,7 +80,7 @@ def child(system: str, n: int, limit: int, passes: bool, path: str) -> None:
                 now = time.time()
                 (claimed,) = units.group([partial(units.claim_pass,
                                                   rids=ids[first:first + limit], now=now)])
-                units.group([partial(units.finish, run=r, now=time.time()) for r in claimed])
+                units.group([partial(units.finish, runs=claimed, now=time.time())])
 
         lifecycles(1, True, True)
         lifecycles(n, True, False)

@@ -95,8 +95,7 @@ def units_parts(path: str, n: int) -> dict[str, float]:
     def finishes() -> None:
         for first in range(0, n, GROUP):
             now = time.time()
-            units.group([partial(units.finish, run=r, now=now)
-                         for r in claimed[first:first + GROUP]])
+            units.group([partial(units.finish, runs=claimed[first:first + GROUP], now=now)])
 
     out = {"submit": _timed(submits, n), "claim": _timed(claims, n),
            "finish": _timed(finishes, n)}
@@ -116,7 +115,7 @@ def without(step: str) -> Iterator[None]:
             engine.check_values = saved
     else:
         saved = SqlTx.dependents_of
-        SqlTx.dependents_of = lambda self, policy, run_id: []  # type: ignore[method-assign]
+        SqlTx.dependents_of = lambda self, policy, run_ids: []  # type: ignore[method-assign]
         try:
             yield
         finally:

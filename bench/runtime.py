@@ -153,7 +153,7 @@ def database_thread_ceiling(path: Path, n: int, group_size: int = 64) -> float:
         size = min(group_size, n - first)
         ids = units.group([partial(units.submit, now=now)] * size)
         (claimed,) = units.group([partial(units.claim_pass, rids=ids, now=now)])
-        done = units.group([partial(units.finish, run=r, now=now) for r in claimed])
+        (done,) = units.group([partial(units.finish, runs=claimed, now=now)])
         assert all(done), done[:1]
     elapsed = time.perf_counter() - start
     units.close()

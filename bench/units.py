@@ -1,8 +1,8 @@
 """ledgerq's units alone: the in-transaction work of a lifecycle, with nothing around it.
 
 A ceiling for the runtime, not a system: the same units a StateDB runs for a submit, a
-claim pass and a run's terminal write (``_insert_all``, ``_claim_together``,
-``_finish``: every check, statement and fact the engine makes), called
+claim pass and its runs' terminal writes (``_insert_all``, ``_claim_together``,
+``finish_all``: every check, statement and fact the engine makes), called
 directly on a plain sqlite3 connection with the same schema and pragmas and committed
 through the same ``_run_group``, single-threaded: no event loop, no futures, no
 validation of the application, no supervision of the run. What the runtime adds is the
@@ -24,7 +24,7 @@ from ledgerq.lifecycle import Registry
 from ledgerq.queue import moves
 from ledgerq.queue.application import validate
 from ledgerq.queue.claim import _claim_together
-from ledgerq.queue.outcomes import Outcome, _finish
+from ledgerq.queue.outcomes import Outcome, _finish, finish_all
 from ledgerq.queue.runs import lease_of
 from ledgerq.queue.submit import SUBMITTER, _insert_all
 from ledgerq.store.sqlite.backend import STATEMENT_CACHE, _run_group
@@ -66,12 +66,16 @@ class Units:
         cands = [{"id": rid, "concurrency_key": None, "lease_attempts": 0} for rid in rids]
         return _claim_together(tx, self.policy, cands, len(cands), WORKER, now, LEASE_TTL)
 
-    def finish(self, tx: Any, run: dict[str, Any], now: float) -> bool:
-        """A run's terminal write after exit 0, guarded on its lease."""
-        lease = lease_of(self.policy, run)
+    def finish(self, tx: Any, runs: list[dict[str, Any]], now: float) -> list[Any]:
+        """The runs' terminal writes after exit 0, each guarded on its lease, then their
+        dependents settled, as a pass's outcomes are written together."""
+        done = Outcome(moves.EXITED_ZERO, 0)
         patch = {"ended_at": now, "exit_code": 0, "error_detail": None, "run_attempts": 1}
-        return _finish(tx, policy=self.policy, run=run, outcome=Outcome(moves.EXITED_ZERO, 0),
-                       guard=lease, patch=patch, now=now, worker_id=WORKER)
+        return finish_all(tx, self.policy, [
+            (run["id"], done.to_state, partial(
+                _finish, policy=self.policy, run=run, outcome=done,
+                guard=lease_of(self.policy, run), patch=patch, now=now, worker_id=WORKER))
+            for run in runs], now)
 
 
 def units_lifecycles(path: str, registry: Registry, sync: str, n: int,
@@ -88,7 +92,7 @@ def units_lifecycles(path: str, registry: Registry, sync: str, n: int,
         (claimed,) = units.group([partial(units.claim_pass, rids=ids[first:first + limit],
                                           now=now)])
         now = time.time()
-        done = units.group([partial(units.finish, run=r, now=now) for r in claimed])
+        (done,) = units.group([partial(units.finish, runs=claimed, now=now)])
         assert len(done) == len(ids[first:first + limit]) and all(done), done
     t2, c2 = time.perf_counter(), time.process_time()
     (facts,) = units.conn.execute("SELECT count(*) FROM status_transitions").fetchone()

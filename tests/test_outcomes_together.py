@@ -203,3 +203,23 @@ async def test_an_executor_that_cancels_itself_fails_its_run_alone(
     got = await ends(qdb)
     assert [got[rid][0] for rid in ids] == ["completed", "failed", "completed"]
     assert got[ids[1]][1] == "CancelledError: the executor was cancelled"
+
+
+async def test_the_dependents_of_runs_ended_together_are_settled_in_the_same_write(
+        qdb: StateDB) -> None:
+    a, b = await submit_many(qdb, apps(2))
+    on_a, on_both = await submit_many(qdb, [
+        TaskApplication("agent", {"prompt": "after a"}, "host", depends_on=[a]),
+        TaskApplication("agent", {"prompt": "after both"}, "host", depends_on=[a, b])])
+    writes = count_outcome_writes(qdb)
+
+    async def at_once(run: dict[str, Any]) -> tuple[int, str]:
+        return (0, "") if run["id"] == a else (1, "b failed")
+
+    assert await claim_and_execute(qdb, worker_id=WORKER, execute=at_once, limit=2) == 2
+    assert writes == [2]
+    got = await ends(qdb)
+    assert (got[a][0], got[b][0]) == ("completed", "failed")
+    assert got[on_a][0] == "queued"  # released: its one dependency succeeded
+    assert got[on_both] == ("cancelled", f"dependency {b} ended failed")
+    assert (await verify(qdb)).ok

@@ -53,7 +53,7 @@ QUERIES: list[tuple[str, Op, str]] = [
     ("expired leases", lambda tx: tx.expired_leases(POLICY, 1.0), "idx_schedule_runs_lease"),
     ("due retries", lambda tx: tx.due_retries(POLICY, 1.0), "idx_schedule_runs_retry_due"),
     ("settled waiting runs", lambda tx: tx.settled_waiting(POLICY), "idx_schedule_runs_waiting"),
-    ("dependents of a run", lambda tx: tx.dependents_of(POLICY, "x"),
+    ("dependents of a run", lambda tx: tx.dependents_of(POLICY, ["x"]),
      "idx_schedule_runs_waiting"),
     ("idempotency key lookup", lambda tx: tx.run_by_idempotency_key(POLICY, "k"),
      "uq_schedule_runs_idempotency_key"),

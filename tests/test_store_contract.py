@@ -415,8 +415,12 @@ async def test_dependencies_and_settling(db: StateDB) -> None:
         await db.write(lambda tx, v=values: tx.insert_entity(policy, v))
     waiting = await db.read(lambda tx: tx.waiting_runs(policy, list(waits)))
     assert {r[0] for r in waiting} == set(waits)
-    assert {r[0] for r in await db.read(lambda tx: tx.dependents_of(policy, done))} == {
+    assert {r[0] for r in await db.read(lambda tx: tx.dependents_of(policy, [done]))} == {
         "w-ok", "w-bad"}
+    # Of several ended runs at once: each dependent once, however many it names.
+    both = await db.read(lambda tx: tx.dependents_of(policy, [done, bad, "nobody"]))
+    assert sorted(r[0] for r in both) == ["w-bad", "w-ok"]
+    assert await db.read(lambda tx: tx.dependents_of(policy, ["nobody"])) == []
     # w-bad: a dependency ended badly; w-none: nothing to wait for; w-ok waits on "done",
     # still queued. The broken row never settles.
     assert set(await db.read(lambda tx: tx.settled_waiting(policy))) == {"w-bad", "w-none"}

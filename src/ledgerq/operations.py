@@ -209,8 +209,10 @@ class Tx(abc.ABC):
         """(id, depends_on) of the given runs still waiting for dependencies."""
 
     @abc.abstractmethod
-    def dependents_of(self, policy: EntityPolicy, run_id: str) -> list[tuple[str, Any]]:
-        """(id, depends_on) of waiting runs whose depends_on names ``run_id``."""
+    def dependents_of(self, policy: EntityPolicy, run_ids: Sequence[str]
+                      ) -> list[tuple[str, Any]]:
+        """(id, depends_on) of waiting runs whose depends_on names any of ``run_ids``, each
+        once."""
 
     @abc.abstractmethod
     def notify_claimable(self) -> None:

@@ -87,11 +87,25 @@ def _finish(tx: Tx, *, policy: EntityPolicy, run: dict[str, Any], outcome: Outco
             guard: dict[str, Any], patch: dict[str, Any], now: float,
             worker_id: str) -> bool:
     summary = outcome.summary if outcome.summary is not None else outcome.detail or ""
-    res = perform(tx, policy, run["id"], outcome.move, actor=worker_actor(worker_id),
-                  summary=summary, guard=guard, patch=patch, now=now)
-    if res.applied and outcome.to_state in policy.terminal:
-        settle_dependents(tx, policy, [run["id"]], now)
-    return res.applied
+    return perform(tx, policy, run["id"], outcome.move, actor=worker_actor(worker_id),
+                   summary=summary, guard=guard, patch=patch, now=now).applied
+
+
+#: One outcome's write: the run's id, the state it moves to, the write itself.
+Write = tuple[str, str, Callable[[Tx], bool]]
+
+
+def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[Write], now: float, *,
+               alone: bool = False) -> list[bool | Exception]:
+    """The outcome ``writes`` in order, then the dependents of the runs they ended, settled
+    together (one lookup, however many ended); whether each applied. ``alone``: each in
+    its own savepoint, and what one raised is its result (its writes rolled back)."""
+    done = [_alone(tx, write) if alone else write(tx) for _, _, write in writes]
+    ended = [rid for (rid, to_state, _), applied in zip(writes, done, strict=True)
+             if applied is True and to_state in policy.terminal]
+    if ended:
+        settle_dependents(tx, policy, ended, now)
+    return done
 
 
 @dataclass(frozen=True)
@@ -125,14 +139,14 @@ async def record_outcomes(db: StateDB, policy: EntityPolicy, ended: Sequence[End
     rolled back alone and the others commit. A failure of the database itself (after
     :func:`_write_outcome`'s retries) fails them all: it raises here.
     """
-    planned: list[tuple[str, Callable[[Tx], bool]] | Exception] = []
+    planned: list[Write | Exception] = []
     for end in ended:
         try:
             planned.append(_planned(policy, end, ctx))
         except Exception as exc:  # a hand-edited row: this run's failure alone
             planned.append(exc)
-    units = [p[1] for p in planned if not isinstance(p, Exception)]
-    written = iter(await _write_outcomes(db, units) if units else [])
+    writes = [p for p in planned if not isinstance(p, Exception)]
+    written = iter(await _write_outcomes(db, policy, writes, ctx.clock()) if writes else [])
     out: list[str | Exception] = []
     for end, plan in zip(ended, planned, strict=True):
         if isinstance(plan, Exception):
@@ -142,17 +156,16 @@ async def record_outcomes(db: StateDB, policy: EntityPolicy, ended: Sequence[End
         if isinstance(applied, Exception):
             out.append(applied)
         elif applied:
-            out.append(plan[0])
+            out.append(plan[1])
         else:
-            out.append(await _conflicted(db, end.run, end.lease, plan[0]))
+            out.append(await _conflicted(db, end.run, end.lease, plan[1]))
     return out
 
 
-def _planned(policy: EntityPolicy, end: Ended, ctx: RunContext
-             ) -> tuple[str, Callable[[Tx], bool]]:
-    """The state ``end``'s write moves its run to, and the write (a unit)."""
+def _planned(policy: EntityPolicy, end: Ended, ctx: RunContext) -> Write:
+    """``end``'s write."""
     outcome, patch, now = _terms(policy, end.run, ctx, end.outcome)
-    return outcome.to_state, functools.partial(
+    return end.run["id"], outcome.to_state, functools.partial(
         _finish, policy=policy, run=end.run, outcome=outcome, guard=dict(end.lease),
         patch=patch, now=now, worker_id=ctx.worker_id)
 
@@ -215,22 +228,23 @@ def _storable(outcome: Outcome) -> Outcome:
     return dataclasses.replace(outcome, detail=_UNSTORABLE.sub("\ufffd", text))
 
 
-async def _write_outcomes(db: StateDB, units: list[Callable[[Tx], bool]]
-                          ) -> list[bool | Exception]:
-    """Run the outcome writes ``units`` in one transaction; whether each applied, or the
-    exception it raised.
+async def _write_outcomes(db: StateDB, policy: EntityPolicy, writes: list[Write],
+                          now: float) -> list[bool | Exception]:
+    """The outcome ``writes`` in one transaction (:func:`finish_all`); whether each
+    applied, or the exception it raised.
 
     They rarely raise, so they first run together; when one does, nothing was written,
     and they run again, each in its own savepoint, so that one fails alone.
     """
     try:
-        return await _write_outcome(db, lambda tx: [unit(tx) for unit in units])
+        return await _write_outcome(db, lambda tx: finish_all(tx, policy, writes, now))
     except Exception as exc:
         if is_database_failure(exc):
             raise
-        if len(units) == 1:
+        if len(writes) == 1:
             return [exc]
-    return await _write_outcome(db, lambda tx: [_alone(tx, unit) for unit in units])
+    return await _write_outcome(db, lambda tx: finish_all(tx, policy, writes, now,
+                                                          alone=True))
 
 
 def _alone(tx: Tx, unit: Callable[[Tx], bool]) -> bool | Exception:

@@ -36,7 +36,7 @@ def settle_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
     """
     # Most runs have no dependents: look before opening a savepoint (the look is a read;
     # what can fail is moving them).
-    if not any(tx.dependents_of(policy, rid) for rid in run_ids):
+    if not tx.dependents_of(policy, run_ids):
         return
     _, err = isolated(tx, functools.partial(resolve_dependents, now=now), tx, policy, run_ids)
     if err is not None:

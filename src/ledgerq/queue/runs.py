@@ -127,10 +127,7 @@ def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
     met = policy.states_with_outcome(SUCCEEDED)
     ts = time.time() if now is None else now
     counts = {"released": 0, "cancelled": 0}
-    if waiting:
-        todo = tx.waiting_runs(policy, run_ids)
-    else:
-        todo = [r for rid in run_ids for r in tx.dependents_of(policy, rid)]
+    todo = tx.waiting_runs(policy, run_ids) if waiting else tx.dependents_of(policy, run_ids)
     seen: set[str] = set()
     while todo:
         rid, deps_json = todo.pop()
@@ -151,7 +148,7 @@ def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
                           patch={"ended_at": ts, "error_detail": why}, now=ts)
             if res.applied:
                 counts["cancelled"] += 1
-                todo += tx.dependents_of(policy, rid)
+                todo += tx.dependents_of(policy, [rid])
         elif all(statuses.get(d) in met for d in deps):
             res = perform(tx, policy, rid, moves.DEPENDENCIES_MET, patch={"queued_at": ts},
                           now=ts)

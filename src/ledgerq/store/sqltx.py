@@ -100,11 +100,13 @@ class SqlTx(Tx):
     def table(self, policy: EntityPolicy) -> str:
         return quote(policy.table)
 
-    def _chunked_rows(self, name: str, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
+    def _chunked_rows(self, name: str, policy: EntityPolicy, ids: Sequence[str],
+                      **fields: Any) -> list[Row]:
         out: list[Row] = []
         for i in range(0, len(ids), CHUNK):
             part = list(ids[i:i + CHUNK])
-            sql = self.q(name, table=self.table(policy), marks=self.marks(len(part)))
+            sql = self.q(name, table=self.table(policy), marks=self.marks(len(part)),
+                         **fields)
             out += self.dicts(self.execute(sql, part))
         return out
 
@@ -305,10 +307,12 @@ class SqlTx(Tx):
         return [(r["id"], r["depends_on"])
                 for r in self._chunked_rows("waiting_runs", policy, ids)]
 
-    def dependents_of(self, policy: EntityPolicy, run_id: str) -> list[tuple[str, Any]]:
-        sql = self.q("dependents_of", table=self.table(policy),
-                     hint=self.hint(policy, "waiting_dependency", "created_at"))
-        return [(r[0], r[1]) for r in self.execute(sql, (run_id,)).fetchall()]
+    def dependents_of(self, policy: EntityPolicy, run_ids: Sequence[str]
+                      ) -> list[tuple[str, Any]]:
+        rows = self._chunked_rows("dependents_of", policy, run_ids,
+                                  hint=self.hint(policy, "waiting_dependency", "created_at"))
+        # A dependent of runs in two chunks is found twice.
+        return list({r["id"]: (r["id"], r["depends_on"]) for r in rows}.values())
 
     def notify_claimable(self) -> None:
         return None

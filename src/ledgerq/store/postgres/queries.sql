@@ -158,7 +158,9 @@ SELECT id, depends_on FROM {table} WHERE status = 'waiting_dependency' AND id IN
 -- name: dependents_of
 -- jsonb containment: a depends_on that is not an array contains no id.
 SELECT id, depends_on FROM {table}
-WHERE status = 'waiting_dependency' AND depends_on @> jsonb_build_array(%s::text)
+WHERE status = 'waiting_dependency' AND EXISTS (
+    SELECT 1 FROM unnest(ARRAY[{marks}]::text[]) AS ended (id)
+    WHERE depends_on @> jsonb_build_array(ended.id))
 
 -- name: notify_claimable
 -- Delivered at commit, once per transaction (PostgreSQL folds equal notifications).

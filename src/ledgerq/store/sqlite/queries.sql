@@ -96,7 +96,7 @@ SELECT id, depends_on FROM {table} WHERE status = 'waiting_dependency' AND id IN
 SELECT id, depends_on FROM {table}
 WHERE {hint} AND status = 'waiting_dependency'
   AND CASE WHEN json_valid(depends_on)
-      THEN EXISTS (SELECT 1 FROM json_each({table}.depends_on) WHERE value = ?)
+      THEN EXISTS (SELECT 1 FROM json_each({table}.depends_on) WHERE value IN ({marks}))
       ELSE 0 END
 
 -- name: latest_fire
