@@ -1,9 +1,12 @@
 """A claimed run while it executes: its lease kept alive, its deadline kept, a cancel noticed.
 
-The executor runs as a task beside a loop that wakes every check interval (unless its
-first step, taken at once, already finished it: see :func:`_start`): the lease
-is checked (a reap, a cancel or a reclaim stops the child and writes nothing), renewed
-once a third of its TTL has passed, and the deadline and a shutdown are honoured.
+A run is first taken as far as it goes without waiting (:func:`begin_claimed`): its
+executor's first step is taken at once (:func:`_start`). A run that ended there, or was
+refused before it ran, is :class:`Ended`, and a pass writes the outcomes of all such
+runs together (:func:`begin_runs`, :func:`write_ended`). Any other run's executor goes
+on as a task beside a loop that wakes every check interval: the lease is checked (a
+reap, a cancel or a reclaim stops the child and writes nothing), renewed once a third
+of its TTL has passed, and the deadline and a shutdown are honoured.
 """
 
 from __future__ import annotations

@@ -110,9 +110,12 @@ async def _claim_and_execute(db: StateDB, config: WorkerConfig, now: float | Non
     claimed = await claim_pass(db, config, now=now, stuck=stuck)
     ctx = RunContext.from_config(config, clock=_fixed_clock(now))
     begun = begin_runs(db, claimed.claimed, ctx)
-    tasks = [asyncio.ensure_future(coro) for _, coro in begun.going]
-    ended = await write_ended(db, begun.ended, ctx)
-    going = await asyncio.gather(*tasks, return_exceptions=True)
+    # One gather: a cancel of this call reaches the runs still going too.
+    ended, *going = await asyncio.gather(
+        write_ended(db, begun.ended, ctx), *(coro for _, coro in begun.going),
+        return_exceptions=True)
+    if isinstance(ended, BaseException):
+        ended = [ended] * len(begun.ended)
     for run, got in [*zip([e.run for e in begun.ended], ended, strict=True),
                      *zip([run for run, _ in begun.going], going, strict=True),
                      *begun.failed]:
