@@ -34,6 +34,7 @@ bench: install
 	$(BIN)/python bench/archive.py
 	$(BIN)/python bench/submit_cpu.py
 	$(BIN)/python bench/parts.py --without checks --without dependents
+	$(BIN)/python bench/instructions.py   # needs valgrind (apt-get install valgrind)
 
 # The dashboard screenshots the README shows (headless Chromium: apt-get install chromium).
 screenshots: install
