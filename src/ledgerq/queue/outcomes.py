@@ -186,7 +186,7 @@ def _terms(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext, outcome: 
             retry = RetryPolicy.from_dict(loads(raw)) if raw else None
         except Exception as exc:  # a hand-edited row: fail it plainly rather than strand it
             retry = None
-            detail = f"{detail} (retry_policy unreadable: {exc})"
+            detail = _storable_text(f"{detail} (retry_policy unreadable: {exc})")
             outcome = dataclasses.replace(outcome, detail=detail)
         runs_done = int(run.get("run_attempts") or 0) + 1
         if retry is not None and runs_done < retry.max_attempts \
@@ -225,7 +225,11 @@ def _storable(outcome: Outcome) -> Outcome:
     text = outcome.detail
     if text is None or (text.isascii() and "\x00" not in text):
         return outcome
-    return dataclasses.replace(outcome, detail=_UNSTORABLE.sub("\ufffd", text))
+    return dataclasses.replace(outcome, detail=_storable_text(text))
+
+
+def _storable_text(text: str) -> str:
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 async def _write_outcomes(db: StateDB, policy: EntityPolicy, writes: list[Write],
