@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ledgerq.lifecycle.engine import value_problem
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue import moves
 from ledgerq.queue.config import DEFAULT_LEASE_TTL_SECONDS, LEASE_CHECK_SECONDS
@@ -54,8 +55,6 @@ log = logging.getLogger("ledgerq.worker")
 
 #: A lease is renewed once this fraction of its TTL has passed.
 RENEW_FRACTION = 1 / 3
-#: The exit codes an executor may return: what an integer column stores on every backend.
-EXIT_CODES = (-(2**63), 2**63 - 1)
 #: exit_code recorded for a run killed at its deadline (the coreutils ``timeout`` convention).
 TIMEOUT_EXIT_CODE = 124
 
@@ -296,12 +295,13 @@ def _result(task: asyncio.Future[tuple[int, str]], capture: OutputCapture) -> Ou
 
 
 def _storable_result(got: object) -> bool:
-    """Whether an executor's result is the record's ``(exit_code, detail)`` with values a
-    run's columns store on every backend."""
+    """Whether an executor's result is the record's ``(exit_code, detail)`` with an exit
+    code a run's integer column stores on every backend (the engine's own check) and a
+    detail that is text (made storable where it is written) or None."""
     if not isinstance(got, tuple | list) or len(got) != 2:
         return False
     code, detail = got
-    return type(code) is int and EXIT_CODES[0] <= code <= EXIT_CODES[1] \
+    return type(code) is int and value_problem(code, json=False) is None \
         and (detail is None or isinstance(detail, str))
 
 
