@@ -24,7 +24,7 @@ from ledgerq.lifecycle import Registry
 from ledgerq.queue import moves
 from ledgerq.queue.application import validate
 from ledgerq.queue.claim import _claim_together
-from ledgerq.queue.outcomes import Outcome, _finish, finish_all
+from ledgerq.queue.outcomes import Outcome, Write, _finish, finish_all
 from ledgerq.queue.runs import lease_of
 from ledgerq.queue.submit import SUBMITTER, _insert_all
 from ledgerq.store.sqlite.backend import STATEMENT_CACHE, _run_group
@@ -72,7 +72,7 @@ class Units:
         done = Outcome(moves.EXITED_ZERO, 0)
         patch = {"ended_at": now, "exit_code": 0, "error_detail": None, "run_attempts": 1}
         return finish_all(tx, self.policy, [
-            (run["id"], done.to_state, partial(
+            Write(run["id"], done.to_state, partial(
                 _finish, policy=self.policy, run=run, outcome=done,
                 guard=lease_of(self.policy, run), patch=patch, now=now, worker_id=WORKER))
             for run in runs], now)

@@ -13,7 +13,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ledgerq.codec import loads
 from ledgerq.errors import DatabaseUnavailable
@@ -91,8 +91,13 @@ def _finish(tx: Tx, *, policy: EntityPolicy, run: dict[str, Any], outcome: Outco
                    summary=summary, guard=guard, patch=patch, now=now).applied
 
 
-#: One outcome's write: the run's id, the state it moves to, the write itself.
-Write = tuple[str, str, Callable[[Tx], bool]]
+class Write(NamedTuple):
+    """One outcome's write."""
+
+    run_id: str
+    #: The state it moves the run to.
+    to_state: str
+    write: Callable[[Tx], bool]
 
 
 def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[Write], now: float, *,
@@ -100,9 +105,9 @@ def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[Write], now: float
     """The outcome ``writes`` in order, then the dependents of the runs they ended, settled
     together (one lookup, however many ended); whether each applied. ``alone``: each in
     its own savepoint, and what one raised is its result (its writes rolled back)."""
-    done = [_alone(tx, write) if alone else write(tx) for _, _, write in writes]
-    ended = [rid for (rid, to_state, _), applied in zip(writes, done, strict=True)
-             if applied is True and to_state in policy.terminal]
+    done = [_alone(tx, w.write) if alone else w.write(tx) for w in writes]
+    ended = [w.run_id for w, applied in zip(writes, done, strict=True)
+             if applied is True and w.to_state in policy.terminal]
     if ended:
         settle_dependents(tx, policy, ended, now)
     return done
@@ -156,18 +161,18 @@ async def record_outcomes(db: StateDB, policy: EntityPolicy, ended: Sequence[End
         if isinstance(applied, Exception):
             out.append(applied)
         elif applied:
-            out.append(plan[1])
+            out.append(plan.to_state)
         else:
-            out.append(await _conflicted(db, end.run, end.lease, plan[1]))
+            out.append(await _conflicted(db, end.run, end.lease, plan.to_state))
     return out
 
 
 def _planned(policy: EntityPolicy, end: Ended, ctx: RunContext) -> Write:
     """``end``'s write."""
     outcome, patch, now = _terms(policy, end.run, ctx, end.outcome)
-    return end.run["id"], outcome.to_state, functools.partial(
+    return Write(end.run["id"], outcome.to_state, functools.partial(
         _finish, policy=policy, run=end.run, outcome=outcome, guard=dict(end.lease),
-        patch=patch, now=now, worker_id=ctx.worker_id)
+        patch=patch, now=now, worker_id=ctx.worker_id))
 
 
 def _terms(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext, outcome: Outcome
