@@ -353,9 +353,8 @@ class Worker:
         # Runs that ended in their first step (or were refused) write their outcomes
         # together, here; the pass's capacity was never theirs for longer.
         ended = await write_ended(self.db, begun.ended, self.context)
-        for run, got_ in [*zip([e.run for e in begun.ended], ended, strict=True),
-                          *begun.failed]:
-            self._count(run, got_)
+        for run, outcome in begun.settled(ended):
+            self._count(run, outcome)
 
     async def _execute(self, run: dict[str, Any], going: Coroutine[Any, Any, str]) -> str:
         try:

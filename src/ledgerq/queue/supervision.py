@@ -122,6 +122,12 @@ class Begun:
     #: Runs whose supervisor failed before they got that far, and why.
     failed: list[tuple[dict[str, Any], Exception]] = field(default_factory=list)
 
+    def settled(self, written: list[str | Exception]
+                ) -> list[tuple[dict[str, Any], str | Exception]]:
+        """Each run that did not go on, with how it ended: the ended runs with ``written``
+        (:func:`write_ended`'s answer), then the failed ones."""
+        return [*zip([e.run for e in self.ended], written, strict=True), *self.failed]
+
 
 def begin_runs(db: StateDB, runs: list[dict[str, Any]], ctx: RunContext) -> Begun:
     """:func:`begin_claimed` for each of a pass's runs, in order.

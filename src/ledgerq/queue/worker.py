@@ -116,9 +116,8 @@ async def _claim_and_execute(db: StateDB, config: WorkerConfig, now: float | Non
         return_exceptions=True)
     if isinstance(ended, BaseException):
         ended = [ended] * len(begun.ended)
-    for run, got in [*zip([e.run for e in begun.ended], ended, strict=True),
-                     *zip([run for run, _ in begun.going], going, strict=True),
-                     *begun.failed]:
+    for run, got in [*begun.settled(ended),
+                     *zip([run for run, _ in begun.going], going, strict=True)]:
         if isinstance(got, BaseException):  # the others still ran to their end
             log.error("run %s: supervisor failed: %r", run["id"], got)
     return len(claimed.claimed)
