@@ -14,6 +14,11 @@ def dumps(value: Any) -> str:
     return _encoder.encode(value).decode()
 
 
+def dumpb(value: Any) -> bytes:
+    """:func:`dumps` as UTF-8 bytes, what a hash takes (no round trip through a str)."""
+    return _encoder.encode(value)
+
+
 def loads(text: str | bytes | None) -> Any:
     if text is None:
         return None

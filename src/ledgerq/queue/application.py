@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from ledgerq.codec import dumps, loads
+from ledgerq.codec import dumpb, dumps, loads
 from ledgerq.errors import InvalidInput
 from ledgerq.operations import DEFAULT_QUEUE
 
@@ -465,4 +465,4 @@ def digest(app: TaskApplication) -> str:
         body["priority"] = app.priority
     if app.queue != DEFAULT_QUEUE:
         body["queue"] = app.queue
-    return hashlib.sha256(dumps(body).encode()).hexdigest()
+    return hashlib.sha256(dumpb(body)).hexdigest()

@@ -7,12 +7,11 @@ the run then counts as ``cancelled`` or ``lost`` in the worker's outcomes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ledgerq.codec import loads
@@ -38,11 +37,15 @@ T = TypeVar("T")
 DETAIL_LIMIT = 4096
 
 
-@dataclass(frozen=True)
-class Outcome:
+#: No output recorded (a run that launched nothing, or never ran).
+NO_OUTPUT: Mapping[str, str | None] = MappingProxyType({})
+
+
+class Outcome(NamedTuple):
     """How a run ended, as its write records it: one of the queue's moves off ``running``.
 
-    Its target need not be terminal: a run given back on shutdown goes to ``queued``.
+    Its target need not be terminal: a run given back on shutdown goes to ``queued``. A
+    plain tuple: every run makes one, and a frozen dataclass costs four times as much.
     """
 
     move: Move
@@ -55,7 +58,7 @@ class Outcome:
     summary: str | None = None
     #: The output tails to record (``stdout_tail``/``stderr_tail``), written with the
     #: fact that ends the run or sends it to retry_wait; empty when nothing ran.
-    output: Mapping[str, str | None] = field(default_factory=dict)
+    output: Mapping[str, str | None] = NO_OUTPUT
 
     @property
     def to_state(self) -> str:
@@ -113,8 +116,7 @@ def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[Write], now: float
     return done
 
 
-@dataclass(frozen=True)
-class Ended:
+class Ended(NamedTuple):
     """A claimed run whose outcome is known without waiting: its executor finished in its
     first step, or the run was refused before it ran. Its write can go with others'."""
 
@@ -192,7 +194,7 @@ def _terms(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext, outcome: 
         except Exception as exc:  # a hand-edited row: fail it plainly rather than strand it
             retry = None
             detail = _storable_text(f"{detail} (retry_policy unreadable: {exc})")
-            outcome = dataclasses.replace(outcome, detail=detail)
+            outcome = outcome._replace(detail=detail)
         runs_done = int(run.get("run_attempts") or 0) + 1
         if retry is not None and runs_done < retry.max_attempts \
                 and moves.BACKOFF.offered_by(policy):
@@ -230,7 +232,7 @@ def _storable(outcome: Outcome) -> Outcome:
     text = outcome.detail
     if text is None or (text.isascii() and "\x00" not in text):
         return outcome
-    return dataclasses.replace(outcome, detail=_storable_text(text))
+    return outcome._replace(detail=_storable_text(text))
 
 
 def _storable_text(text: str) -> str:

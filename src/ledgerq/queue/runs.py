@@ -51,13 +51,18 @@ class MalformedRow(ValueError):
     """A row whose stored JSON cannot be decoded (e.g. written by hand)."""
 
 
+#: What a JSON column holds as stored (a tuple: ``str | bytes`` is rebuilt per call).
+_TEXT = (str, bytes)
+
+
 def decode_run(policy: EntityPolicy, row: dict[str, Any]) -> dict[str, Any]:
     """A run row with its spec-declared JSON columns decoded; MalformedRow names the column."""
     out = dict(row)
     for col in policy.json_columns:
-        if col in out and isinstance(out[col], str | bytes):
+        text = out.get(col)
+        if isinstance(text, _TEXT):
             try:
-                out[col] = loads(out[col])
+                out[col] = loads(text)
             except Exception as exc:
                 raise MalformedRow(f"run {row.get('id')!r}: column {col} holds invalid JSON: "
                                    f"{exc}") from None

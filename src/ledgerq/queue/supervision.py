@@ -136,9 +136,10 @@ def begin_runs(db: StateDB, runs: list[dict[str, Any]], ctx: RunContext) -> Begu
     run: their outcomes are written together, each still its own guarded move.
     """
     begun = Begun()
+    policy = run_policy(db)
     for run in runs:
         try:
-            got = begin_claimed(db, run, ctx)
+            got = _begin(db, policy, run, ctx)
         except Exception as exc:  # the others still run to their end
             begun.failed.append((run, exc))
             continue
@@ -168,9 +169,14 @@ def begin_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext
     outcome is known (it was refused before it ran, or its executor's first step
     finished it), to be written with others' (:func:`record_outcomes`); else the
     coroutine that supervises it to its end and writes its outcome."""
-    policy = run_policy(db)
+    return _begin(db, run_policy(db), run, ctx)
+
+
+def _begin(db: StateDB, policy: EntityPolicy, run: dict[str, Any], ctx: RunContext
+           ) -> Ended | Coroutine[Any, Any, str]:
     # The lease the claim gave this worker: the row's, owned by us whatever it says.
-    lease = {**lease_of(policy, run), "leased_by": ctx.worker_id}
+    lease = lease_of(policy, run)
+    lease["leased_by"] = ctx.worker_id
     try:
         decoded = decode_run(policy, run)
     except MalformedRow as exc:
@@ -304,11 +310,15 @@ def _storable_result(got: object) -> bool:
     """Whether an executor's result is the record's ``(exit_code, detail)`` with an exit
     code a run's integer column stores on every backend (the engine's own check) and a
     detail that is text (made storable where it is written) or None."""
-    if not isinstance(got, tuple | list) or len(got) != 2:
+    if not isinstance(got, _PAIR) or len(got) != 2:
         return False
     code, detail = got
     return type(code) is int and value_problem(code, json=False) is None \
         and (detail is None or isinstance(detail, str))
+
+
+#: What an executor's result may be (a tuple: ``tuple | list`` is rebuilt per call).
+_PAIR = (tuple, list)
 
 
 async def _supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
