@@ -144,18 +144,22 @@ def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
     for row in _scan(tx, policy, excluded_kinds, queues, result):
         if skip and row["id"] in skip:
             continue
-        try:
-            caps = loads(row["required_capabilities"]) or []
-            if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
-                raise ValueError("not a list of strings")
-        except Exception:
-            result.malformed.append(row["id"])
-            log.warning("skipping run %s: required_capabilities is malformed", row["id"])
-            continue
+        raw = row["required_capabilities"]
+        if raw == "[]":  # most runs ask for no capability: nothing to decode or match
+            caps: list[str] = []
+        else:
+            try:
+                caps = loads(raw) or []
+                if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+                    raise ValueError("not a list of strings")
+            except Exception:
+                result.malformed.append(row["id"])
+                log.warning("skipping run %s: required_capabilities is malformed", row["id"])
+                continue
+            if not worker_can_serve(caps, advertised):
+                continue
         target = row["execution_target"]
         if target and target not in targets:
-            continue
-        if not worker_can_serve(caps, advertised):
             continue
         cand = {**row, "required_capabilities": caps}
         eligible.append(cand)
