@@ -75,18 +75,21 @@ def claim_order(row: dict[str, Any]) -> tuple[int, float, str]:
 
 
 class _QueueScan:
-    """One queue's candidates in claim order, read a keyset page at a time on demand."""
+    """One queue's candidates in claim order, read a keyset page at a time on demand (the
+    first page ``first_page`` rows long, the others PAGE_SIZE)."""
 
     def __init__(self, tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
-                 queue: str) -> None:
+                 queue: str, first_page: int) -> None:
         self.tx, self.policy, self.excluded, self.queue = tx, policy, excluded_kinds, queue
+        self.size = first_page
         self.cursor: tuple[int, float, str] | None = None
         self.buffer: list[dict[str, Any]] = []
         self.done = False
 
     def fill(self, budget: int) -> int:
         """Read the next page (at most ``budget`` rows); the number read."""
-        size = min(PAGE_SIZE, budget)
+        size = min(self.size, budget)
+        self.size = PAGE_SIZE
         page = self.tx.claim_page(self.policy, self.excluded, self.queue, self.cursor, size)
         self.done = len(page) < size
         if page:
@@ -97,7 +100,7 @@ class _QueueScan:
 
 
 def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Sequence[str],
-          result: ClaimPass) -> Iterator[dict[str, Any]]:
+          result: ClaimPass, first_page: int) -> Iterator[dict[str, Any]]:
     """The queued rows of ``queues`` in claim order, up to the scan cap.
 
     Each queue is its own range of the claim index, read in order a page at a time; the
@@ -105,7 +108,7 @@ def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Seque
     pass uses, are never read. When the cap stops a queue's reading, the merge stops
     too: everything yielded so far is then exactly the head of the claim order.
     """
-    scans = [_QueueScan(tx, policy, excluded_kinds, q) for q in queues]
+    scans = [_QueueScan(tx, policy, excluded_kinds, q, first_page) for q in queues]
     heads: list[tuple[tuple[int, float, str], int]] = []
 
     def refill(i: int) -> bool:
@@ -132,7 +135,8 @@ def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Seque
 def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
                 advertised: list[str], targets: set[str], queues: Sequence[str],
                 result: ClaimPass, enough: Callable[[dict[str, Any]], bool] | None = None,
-                skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+                skip: frozenset[str] = frozenset(), first_page: int = PAGE_SIZE
+                ) -> list[dict[str, Any]]:
     """Eligible queued rows of ``queues`` in claim order (priority descending, then
     (queued_at, id)), read in keyset pages up to the scan cap.
 
@@ -141,7 +145,7 @@ def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
     claim raised recently) are passed over, so they cannot take a pass's every slot.
     """
     eligible: list[dict[str, Any]] = []
-    for row in _scan(tx, policy, excluded_kinds, queues, result):
+    for row in _scan(tx, policy, excluded_kinds, queues, result, first_page):
         if skip and row["id"] in skip:
             continue
         raw = row["required_capabilities"]
@@ -204,9 +208,10 @@ def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
     if not any(capability_class(t) == "affinity" for t in advertised):
         # Every candidate scores 0, so the stable affinity sort keeps scan order and the
         # choice is the first ``limit`` unblocked eligible rows: stop scanning there.
-        # Same rows as sorting the whole scan, without reading up to SCAN_CAP of them.
+        # Same rows as sorting the whole scan, without reading up to SCAN_CAP of them;
+        # the first page is only as long as the pass could use (most passes need no more).
         _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
-                    enough=picker.offer, skip=skip)
+                    enough=picker.offer, skip=skip, first_page=min(limit, PAGE_SIZE))
         return picker.chosen
     eligible = _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
                            skip=skip)
