@@ -114,25 +114,27 @@ def run_row(app: TaskApplication, now: float, host: str, status: str, deps: list
     same pages of every index keyed by run id, so a commit writes a few tail pages
     instead of one random page per index, and a claim pass's rows sit together.
     """
-    return {
+    caps = app.required_capabilities  # most runs ask for none: nothing to encode or scope
+    row = {
         "id": new_run_id(),
         "schedule_id": None, "invocation_id": None, "trigger_context": "{}",
         "action_kind": app.action_kind, "action_args": dumps(app.args),
         "status": status, "chain_depth": 0,
         "fired_at": now, "created_at": now, "queued_at": now,
-        "concurrency_key": host_scoped_concurrency_key(host, app.required_capabilities),
-        "required_capabilities": dumps(app.required_capabilities),
+        "concurrency_key": host_scoped_concurrency_key(host, caps) if caps else None,
+        "required_capabilities": dumps(caps) if caps else "[]",
         "execution_target": app.execution_target,
         "library_ref": app.library_ref, "library_content_hash": app.library_content_hash,
         "idempotency_key": app.idempotency_key, "application_digest": fingerprint,
         "retry_policy": dumps(app.retry.to_dict()) if app.retry else None,
         "timeout_seconds": app.timeout_seconds,
         "depends_on": dumps(deps) if deps else None,
-        # Only a delayed run keeps its start time: any other starts now.
-        **({"not_before": app.not_before} if status == moves.SUBMITTED_DELAYED.target
-           else {}),
-        **placement(app, policy),
     }
+    # Only a delayed run keeps its start time: any other starts now.
+    if status == moves.SUBMITTED_DELAYED.target:
+        row["not_before"] = app.not_before
+    row.update(placement(app, policy))
+    return row
 
 
 #: The creation facts' reasons, built (and validated) once.

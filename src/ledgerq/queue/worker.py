@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ledgerq.queue.claim import PAGE_SIZE, SCAN_CAP, ClaimPass, claim_pass, claim_runs
 from ledgerq.queue.config import (
@@ -110,13 +110,17 @@ async def _claim_and_execute(db: StateDB, config: WorkerConfig, now: float | Non
     claimed = await claim_pass(db, config, now=now, stuck=stuck)
     ctx = RunContext.from_config(config, clock=_fixed_clock(now))
     begun = begin_runs(db, claimed.claimed, ctx)
-    # One gather: a cancel of this call reaches the runs still going too.
-    ended, *going = await asyncio.gather(
-        write_ended(db, begun.ended, ctx), *(coro for _, coro in begun.going),
-        return_exceptions=True)
-    if isinstance(ended, BaseException):
-        ended = [ended] * len(begun.ended)
-    for run, got in [*begun.settled(ended),
+    going: list[Any] = []
+    written: list[Any]
+    if not begun.going:  # every run ended in its first step: nothing to gather
+        written = await write_ended(db, begun.ended, ctx)
+    else:
+        # One gather: a cancel of this call reaches the runs still going too.
+        ended, *going = await asyncio.gather(
+            write_ended(db, begun.ended, ctx), *(coro for _, coro in begun.going),
+            return_exceptions=True)
+        written = [ended] * len(begun.ended) if isinstance(ended, BaseException) else ended
+    for run, got in [*begun.settled(written),
                      *zip([run for run, _ in begun.going], going, strict=True)]:
         if isinstance(got, BaseException):  # the others still ran to their end
             log.error("run %s: supervisor failed: %r", run["id"], got)
