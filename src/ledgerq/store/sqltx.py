@@ -226,9 +226,15 @@ class SqlTx(Tx):
         for entity_id, guards, patch in rows:
             if len(got) >= limit:
                 break
+            # The values in the statement's column order (a row may name its columns in
+            # another order than the first row: only then are they reordered).
             merged = {**changes, **patch}
+            if tuple(merged) != change_cols:
+                merged = {c: merged[c] for c in change_cols}
+            if tuple(guards) != guard_cols:
+                guards = {c: guards[c] for c in guard_cols}
             row = self.swap(statement, entity_id, observed, None, to_state,
-                            [merged[c] for c in change_cols], [guards[c] for c in guard_cols])
+                            merged.values(), guards.values())
             if row is not None:
                 got.append(row)
         return got
