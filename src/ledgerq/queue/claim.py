@@ -165,9 +165,9 @@ def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
         target = row["execution_target"]
         if target and target not in targets:
             continue
-        cand = {**row, "required_capabilities": caps}
-        eligible.append(cand)
-        if enough is not None and enough(cand):
+        row["required_capabilities"] = caps  # (the page's own dict: decoded in place)
+        eligible.append(row)
+        if enough is not None and enough(row):
             return eligible
     return eligible
 
