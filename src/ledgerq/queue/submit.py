@@ -206,7 +206,10 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
             raise InvalidInput(f"apps[{i}]: {exc}") from exc
     policy = run_policy(db)
     ts = time.time() if now is None else now
-    hostname = host or socket.gethostname()
+    # The host scopes serialization tokens' concurrency keys (run_row): a batch that asks
+    # for no capability at all needs no system call to name it.
+    needs_host = not host and any(a.required_capabilities for a in normalized)
+    hostname = socket.gethostname() if needs_host else host or ""
 
     def unit(tx: Tx) -> list[str]:
         return _insert_all(tx, policy, normalized, ts, hostname, actor)
