@@ -644,3 +644,19 @@ async def test_a_limit_one_pass_over_a_deep_queue_reads_one_page(db: StateDB) ->
     # below that level too (one more statement, which found nothing).
     assert len(got.claimed) == 1 and len(pages) == 11
     assert got.scanned == 10 * PAGE_SIZE - 1
+
+
+async def test_a_pass_whose_short_first_page_is_filtered_reads_on(db: StateDB) -> None:
+    # The first page is only as long as the pass can use; when its rows cannot be served
+    # (a capability the worker lacks, a concurrency key chosen earlier in the pass), the
+    # pass reads on and claims the rows behind them, as a full page would have found.
+    gpu = await submit_many(db, [task(required_capabilities=["gpu"])] * 3)
+    keyed = await submit_many(db, [task(required_capabilities=["gpu-exclusive"])] * 2)
+    plain = await submit_many(db, [task()] * 2)
+    got = await claim_runs(db, worker_id="w1", limit=3, stuck=StuckRows(),
+                           advertised_capabilities=["gpu-exclusive"])
+    claimed = {r["id"] for r in got.claimed}
+    # The gpu rows are never eligible; one keyed row waits for the other's key.
+    assert len(claimed) == 3 and set(plain) <= claimed and not set(gpu) & claimed
+    assert len(set(keyed) & claimed) == 1
+    assert got.scanned == 7 and not got.malformed
