@@ -110,6 +110,8 @@ def check_priority(value: object, field_name: str = "priority") -> int:
 
 def check_queue(value: object, field_name: str = "queue") -> str:
     """``value`` as a queue name, or InvalidInput naming ``field_name``."""
+    if type(value) is str and value == DEFAULT_QUEUE:  # most runs: no pattern to match
+        return value
     problem = queue_name_problem(value)
     if problem is not None:
         raise InvalidInput(f"{field_name} {problem}")

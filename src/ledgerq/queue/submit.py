@@ -54,7 +54,7 @@ def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
                     f"{existing['id']} with a different application"
                 )
             return str(existing["id"])
-    deps = list(dict.fromkeys(app.depends_on))
+    deps = list(dict.fromkeys(app.depends_on)) if app.depends_on else []
     if deps:
         found = tx.statuses(policy, deps)
         unknown = [d for d in deps if d not in found]
