@@ -313,7 +313,7 @@ def _storable_result(got: object) -> bool:
     if not isinstance(got, _PAIR) or len(got) != 2:
         return False
     code, detail = got
-    return type(code) is int and value_problem(code, json=False) is None \
+    return type(code) is int and (code == 0 or value_problem(code, json=False) is None) \
         and (detail is None or isinstance(detail, str))
 
 
