@@ -485,9 +485,8 @@ def _swap(tx: Tx, policy: EntityPolicy, plan: _Plan, entity_id: str, observed: s
     changes = _stamp(reason, ts)
     for c in plan.fresh:
         changes[c] = new_token()
-    # Containers (JSON columns' lists and objects) go as JSON text, scalars as they are.
     for k, v in patch.items():
-        changes[k] = dumps(v) if isinstance(v, CONTAINERS) else v
+        changes[k] = to_sql(v)
     guards = [to_sql(guard[c]) for c in plan.guard_cols]
     moved_to = None if observed == to_state else to_state
     if tx.stores_as_sent and not whole_row and _stored_as_sent(policy, plan.patched, changes):

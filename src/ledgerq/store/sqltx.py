@@ -188,13 +188,10 @@ class SqlTx(Tx):
                       guards: Iterable[Any]) -> list[Any]:
         """:meth:`update_text`'s parameters, in its placeholders' order (``changes`` and
         ``guards``: the values, in the order of the text's columns)."""
+        moved = () if to_state is None else (to_state,)
         if version is None:
-            if to_state is None:
-                return [*changes, entity_id, observed, *guards]
-            return [to_state, *changes, entity_id, observed, *guards]
-        if to_state is None:
-            return [version + 1, *changes, entity_id, observed, version, *guards]
-        return [to_state, version + 1, *changes, entity_id, observed, version, *guards]
+            return [*moved, *changes, entity_id, observed, *guards]
+        return [*moved, version + 1, *changes, entity_id, observed, version, *guards]
 
     def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
                                 version: int | None, to_state: str | None,
