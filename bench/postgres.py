@@ -26,6 +26,12 @@ Systems:
                  one task in flight per process (bench/pg_peers/floor.py)
   floor+log      the same plus one log row per state change, in the same transaction
                  (ledgerq writes a fact per move)
+  floor+log/B    the batched floor (issue 13's target 4: the floor batches where the
+                 engine does): up to B jobs claimed as one guarded UPDATE ... RETURNING
+                 plus one multi-row log INSERT in one transaction, then completed the
+                 same way in a second; B = 10, a ledgerq Worker's pass here (its
+                 capacity), and B = 25, PgQueuer's batch_size here. Drains and end to
+                 end only (its submits are floor+log's)
   ledgerq-sql    submit single: the one statement ledgerq sends for a plain submit (its
                  row and creation fact; captured from ledgerq itself), run by plain
                  psycopg on ledgerq's schema as a transaction of its own, with fresh ids
@@ -76,7 +82,10 @@ sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for pg_peers
 from pg_peers import floor  # importable only after the line above
 from pg_peers.harness import SCENARIOS, Peer, Scratch, measure
 
-SYSTEMS = ["floor", "floor+log", "ledgerq-sql", "pgqueuer", "procrastinate", "ledgerq"]
+SYSTEMS = ["floor", "floor+log", "floor+log/pass", "floor+log/pgq", "ledgerq-sql",
+           "pgqueuer", "procrastinate", "ledgerq"]
+#: The scenarios the batched floors run: their submits are floor+log's.
+BATCHED_SCENARIOS = ["drain 1", "drain W", "end to end"]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -284,6 +293,11 @@ def _peer_for(system: str) -> Peer:
         return floor.peer(log=False)
     if system == "floor+log":
         return floor.peer(log=True)
+    if system == "floor+log/pass":
+        return floor.peer(log=True, batch=LEDGERQ_CAPACITY)
+    if system == "floor+log/pgq":
+        from pg_peers.pgqueuer_peer import BATCH_SIZE
+        return floor.peer(log=True, batch=BATCH_SIZE)
     if system == "pgqueuer":
         from pg_peers import pgqueuer_peer
         return pgqueuer_peer.peer()
@@ -320,6 +334,7 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
     line("tasks or lifecycles /s", cols)
     line("-" * (label_w - 2), ["-" * (width - 2)] * len(cols))
     names = {"floor": "floor (psycopg)", "floor+log": "floor + log row",
+             "floor+log/pass": "batched floor+log, 10", "floor+log/pgq": "batched floor+log, 25",
              "ledgerq-sql": "ledgerq's statement",
              "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "ledgerq": "ledgerq"}
     for system, row in results.items():
@@ -328,8 +343,11 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
     ratios = [("ledgerq / PgQueuer", "ledgerq", "pgqueuer"),
               ("ledgerq / its statement", "ledgerq", "ledgerq-sql"),
               ("its statement / PgQueuer", "ledgerq-sql", "pgqueuer"),
+              ("ledgerq / batched floor, 10", "ledgerq", "floor+log/pass"),
               ("ledgerq / floor + log", "ledgerq", "floor+log"),
               ("ledgerq / floor", "ledgerq", "floor"),
+              ("batched floor, 10 / PgQ", "floor+log/pass", "pgqueuer"),
+              ("batched floor, 25 / PgQ", "floor+log/pgq", "pgqueuer"),
               ("PgQueuer / floor + log", "pgqueuer", "floor+log"),
               ("PgQueuer / floor", "pgqueuer", "floor")]
     printed = False
@@ -341,6 +359,43 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
             printed = True
         line(label, [_fmt(results[a][s] / results[b][s], ratio=True)
                      if s in results[a] and s in results[b] else "-" for s in SCENARIOS])
+    print()
+    print_target(results, workers)
+
+
+def print_target(results: dict[str, dict[str, float]], workers: int) -> None:
+    """Issue 13's target 5, judged on this run: each ratio, and beside it the bound that a
+    floor measured in the same run puts on it (a bound under 1.0x: out of reach)."""
+    def ratio(a: str, b: str, scenario: str) -> float | None:
+        x, y = results.get(a, {}).get(scenario), results.get(b, {}).get(scenario)
+        return None if x is None or y is None or math.isnan(x) or math.isnan(y) else x / y
+
+    def judged(value: float | None, target: float) -> str:
+        if value is None:
+            return "not measured"
+        return f"{value:.2f}x (>= {target:.1f}x: {'met' if value >= target else 'NOT met'})"
+
+    def bound(value: float | None, what: str) -> str:
+        if value is None:
+            return ""
+        reach = "out of reach for any system that runs it" if value < 1.0 else "within reach"
+        return f"\n      bound: {what} / PgQueuer = {value:.2f}x, {reach}"
+
+    print("issue 13, target 5 (ledgerq >= 1.0x PgQueuer; >= 0.7x the plain-psycopg floor):")
+    print("  submit single, ledgerq / PgQueuer = "
+          + judged(ratio("ledgerq", "pgqueuer", "submit single"), 1.0)
+          + bound(ratio("ledgerq-sql", "pgqueuer", "submit single"),
+                  "ledgerq's own statement alone (plain psycopg, no Python around it)"))
+    print(f"  drain {workers}, ledgerq / PgQueuer = "
+          + judged(ratio("ledgerq", "pgqueuer", "drain W"), 1.0)
+          + bound(ratio("floor+log/pass", "pgqueuer", "drain W"),
+                  f"the batched floor + log at ledgerq's pass ({LEDGERQ_CAPACITY})")
+          + bound(ratio("floor+log/pgq", "pgqueuer", "drain W"),
+                  "the batched floor + log at PgQueuer's batch"))
+    print(f"  drain {workers}, ledgerq / batched floor + log at its pass = "
+          + judged(ratio("ledgerq", "floor+log/pass", "drain W"), 0.7)
+          + "; / floor (one task a transaction) = "
+          + judged(ratio("ledgerq", "floor", "drain W"), 0.7))
     print()
 
 
@@ -385,7 +440,9 @@ def main() -> None:
             elif system == "ledgerq-sql":
                 results[system] = run_ledgerq_sql(scratch, args.n)
             else:
-                results[system] = measure(_peer_for(system), scratch, args.n, args.workers)
+                results[system] = measure(
+                    _peer_for(system), scratch, args.n, args.workers,
+                    BATCHED_SCENARIOS if system.startswith("floor+log/") else SCENARIOS)
     finally:
         scratch.drop_all()
     print_table(results, args.workers)

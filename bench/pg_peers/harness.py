@@ -26,7 +26,7 @@ import multiprocessing as mp
 import os
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
@@ -171,8 +171,10 @@ def run_workers(peer: Peer, dsn: str, workers: int, n: int,
 
 # ------------------------------------------------------------------ scenarios
 
-def measure(peer: Peer, scratch: Scratch, n: int, workers: int) -> dict[str, float]:
-    """Lifecycles (or submits) per second for every scenario; NaN where one failed."""
+def measure(peer: Peer, scratch: Scratch, n: int, workers: int,
+            scenarios: Sequence[str] = SCENARIOS) -> dict[str, float]:
+    """Lifecycles (or submits) per second for each of ``scenarios``; NaN where one
+    failed."""
     out: dict[str, float] = {}
 
     def once(fn: Callable[[str], float]) -> float:
@@ -214,9 +216,10 @@ def measure(peer: Peer, scratch: Scratch, n: int, workers: int) -> dict[str, flo
     def end_to_end(dsn: str) -> float:
         return run_workers(peer, dsn, workers, n, during=lambda: peer.submit_single(dsn, n))
 
-    scenario("submit single", lambda dsn: peer.submit_single(dsn, n))
-    scenario("submit bulk", lambda dsn: peer.submit_bulk(dsn, n))
-    scenario("drain 1", drain(1))
-    scenario("drain W", drain(workers))
-    scenario("end to end", end_to_end)
+    runs: dict[str, Callable[[str], float]] = {
+        "submit single": lambda dsn: peer.submit_single(dsn, n),
+        "submit bulk": lambda dsn: peer.submit_bulk(dsn, n),
+        "drain 1": drain(1), "drain W": drain(workers), "end to end": end_to_end}
+    for label in scenarios:
+        scenario(label, runs[label])
     return out
