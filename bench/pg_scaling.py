@@ -7,6 +7,8 @@ Three figures, each on a scratch database created and dropped here:
    the log and of the projection, per lifecycle.
 2. **Claim pass cost against queue depth.** One claim pass of 10 rows over a queue of
    1k, 10k and 100k queued rows: the partial claim index keeps it flat, or it does not.
+   Once with the table's statistics taken after the queue filled, once with them taken
+   while it was empty (a burst of submits before autovacuum's next ANALYZE).
 3. **Connections per worker.** A ``Worker(capacity=C)`` draining a queue: the most
    client connections it holds at once (``pg_stat_activity``), pool and LISTEN included.
 
@@ -98,14 +100,20 @@ async def sizes(url: str, n: int, capacity: int) -> dict[str, float]:
             "peak connections": float(peak)}
 
 
-async def claim_cost(url: str, depth: int, rounds: int = 20) -> float:
-    """Median seconds of one 10-row claim pass over ``depth`` queued rows (claims undone
-    by moving the queue's clock: each pass claims the next 10)."""
+async def claim_cost(url: str, depth: int, rounds: int = 20, analyzed: bool = True) -> float:
+    """Median seconds of one 10-row claim pass over ``depth`` queued rows (each pass
+    claims the next 10). ``analyzed``: statistics taken after the queue filled (VACUUM
+    ANALYZE); else taken while it was empty, as a burst of submits leaves them until
+    autovacuum's next ANALYZE (kept off for the measurement)."""
     async with StateDB(url) as db:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ANALYZE")
+            conn.execute("ALTER TABLE schedule_runs SET (autovacuum_enabled = false)")
         for i in range(0, depth, 5000):
             await submit_many(db, [APP] * min(5000, depth - i))
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("VACUUM ANALYZE")
+            if analyzed:
+                conn.execute("VACUUM ANALYZE")
         times = []
         for r in range(rounds):
             t0 = time.perf_counter()
@@ -124,11 +132,14 @@ async def main(args: argparse.Namespace) -> None:
         print(f"{args.n} lifecycles, Worker(capacity={args.capacity}):")
         for k, v in got.items():
             print(f"  {k:24} {v:10.1f}")
-        print("claim pass of 10 rows, median of 20:")
+        print("claim pass of 10 rows, median of 20 (ms), with statistics taken:")
+        print(f"  {'':>14} {'after filling':>14} {'while empty':>12}")
         for depth in args.depths:
-            url = scratch(args.dsn, name)
-            cost = await claim_cost(url, depth)
-            print(f"  {depth:>7} queued        {cost * 1000:8.2f} ms")
+            costs = []
+            for analyzed in (True, False):
+                url = scratch(args.dsn, name)
+                costs.append(await claim_cost(url, depth, analyzed=analyzed))
+            print(f"  {depth:>7} queued {costs[0] * 1000:14.2f} {costs[1] * 1000:12.2f}")
     finally:
         drop(args.dsn, name)
 

@@ -8,6 +8,7 @@ by the query's own.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -127,6 +128,61 @@ async def test_postgres_claim_pages_read_the_claim_index_in_order(pg_target: str
     for plan in plans:
         assert "idx_schedule_runs_claim_order" in plan, plan
         assert "Sort" not in plan, plan
+
+
+async def test_postgres_a_claim_swap_reads_its_candidates_alone_whatever_the_statistics(
+        pg_target: str) -> None:
+    """PostgreSQL: a pass's claim statement finds its candidates by primary key, so it reads
+    as many rows as it was given, not every queued row. The statistics here were taken
+    while the queue was empty, as a burst of submits leaves them until autovacuum's next
+    ANALYZE: with them, the statement used to read the whole status through its index
+    (21 ms a pass at 100k queued, bench/pg_scaling.py). Sequential scans are priced out,
+    as on a deep queue."""
+    from ledgerq import StateDB
+    from ledgerq.queue import TaskApplication, submit_many
+
+    async with StateDB(pg_target) as db:
+        policy = db.registry.entity("schedule_run")
+
+        def stale(tx: Tx) -> None:
+            tx.execute("ANALYZE schedule_runs")
+            tx.execute("ALTER TABLE schedule_runs SET (autovacuum_enabled = false)")
+
+        await db.write(stale)
+        await submit_many(db, [TaskApplication("command", {"argv": ["true"]}, "host")] * 400)
+        ids = [r["id"] for r in await db.fetch_all(
+            "SELECT id FROM schedule_runs ORDER BY id LIMIT 12")]
+
+        def probe(tx: Tx) -> tuple[list[dict[str, Any]], int]:
+            plans: list[dict[str, Any]] = []
+            real = tx.execute
+
+            def recording(sql: str, params: Any = ()) -> Any:
+                real("SAVEPOINT probe")
+                (plan,) = real(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params).fetchone()
+                plans.append(plan if isinstance(plan, list) else json.loads(plan))
+                real("ROLLBACK TO probe")
+                return real(sql, params)
+
+            real("SET LOCAL enable_seqscan = off")
+            tx.execute = recording  # type: ignore[method-assign]
+            claimed = tx.claim_entities(
+                policy, [(i, {"leased_by": None}, {"leased_by": "w1"}) for i in ids],
+                observed="queued", to_state="running", changes={}, limit=10)
+            return plans, len(claimed)
+
+        plans, claimed = await db.write(probe)
+    assert claimed == 10
+    (plan,) = plans
+
+    def read(node: dict[str, Any]) -> int:
+        """Rows the plan's scans of the table read (kept or filtered out)."""
+        own = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0) \
+            + node.get("Rows Removed by Index Recheck", 0) \
+            if node.get("Relation Name") == "schedule_runs" else 0
+        return own * node.get("Actual Loops", 1) + sum(read(n) for n in node.get("Plans", []))
+
+    assert read(plan[0]["Plan"]) <= 3 * len(ids), json.dumps(plan, indent=1)
 
 
 def test_the_oldest_queued_run_is_found_through_the_claim_order_index() -> None:

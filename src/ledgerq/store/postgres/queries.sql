@@ -90,14 +90,19 @@ jsonb_build_object({pairs})
 -- in the given order until the LIMIT is reached: a row another transaction holds is
 -- skipped (SKIP LOCKED), and one that no longer has the status or a guard value is
 -- dropped by the lock's re-check against its latest version without using a slot.
--- Parameters: given, patches, observed, limit, to_state, the changes, observed.
+-- pick finds its rows by primary key, through the ids again as an array, and tests the
+-- status with IS NOT DISTINCT FROM (the same test on a NOT NULL column), which no status
+-- index serves: before, with statistics taken while the queue was short (a burst of
+-- submits after an ANALYZE, a new table), the planner read every row in the status
+-- through its index and hashed them, so a pass cost more the deeper the queue.
+-- Parameters: given, patches, ids, observed, limit, to_state, the changes, observed.
 WITH g AS (
   SELECT * FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) WITH ORDINALITY
 ), p AS (
   SELECT * FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb)
 ), pick AS (
   SELECT t.id FROM {table} AS t JOIN g ON g.id = t.id
-  WHERE t.status = %s {pick_guards}
+  WHERE t.id = ANY(%s) AND t.status IS NOT DISTINCT FROM %s {pick_guards}
   ORDER BY g.ordinality LIMIT %s
   FOR UPDATE OF t SKIP LOCKED
 )

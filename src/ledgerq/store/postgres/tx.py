@@ -217,7 +217,7 @@ class PostgresTx(SqlTx):
         ids = [r[0] for r in rows]
         given = dumps([{"id": i, **g} for i, g, _ in rows])
         patches = dumps([{"id": i, **p} for i, _, p in rows])
-        cur = self.execute(sql, [given, patches, observed, limit, to_state,
+        cur = self.execute(sql, [given, patches, ids, observed, limit, to_state,
                                  *changes.values(), observed])
         names = self.names(cur)
         stored = {r["id"]: r for r in (dict(zip(names, t, strict=True))
