@@ -24,8 +24,8 @@ from ledgerq.lifecycle import Registry
 from ledgerq.queue import moves
 from ledgerq.queue.application import validate
 from ledgerq.queue.claim import _claim_together
-from ledgerq.queue.outcomes import Outcome, Write, _finish, finish_all
-from ledgerq.queue.runs import lease_of
+from ledgerq.queue.outcomes import finish_all
+from ledgerq.queue.runs import lease_of, terms, worker_actor
 from ledgerq.queue.submit import SUBMITTER, _insert_all
 from ledgerq.store.sqlite.backend import STATEMENT_CACHE, _run_group
 from ledgerq.store.sqlite.schema import create_schema
@@ -69,12 +69,10 @@ class Units:
     def finish(self, tx: Any, runs: list[dict[str, Any]], now: float) -> list[Any]:
         """The runs' terminal writes after exit 0, each guarded on its lease, then their
         dependents settled, as a pass's outcomes are written together."""
-        done = Outcome(moves.EXITED_ZERO, 0)
         patch = {"ended_at": now, "exit_code": 0, "error_detail": None, "run_attempts": 1}
         return finish_all(tx, self.policy, [
-            Write(run["id"], done.to_state, partial(
-                _finish, policy=self.policy, run=run, outcome=done,
-                guard=lease_of(self.policy, run), patch=patch, now=now, worker_id=WORKER))
+            terms(run["id"], moves.EXITED_ZERO, actor=worker_actor(WORKER), summary="",
+                  guard=lease_of(self.policy, run), patch=patch, now=now)
             for run in runs], now)
 
 

@@ -29,7 +29,13 @@ from helpers import pg
 from ledgerq import StateDB
 from ledgerq.codec import loads
 from ledgerq.lifecycle import Actor, StateReason
-from ledgerq.lifecycle.engine import apply_move, create_entities, create_entity
+from ledgerq.lifecycle.engine import (
+    MoveTerms,
+    apply_move,
+    apply_moves,
+    create_entities,
+    create_entity,
+)
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy, default_registry
 from ledgerq.operations import Tx
 from ledgerq.projections import verify
@@ -98,12 +104,23 @@ def direct_move(via: str, policy: EntityPolicy, entity_id: str, code: str, *,
                 guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
                 from_state: str = FROM, to_state: str = TO
                 ) -> Callable[[sqlite3.Connection], Any]:
-    """One move through ``apply_move`` or ``runs.move``, as an in-transaction unit."""
+    """One move through ``apply_move``, ``apply_moves`` (the same move twice: the second
+    finds it moved on) or ``runs.move``, as an in-transaction unit."""
+    # model_construct, as the queue builds its reasons: no pydantic check in the way.
+    why = StateReason.model_construct(code=code, summary="", evidence_refs=[], metadata={})
     if via == "apply_move":
-        # model_construct, as the queue builds its reasons: no pydantic check in the way.
-        why = StateReason.model_construct(code=code, summary="", evidence_refs=[], metadata={})
         return lambda conn: apply_move(conn, policy, entity_id, from_state, to_state, why,
                                        ACTOR, guard=guard, patch=patch, now=NOW)
+    if via == "apply_moves":
+        terms = MoveTerms(entity_id, from_state, to_state, why, ACTOR, guard or {},
+                          patch or {}, NOW)
+
+        def twice(conn: Any) -> Any:
+            first, again = apply_moves(conn, policy, [terms, terms])
+            assert not again.applied and again.current_state == to_state, again
+            return first
+
+        return twice
     assert policy is RUN
     return lambda conn: runs.move(conn, policy, entity_id, from_state, to_state, code,
                                   actor=ACTOR, guard=guard, patch=patch, now=NOW)
@@ -132,7 +149,7 @@ UNDECLARED_CODES = [
 ]
 
 
-@pytest.mark.parametrize("via", ["apply_move", "runs.move"])
+@pytest.mark.parametrize("via", ["apply_move", "apply_moves", "runs.move"])
 @pytest.mark.parametrize("code", UNDECLARED_CODES)
 async def test_move_refuses_an_undeclared_reason_code(db: StateDB, via: str, code: str) -> None:
     assert code not in RUN.reason_codes
@@ -167,7 +184,7 @@ def _outside_allowlist_cases() -> list[tuple[str, str]]:
     return cases
 
 
-@pytest.mark.parametrize("via", ["apply_move", "runs.move"])
+@pytest.mark.parametrize("via", ["apply_move", "apply_moves", "runs.move"])
 @pytest.mark.parametrize(("kind", "column"), _outside_allowlist_cases())
 async def test_move_refuses_a_column_outside_the_allowlist(db: StateDB, via: str, kind: str,
                                                            column: str) -> None:
@@ -213,6 +230,48 @@ async def test_apply_move_checks_the_allowlist_of_its_own_entity(db: StateDB) ->
         await db.write(unit)
     assert statements == []
     assert await snapshot(db) == before
+
+
+async def test_apply_moves_reports_each_move_as_apply_move_would(db: StateDB) -> None:
+    """Several moves at once (sent together on PostgreSQL): each is its own guarded move
+    with its own fact; one whose guard no longer matches is a conflict reporting the
+    row's state, one that finds its row moved on likewise, and the log still folds to
+    every row."""
+    rids = [await new_run(db) for _ in range(3)]
+    why = StateReason.model_construct(code=CODE, summary="", evidence_refs=[], metadata={})
+
+    def terms(rid: str, leased_by: str | None = None) -> MoveTerms:
+        return MoveTerms(rid, FROM, TO, why, ACTOR, {"leased_by": leased_by},
+                         {"ended_at": NOW}, NOW)
+
+    unit, statements = traced(lambda tx: apply_moves(tx, RUN, [
+        terms(rids[0]), terms(rids[1], "someone"), terms(rids[2]), terms(rids[0])]))
+    moved = await db.write(unit)
+    assert [(m.applied, m.previous_state, m.current_state) for m in moved] == [
+        (True, FROM, TO), (False, FROM, FROM), (True, FROM, TO), (False, TO, TO)]
+    assert [(await stored_run(db, r))["status"] for r in rids] == [TO, FROM, TO]
+    for rid, m in zip(rids, moved, strict=False):
+        facts = await facts_of(db, rid)
+        assert [f["status"] for f in facts] == ([FROM, TO] if m.applied else [FROM])
+        if m.applied:
+            assert facts[-1]["id"] == m.transition_id
+    assert (await verify(db)).ok
+    if db.dialect == "postgresql":
+        # The four swaps went out together (not through execute); the two that matched
+        # nothing were then each taken again alone: their swap, then their read.
+        assert len(statements) == 4 and statements[0] == statements[2], statements
+        assert all("FOR UPDATE" in statements[i] for i in (1, 3)), statements
+
+
+async def test_apply_moves_refuses_a_row_that_is_not_there(db: StateDB) -> None:
+    rid = await new_run(db)
+    before = await snapshot(db)
+    why = StateReason.model_construct(code=CODE, summary="", evidence_refs=[], metadata={})
+    with pytest.raises(LookupError, match="no-such-run"):
+        await db.write(lambda tx: apply_moves(tx, RUN, [
+            MoveTerms(rid, FROM, TO, why, ACTOR, {}, {"ended_at": NOW}, NOW),
+            MoveTerms("no-such-run", FROM, TO, why, ACTOR, {}, {"ended_at": NOW}, NOW)]))
+    assert await snapshot(db) == before  # the first move went with the unit
 
 
 # ------------------------------------------------------------ create_entity / create_entities

@@ -108,15 +108,15 @@ async def test_an_outcome_write_that_raises_fails_alone(
         qdb: StateDB, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     ids = await submit_many(qdb, apps(3))
-    real = outcomes_mod._finish
+    real = outcomes_mod.apply_moves
 
-    def finish(tx: Any, **kw: Any) -> bool:
-        applied = real(tx, **kw)  # its writes are there, and must be rolled back alone
-        if kw["run"]["id"] == ids[1]:
+    def apply_moves(tx: Any, policy: Any, writes: Any) -> Any:
+        moved = real(tx, policy, writes)  # their writes are there, and must be rolled back
+        if any(w.entity_id == ids[1] for w in writes):
             raise RuntimeError("this run's write broke")
-        return applied
+        return moved
 
-    monkeypatch.setattr(outcomes_mod, "_finish", finish)
+    monkeypatch.setattr(outcomes_mod, "apply_moves", apply_moves)
 
     async def at_once(run: dict[str, Any]) -> tuple[int, str]:
         return 0, ""

@@ -22,6 +22,7 @@ from ledgerq.lifecycle.engine import new_id
 from ledgerq.operations import (
     CANDIDATE_COLUMNS,
     STUCK_KINDS,
+    SentMove,
     Tx,
     expired_columns,
     lease_columns,
@@ -662,25 +663,51 @@ async def test_writes_together_commit_apart_from_one_that_raises(db: StateDB) ->
                       ("running", 2)]
 
 
-async def test_update_entity_with_fact_writes_the_fact_only_where_the_swap_matched(
+def sent_move(rid: str, guard: Any, worker: str = "w1", to_state: str | None = "running"
+              ) -> SentMove:
+    """A move off queued (None: staying there), guarded on leased_by, and its fact."""
+    fact = (new_id(), RUN, rid, "queued", to_state or "queued", "run.started.ok", "", "[]",
+            "system", "w", 2.0, "{}", 0, dumps({"leased_by": worker}), None)
+    return SentMove(rid, "queued", None, to_state, {"leased_by": worker, "updated_at": 2.0},
+                    {"leased_by": guard}, False, fact)
+
+
+async def test_update_entities_with_facts_writes_a_fact_only_where_its_swap_matched(
         db: StateDB) -> None:
     policy = await policy_of(db)
     rid = await new_run(db)
 
-    def move(fact_id: str, guard: Any) -> Any:
-        fact = (fact_id, RUN, rid, "queued", "running", "run.started.ok", "", "[]",
-                "system", "w", 2.0, "{}", 0, dumps({"leased_by": "w1"}), None)
-        return db.write(lambda tx: tx.update_entity_with_fact(
-            policy, rid, observed="queued", version=None, to_state="running",
-            changes={"leased_by": "w1", "updated_at": 2.0}, guards={"leased_by": guard},
-            skip_locked=False, fact=fact))
+    def move(guard: Any) -> Any:
+        return db.write(lambda tx: tx.update_entities_with_facts(
+            policy, [sent_move(rid, guard)]))
 
-    assert await move(new_id(), "someone") is None  # guard does not match: no fact
-    assert await move(new_id(), None) == 2
-    assert await move(new_id(), None) is None  # moved on
+    assert await move("someone") == [None]  # guard does not match: no fact
+    assert await move(None) == [2]
+    assert await move(None) == [None]  # moved on
     facts = await db.read(lambda tx: tx.facts_of(RUN, rid))
     assert [(f["entity_version"], f["status"], loads(f["patch"])) for f in facts][1:] == \
         [(2, "running", {"leased_by": "w1"})]
+
+
+async def test_update_entities_with_facts_takes_each_move_in_order(db: StateDB) -> None:
+    """Several moves at once (PostgreSQL sends them together): each its own guarded swap,
+    its own fact only where it matched, its own result, in order; moves of two shapes
+    (one guarded, one leaving the status where it is) keep their order."""
+    policy = await policy_of(db)
+    rids = [await new_run(db) for _ in range(4)]
+    got = await db.write(lambda tx: tx.update_entities_with_facts(policy, [
+        sent_move(rids[0], None), sent_move(rids[1], "someone"), sent_move(rids[2], None),
+        sent_move(rids[3], None, to_state=None),
+        sent_move(rids[0], None, worker="w2")]))  # rids[0] moved on by the first
+    assert got == [2, None, 2, 2, None]
+    states = [await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ("leased_by",)))
+              for r in rids]
+    assert states == [("running", 2, "w1"), ("queued", 1, None), ("running", 2, "w1"),
+                      ("queued", 2, "w1")]
+    facts = {r: await db.read(lambda tx, r=r: tx.facts_of(RUN, r)) for r in rids}
+    assert [len(facts[r]) for r in rids] == [2, 1, 2, 2]
+    assert [(f["entity_version"], f["status"]) for f in facts[rids[3]]] == \
+        [(1, "queued"), (2, "queued")]
 
 
 @pytest.mark.parametrize("rows", [1, 3])

@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import EntityPolicy, Registry
@@ -63,6 +63,20 @@ SLOT_COLUMN = "slot_at"
 STUCK_KINDS = ("undeclared", "lease", "retry", "waiting")
 
 
+class SentMove(NamedTuple):
+    """One move for :meth:`Tx.update_entities_with_facts`: :meth:`Tx.update_entity`'s terms
+    and the fact to append where it matches."""
+
+    entity_id: str
+    observed: str
+    version: int | None
+    to_state: str | None
+    changes: Row
+    guards: Row
+    skip_locked: bool
+    fact: Sequence[Any]
+
+
 class Tx(abc.ABC):
     """One transaction's named operations (see the module docstring)."""
 
@@ -70,7 +84,7 @@ class Tx(abc.ABC):
     dialect: str
     #: Whether a non-JSON column stores exactly the value sent (PostgreSQL: typed columns;
     #: not SQLite, whose type affinity may convert it): a move's fact can then be written
-    #: from the values sent, in the swap's own statement (:meth:`update_entity_with_fact`).
+    #: from the values sent, in the swap's own statement (:meth:`update_entities_with_facts`).
     stores_as_sent: bool = False
 
     # ------------------------------------------------------------ the engine
@@ -118,15 +132,15 @@ class Tx(abc.ABC):
         ``guards`` are the values of its ``change_cols`` and ``guard_cols``, in order."""
 
     @abc.abstractmethod
-    def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
-                                version: int | None, to_state: str | None,
-                                changes: dict[str, Any], guards: dict[str, Any],
-                                skip_locked: bool, fact: Sequence[Any]) -> int | None:
-        """:meth:`update_entity` and, only where it matched, the move's fact (a row of
+    def update_entities_with_facts(self, policy: EntityPolicy, moves: Sequence[SentMove]
+                                   ) -> list[int | None]:
+        """Each move's :meth:`update_entity` and, only where it matched, its fact (a row of
         :meth:`append_facts` whose ``entity_version``, the 13th field, is filled with the
-        row's new version): the new version, or None on a conflict (nothing written).
+        row's new version), in order: each one's new version, or None on a conflict
+        (nothing of it written). Each move is its own statement or two; where the dialect
+        can, they go to the database together (one round trip for all).
 
-        The caller writes the fact from the values it sends, so it uses this only where
+        The caller writes each fact from the values it sends, so it uses this only where
         they are what the row stores (:attr:`stores_as_sent`, no JSON column among them).
         """
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ledgerq.codec import CONTAINERS, dumps, loads, to_sql
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
-from ledgerq.operations import Database, Tx
+from ledgerq.operations import Database, SentMove, Tx
 
 VOCABULARY_ERROR = "not in the declared transition vocabulary"
 
@@ -482,25 +483,16 @@ def _swap(tx: Tx, policy: EntityPolicy, plan: _Plan, entity_id: str, observed: s
     read: the swap then bumps whatever version the row has and returns it.
     """
     ts = time.time() if now is None else now
-    changes = _stamp(reason, ts)
-    for c in plan.fresh:
-        changes[c] = new_token()
-    for k, v in patch.items():
-        changes[k] = to_sql(v)
-    guards = [to_sql(guard[c]) for c in plan.guard_cols]
+    changes, guards = _terms(plan, reason, ts, guard, patch)
     moved_to = None if observed == to_state else to_state
     if tx.stores_as_sent and not whole_row and _stored_as_sent(policy, plan.patched, changes):
         # What the row will store is what is sent: the fact can be written from it, in
         # the swap's own statement (inserted only if the swap matched).
-        fact_id = new_id()
-        if tx.update_entity_with_fact(
-                policy, entity_id, observed=observed, version=version, to_state=moved_to,
-                changes=changes, guards=dict(zip(plan.guard_cols, guards, strict=True)),
-                skip_locked=skip_locked,
-                fact=_fact(fact_id, policy.name, entity_id, observed, to_state, reason, actor,
-                           ts, 0, changes, idempotency_key)) is None:
+        sent = _sent(policy, plan, entity_id, observed, to_state, reason, actor, ts, changes,
+                     guards, idempotency_key, version, skip_locked)
+        if tx.update_entities_with_facts(policy, [sent]) == [None]:
             return None
-        return Moved(True, observed, to_state, fact_id, None)
+        return Moved(True, observed, to_state, sent.fact[0], None)
     after = tx.swap(plan.unread if version is None else plan.read, entity_id, observed,
                     version, moved_to, changes.values(), guards)
     if after is None:
@@ -517,6 +509,79 @@ def _swap(tx: Tx, policy: EntityPolicy, plan: _Plan, entity_id: str, observed: s
     tx.append_facts((_fact(fact_id, policy.name, entity_id, observed, to_state, reason,
                            actor, ts, new_version, changes, idempotency_key),))
     return Moved(True, observed, to_state, fact_id, after if whole_row else None)
+
+
+def _terms(plan: _Plan, reason: StateReason, ts: float, guard: dict[str, Any],
+           patch: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """A swap's changes (the stamp, fresh tokens, the patch) and guard values, as sent."""
+    changes = _stamp(reason, ts)
+    for c in plan.fresh:
+        changes[c] = new_token()
+    for k, v in patch.items():
+        changes[k] = to_sql(v)
+    return changes, [to_sql(guard[c]) for c in plan.guard_cols]
+
+
+def _sent(policy: EntityPolicy, plan: _Plan, entity_id: str, observed: str, to_state: str,
+          reason: StateReason, actor: Actor, ts: float, changes: dict[str, Any],
+          guards: list[Any], idempotency_key: str, version: int | None,
+          skip_locked: bool) -> SentMove:
+    """A swap whose fact is written from the values it sends, in its own statement."""
+    return SentMove(entity_id, observed, version, None if observed == to_state else to_state,
+                    changes, dict(zip(plan.guard_cols, guards, strict=True)), skip_locked,
+                    _fact(new_id(), policy.name, entity_id, observed, to_state, reason, actor,
+                          ts, 0, changes, idempotency_key))
+
+
+class MoveTerms(NamedTuple):
+    """One move for :func:`apply_moves`: :func:`apply_move`'s terms."""
+
+    entity_id: str
+    from_state: str
+    to_state: str
+    reason: StateReason
+    actor: Actor
+    guard: dict[str, Any]
+    patch: dict[str, Any]
+    now: float | None = None
+
+
+def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> list[Moved]:
+    """:func:`apply_move` for each of ``moves``, in order, inside the caller's transaction.
+
+    Where the values sent are what the rows store (PostgreSQL), every move is checked
+    first, as :func:`apply_move` checks it, and then their swaps, each still its own
+    guarded statement with its own fact, go to the database together: one round trip
+    instead of one per move (a pass's outcomes are ten or more). A swap that matched
+    nothing is taken again by :func:`apply_move` alone, which tells a conflict from a
+    row not found in D3's order. Anything else (a move the spec refuses from the state it
+    names, a value that would be stored converted) goes move by move.
+    """
+    if not tx.stores_as_sent or len(moves) < 2:
+        return [_apply(tx, policy, m) for m in moves]
+    sent: list[SentMove] = []
+    for m in moves:
+        plan = _plan(tx, policy, m.from_state, m.to_state, m.reason, m.actor, m.guard,
+                     m.patch, False, False)
+        if m.guard:
+            check_values(policy, "guard", m.guard)
+        if m.patch:
+            check_values(policy, "patch", m.patch)
+        ts = time.time() if m.now is None else m.now
+        changes, guards = _terms(plan, m.reason, ts, m.guard, m.patch)
+        if plan.refusal is not None or not _stored_as_sent(policy, plan.patched, changes):
+            return [_apply(tx, policy, m) for m in moves]
+        sent.append(_sent(policy, plan, m.entity_id, m.from_state, m.to_state, m.reason,
+                          m.actor, ts, changes, guards, "", None, False))
+    done = tx.update_entities_with_facts(policy, sent)
+    return [_apply(tx, policy, m) if version is None
+            else Moved(True, m.from_state, m.to_state, s.fact[0], None)
+            for m, s, version in zip(moves, sent, done, strict=True)]
+
+
+def _apply(tx: Tx, policy: EntityPolicy, m: MoveTerms) -> Moved:
+    return apply_move(tx, policy, m.entity_id, m.from_state, m.to_state, m.reason, m.actor,
+                      guard=m.guard, patch=m.patch, now=m.now)
 
 
 #: Per logical column type, the one Python type a value must have to be stored as sent.
@@ -780,6 +845,7 @@ def fold(facts: list[dict[str, Any]], policy: EntityPolicy) -> dict[str, Any]:
     return row
 
 
-__all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "Moved", "apply_move", "apply_transition",
+__all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "MoveTerms", "Moved", "apply_move",
+           "apply_moves", "apply_transition",
            "create", "create_entities", "create_entity", "fold", "new_id", "new_token",
            "transition"]

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ledgerq.codec import loads
 from ledgerq.errors import DatabaseUnavailable
+from ledgerq.lifecycle.engine import MoveTerms, apply_moves
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.application import RetryPolicy
 from ledgerq.queue.moves import Move
 from ledgerq.queue.promotion import settle_dependents
-from ledgerq.queue.runs import no_lease, perform, run_policy, worker_actor
+from ledgerq.queue.runs import no_lease, run_policy, terms, worker_actor
 from ledgerq.queue.stuck import is_database_failure
 
 if TYPE_CHECKING:
@@ -86,34 +87,26 @@ def output_patch(policy: EntityPolicy, outcome: Outcome) -> dict[str, str | None
     return {c: v for c, v in outcome.output.items() if c in policy.patch_columns}
 
 
-def _finish(tx: Tx, *, policy: EntityPolicy, run: dict[str, Any], outcome: Outcome,
-            guard: dict[str, Any], patch: dict[str, Any], now: float,
-            worker_id: str) -> bool:
-    summary = outcome.summary if outcome.summary is not None else outcome.detail or ""
-    return perform(tx, policy, run["id"], outcome.move, actor=worker_actor(worker_id),
-                   summary=summary, guard=guard, patch=patch, now=now).applied
-
-
-class Write(NamedTuple):
-    """One outcome's write."""
-
-    run_id: str
-    #: The state it moves the run to.
-    to_state: str
-    write: Callable[[Tx], bool]
-
-
-def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[Write], now: float, *,
+def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[MoveTerms], now: float, *,
                alone: bool = False) -> list[bool | Exception]:
-    """The outcome ``writes`` in order, then the dependents of the runs they ended, settled
-    together (one lookup, however many ended); whether each applied. ``alone``: each in
-    its own savepoint, and what one raised is its result (its writes rolled back)."""
-    done = [_alone(tx, w.write) if alone else w.write(tx) for w in writes]
-    ended = [w.run_id for w, applied in zip(writes, done, strict=True)
+    """The outcome ``writes`` in order (their swaps sent together where the dialect can:
+    :func:`~ledgerq.lifecycle.engine.apply_moves`), then the dependents of the runs they
+    ended, settled together (one lookup, however many ended); whether each applied.
+    ``alone``: each in its own savepoint, and what one raised is its result (its writes
+    rolled back)."""
+    done: list[bool | Exception] = [
+        _alone(tx, functools.partial(_one, policy=policy, write=w)) for w in writes
+    ] if alone else [m.applied for m in apply_moves(tx, policy, writes)]
+    ended = [w.entity_id for w, applied in zip(writes, done, strict=True)
              if applied is True and w.to_state in policy.terminal]
     if ended:
         settle_dependents(tx, policy, ended, now)
     return done
+
+
+def _one(tx: Tx, *, policy: EntityPolicy, write: MoveTerms) -> bool:
+    (moved,) = apply_moves(tx, policy, [write])
+    return moved.applied
 
 
 class Ended(NamedTuple):
@@ -146,7 +139,7 @@ async def record_outcomes(db: StateDB, policy: EntityPolicy, ended: Sequence[End
     rolled back alone and the others commit. A failure of the database itself (after
     :func:`_write_outcome`'s retries) fails them all: it raises here.
     """
-    planned: list[Write | Exception] = []
+    planned: list[MoveTerms | Exception] = []
     for end in ended:
         try:
             planned.append(_planned(policy, end, ctx))
@@ -169,12 +162,12 @@ async def record_outcomes(db: StateDB, policy: EntityPolicy, ended: Sequence[End
     return out
 
 
-def _planned(policy: EntityPolicy, end: Ended, ctx: RunContext) -> Write:
-    """``end``'s write."""
+def _planned(policy: EntityPolicy, end: Ended, ctx: RunContext) -> MoveTerms:
+    """``end``'s write: its move off ``running``, guarded on the lease it ran under."""
     outcome, patch, now = _terms(policy, end.run, ctx, end.outcome)
-    return Write(end.run["id"], outcome.to_state, functools.partial(
-        _finish, policy=policy, run=end.run, outcome=outcome, guard=dict(end.lease),
-        patch=patch, now=now, worker_id=ctx.worker_id))
+    summary = outcome.summary if outcome.summary is not None else outcome.detail or ""
+    return terms(end.run["id"], outcome.move, actor=worker_actor(ctx.worker_id),
+                 summary=summary, guard=dict(end.lease), patch=patch, now=now)
 
 
 def _terms(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext, outcome: Outcome
@@ -239,7 +232,7 @@ def _storable_text(text: str) -> str:
     return _UNSTORABLE.sub("\ufffd", text)
 
 
-async def _write_outcomes(db: StateDB, policy: EntityPolicy, writes: list[Write],
+async def _write_outcomes(db: StateDB, policy: EntityPolicy, writes: list[MoveTerms],
                           now: float) -> list[bool | Exception]:
     """The outcome ``writes`` in one transaction (:func:`finish_all`); whether each
     applied, or the exception it raised.

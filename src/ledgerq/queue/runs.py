@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import loads
-from ledgerq.lifecycle.engine import Moved, apply_move
+from ledgerq.lifecycle.engine import Moved, MoveTerms, apply_move
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.operations import Tx
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from ledgerq.operations import Database
 
 __all__ = ["ENTITY", "SYSTEM", "MalformedRow", "claim_reason", "decode_run", "lease_of",
-           "move", "no_lease", "perform", "resolve_dependents", "run_policy", "worker_actor"]
+           "move", "no_lease", "perform", "resolve_dependents", "run_policy", "terms",
+           "worker_actor"]
 
 SYSTEM = Actor(type="system", id="ledgerq")
 
@@ -99,13 +100,19 @@ def move(tx: Tx, policy: EntityPolicy, run_id: str, from_state: str | None,
     is built without pydantic validation (its fields are the queue's own constants and
     strings); :func:`apply_move` still checks its code against the spec.
     """
-    # A failure's summary carries its error text: not worth keeping around.
-    shared = not metadata and len(summary) <= _CACHED_SUMMARY
-    reason = _shared_reason(code, summary) if shared else _reason(code, summary, metadata)
+    reason = _reason_for(code, summary, metadata)
     # A move into the claim's source state (a requeue, a due retry, a released dependent)
     # wakes listening workers by itself (PostgreSQL's trigger on the runs table).
     return apply_move(tx, policy, run_id, from_state, to_state, reason, actor, guard=guard,
                       patch=patch, now=now, whole_row=whole_row, skip_locked=skip_locked)
+
+
+def _reason_for(code: str, summary: str, metadata: dict[str, Any] | None = None
+                ) -> StateReason:
+    # A failure's summary carries its error text: not worth keeping around.
+    if not metadata and len(summary) <= _CACHED_SUMMARY:
+        return _shared_reason(code, summary)
+    return _reason(code, summary, metadata)
 
 
 def perform(tx: Tx, policy: EntityPolicy, run_id: str, which: Move, *,
@@ -117,6 +124,16 @@ def perform(tx: Tx, policy: EntityPolicy, run_id: str, which: Move, *,
     """
     source = from_state if which.source == moves.ANY else which.source
     return move(tx, policy, run_id, source, which.target, which.code, **options)
+
+
+def terms(run_id: str, which: Move, *, actor: Actor, summary: str, guard: dict[str, Any],
+          patch: dict[str, Any], now: float) -> MoveTerms:
+    """One of the queue's own moves from its own source state, as :func:`perform` makes
+    it, for :func:`~ledgerq.lifecycle.engine.apply_moves` (several moves at once)."""
+    if which.source is None or which.source == moves.ANY:
+        raise ValueError(f"{which.code}: not a move from a state of its own")
+    return MoveTerms(run_id, which.source, which.target, _reason_for(which.code, summary),
+                     actor, guard, patch, now)
 
 
 def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],

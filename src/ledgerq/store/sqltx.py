@@ -24,6 +24,7 @@ from ledgerq.operations import (
     QUEUE_COLUMN,
     SLOT_COLUMN,
     Row,
+    SentMove,
     Tx,
     expired_columns,
     lease_columns,
@@ -193,19 +194,23 @@ class SqlTx(Tx):
             return [*moved, *changes, entity_id, observed, *guards]
         return [*moved, version + 1, *changes, entity_id, observed, version, *guards]
 
-    def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
-                                version: int | None, to_state: str | None,
-                                changes: dict[str, Any], guards: dict[str, Any],
-                                skip_locked: bool, fact: Sequence[Any]) -> int | None:
-        # Two statements (a dialect that can do both in one overrides this).
-        after = self.update_entity(policy, entity_id, observed=observed, version=version,
-                                   to_state=to_state, changes=changes, guards=guards,
-                                   returning=("version",), skip_locked=skip_locked)
-        if after is None:
-            return None
-        new_version: int = after["version"]
-        self.append_facts(((*fact[:12], new_version, *fact[13:]),))
-        return new_version
+    def update_entities_with_facts(self, policy: EntityPolicy, moves: Sequence[SentMove]
+                                   ) -> list[int | None]:
+        # Two statements a move, one move after the other (a dialect that can do better
+        # overrides this).
+        out: list[int | None] = []
+        for m in moves:
+            after = self.update_entity(policy, m.entity_id, observed=m.observed,
+                                       version=m.version, to_state=m.to_state,
+                                       changes=m.changes, guards=m.guards,
+                                       returning=("version",), skip_locked=m.skip_locked)
+            if after is None:
+                out.append(None)
+                continue
+            new_version: int = after["version"]
+            self.append_facts(((*m.fact[:12], new_version, *m.fact[13:]),))
+            out.append(new_version)
+        return out
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:

@@ -20,7 +20,7 @@ import psycopg
 from ledgerq.codec import dumps
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Row
+from ledgerq.operations import Row, SentMove
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
 
@@ -152,22 +152,46 @@ class PostgresTx(SqlTx):
 
     stores_as_sent = True
 
-    def update_entity_with_fact(self, policy: EntityPolicy, entity_id: str, *, observed: str,
-                                version: int | None, to_state: str | None,
-                                changes: dict[str, Any], guards: dict[str, Any],
-                                skip_locked: bool, fact: Sequence[Any]) -> int | None:
-        # One statement: the swap in a CTE, the fact inserted from its RETURNING (so only
-        # where it matched, with the version it left).
-        update = self.update_text(policy, to_state is None, tuple(changes), tuple(guards),
-                                  version is None, skip_locked, ("version",))
+    def update_entities_with_facts(self, policy: EntityPolicy, moves: Sequence[SentMove]
+                                   ) -> list[int | None]:
+        # One statement a move: the swap in a CTE, the fact inserted from its RETURNING
+        # (so only where it matched, with the version it left). Several go out together,
+        # one round trip for all (psycopg pipelines an executemany), per run of moves of
+        # the same shape, in order.
+        sent = [(self._with_fact_text(policy, m), [
+            *self.update_params(m.entity_id, m.observed, m.version, m.to_state,
+                                m.changes.values(), m.guards.values()),
+            *m.fact[:12], *m.fact[13:]]) for m in moves]
+        if len(sent) == 1:
+            row = self.execute(*sent[0]).fetchone()
+            return [None if row is None else int(row[0])]
+        self._send_held()
+        out: list[int | None] = []
+        start = 0
+        while start < len(sent):
+            end = start + 1
+            while end < len(sent) and sent[end][0] == sent[start][0]:
+                end += 1
+            with self.conn.cursor() as cur:
+                cur.executemany(sent[start][0], [p for _, p in sent[start:end]], returning=True)
+                while True:
+                    row = cur.fetchone()
+                    out.append(None if row is None else int(row[0]))
+                    if not cur.nextset():
+                        break
+            start = end
+        return out
+
+    def _with_fact_text(self, policy: EntityPolicy, m: SentMove) -> str:
+        """update_entity_with_fact's text for ``m``'s shape."""
+        update = self.update_text(policy, m.to_state is None, tuple(m.changes),
+                                  tuple(m.guards), m.version is None, m.skip_locked,
+                                  ("version",))
         sql = self._texts.get(("update+fact", update))
         if sql is None:
             sql = self._texts[("update+fact", update)] = self.q("update_entity_with_fact",
                                                                 update=update)
-        params = self.update_params(entity_id, observed, version, to_state, changes.values(),
-                                    guards.values())
-        row = self.execute(sql, [*params, *fact[:12], *fact[13:]]).fetchone()
-        return None if row is None else int(row[0])
+        return sql
 
     def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
                                    rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
