@@ -41,6 +41,7 @@ from ledgerq.queue import config as config_mod
 from ledgerq.queue import outcomes as outcomes_mod
 from ledgerq.queue import runs as runs_mod
 from ledgerq.queue.worker import Executors, RunContext, claim_runs, execute_claimed
+from ledgerq.store.sqltx import SqlTx
 
 NOW = 10_000.0
 HOST = "node-a"
@@ -409,6 +410,34 @@ async def test_a_running_key_blocks_candidates_before_they_take_a_claim_slot(
     assert [r["id"] for r in got.claimed] == [plain]
     assert got.lost == 0  # the blocked row was never even attempted
     assert (await get_row(qdb, blocked))["status"] == "queued"
+    assert (await get_row(qdb, first))["status"] == "running"
+
+
+async def test_a_pass_reads_the_running_keys_only_when_a_candidate_has_one(
+        qdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The running keys are read in the pass's snapshot when the first keyed candidate is
+    offered: a pass of plain runs never reads them (a statement, a round trip on
+    PostgreSQL), and a keyed one still finds its key running and passes it over."""
+    reads: list[int] = []
+    real = SqlTx.running_keys
+
+    def running_keys(self: SqlTx, policy: Any) -> set[str]:
+        reads.append(1)
+        return real(self, policy)
+
+    monkeypatch.setattr(SqlTx, "running_keys", running_keys)
+    plain = [await submit(qdb, now=NOW + i) for i in range(2)]
+    got = await claim_runs(qdb, worker_id="w1", now=NOW + 5, advertised_capabilities=[GPU])
+    assert [r["id"] for r in got.claimed] == plain and reads == []
+    first = await submit(qdb, now=NOW + 6, required_capabilities=[GPU])
+    await claim_runs(qdb, worker_id="w1", now=NOW + 7, advertised_capabilities=[GPU])
+    assert reads == [1]
+    blocked = await submit(qdb, now=NOW + 8, required_capabilities=[GPU])
+    another = await submit(qdb, now=NOW + 9, required_capabilities=[GPU])
+    last = await submit(qdb, now=NOW + 10)
+    got = await claim_runs(qdb, worker_id="w2", now=NOW + 11, advertised_capabilities=[GPU])
+    assert [r["id"] for r in got.claimed] == [last] and reads == [1, 1]  # read once a pass
+    assert {(await get_row(qdb, r))["status"] for r in (blocked, another)} == {"queued"}
     assert (await get_row(qdb, first))["status"] == "running"
 
 
