@@ -29,9 +29,8 @@ Systems:
   floor+log/B    the batched floor (issue 13's target 4: the floor batches where the
                  engine does): up to B jobs claimed as one guarded UPDATE ... RETURNING
                  plus one multi-row log INSERT in one transaction, then completed the
-                 same way in a second; B = 10, a ledgerq Worker's pass here (its
-                 capacity), and B = 25, PgQueuer's batch_size here. Drains and end to
-                 end only (its submits are floor+log's)
+                 same way in a second; B = BATCH (25), the batch PgQueuer and ledgerq
+                 take here too. Drains and end to end only (its submits are floor+log's)
   ledgerq-sql    submit single: the one statement ledgerq sends for a plain submit (its
                  row and creation fact; captured from ledgerq itself), run by plain
                  psycopg on ledgerq's schema as a transaction of its own, with fresh ids
@@ -40,10 +39,10 @@ Systems:
                  row before its statements (each application validated, its row built
                  and checked against the spec, its creation fact encoded): a bound on
                  ledgerq's bulk submit that no choice of statements can pass
-  PgQueuer       asyncpg driver, batch_size 25, completions buffered in memory (see
+  PgQueuer       asyncpg driver, batch_size BATCH, completions buffered in memory (see
                  bench/pg_peers/pgqueuer_peer.py for what that means for durability)
   Procrastinate  psycopg async connector, concurrency 10 per worker process
-  ledgerq        StateDB(postgresql://...), submit_task / submit_many, Worker(capacity=10)
+  ledgerq        StateDB(postgresql://...), submit_task / submit_many, Worker(capacity=BATCH)
 
 Ratios are per scenario: ledgerq over PgQueuer and over the floors (when ledgerq ran),
 PgQueuer over the floors.
@@ -80,10 +79,10 @@ import psycopg
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for pg_peers
 from pg_peers import floor  # importable only after the line above
-from pg_peers.harness import SCENARIOS, Peer, Scratch, measure
+from pg_peers.harness import BATCH, SCENARIOS, Peer, Scratch, measure
 
-SYSTEMS = ["floor", "floor+log", "floor+log/pass", "floor+log/pgq", "ledgerq-sql",
-           "pgqueuer", "procrastinate", "ledgerq"]
+SYSTEMS = ["floor", "floor+log", "floor+log/batch", "ledgerq-sql", "pgqueuer",
+           "procrastinate", "ledgerq"]
 #: The scenarios the batched floors run: their submits are floor+log's.
 BATCHED_SCENARIOS = ["drain 1", "drain W", "end to end"]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -94,7 +93,8 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 # ledgerq.StateDB("postgresql://...") opens; the body below is the intended benchmark,
 # built only on the public API, in the same harness and scenarios as the peers.
 
-LEDGERQ_CAPACITY = 10
+#: A Worker's capacity, which is also its claim pass's size: the batch PgQueuer takes.
+LEDGERQ_CAPACITY = BATCH
 LEDGERQ_DONE_SQL = "SELECT count(*) FROM schedule_runs WHERE status = 'completed'"
 
 
@@ -293,11 +293,8 @@ def _peer_for(system: str) -> Peer:
         return floor.peer(log=False)
     if system == "floor+log":
         return floor.peer(log=True)
-    if system == "floor+log/pass":
-        return floor.peer(log=True, batch=LEDGERQ_CAPACITY)
-    if system == "floor+log/pgq":
-        from pg_peers.pgqueuer_peer import BATCH_SIZE
-        return floor.peer(log=True, batch=BATCH_SIZE)
+    if system == "floor+log/batch":
+        return floor.peer(log=True, batch=BATCH)
     if system == "pgqueuer":
         from pg_peers import pgqueuer_peer
         return pgqueuer_peer.peer()
@@ -334,7 +331,7 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
     line("tasks or lifecycles /s", cols)
     line("-" * (label_w - 2), ["-" * (width - 2)] * len(cols))
     names = {"floor": "floor (psycopg)", "floor+log": "floor + log row",
-             "floor+log/pass": "batched floor+log, 10", "floor+log/pgq": "batched floor+log, 25",
+             "floor+log/batch": f"batched floor + log, {BATCH}",
              "ledgerq-sql": "ledgerq's statement",
              "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "ledgerq": "ledgerq"}
     for system, row in results.items():
@@ -343,11 +340,10 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
     ratios = [("ledgerq / PgQueuer", "ledgerq", "pgqueuer"),
               ("ledgerq / its statement", "ledgerq", "ledgerq-sql"),
               ("its statement / PgQueuer", "ledgerq-sql", "pgqueuer"),
-              ("ledgerq / batched floor, 10", "ledgerq", "floor+log/pass"),
+              ("ledgerq / batched floor", "ledgerq", "floor+log/batch"),
               ("ledgerq / floor + log", "ledgerq", "floor+log"),
               ("ledgerq / floor", "ledgerq", "floor"),
-              ("batched floor, 10 / PgQ", "floor+log/pass", "pgqueuer"),
-              ("batched floor, 25 / PgQ", "floor+log/pgq", "pgqueuer"),
+              ("batched floor / PgQueuer", "floor+log/batch", "pgqueuer"),
               ("PgQueuer / floor + log", "pgqueuer", "floor+log"),
               ("PgQueuer / floor", "pgqueuer", "floor")]
     printed = False
@@ -388,12 +384,10 @@ def print_target(results: dict[str, dict[str, float]], workers: int) -> None:
                   "ledgerq's own statement alone (plain psycopg, no Python around it)"))
     print(f"  drain {workers}, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", "drain W"), 1.0)
-          + bound(ratio("floor+log/pass", "pgqueuer", "drain W"),
-                  f"the batched floor + log at ledgerq's pass ({LEDGERQ_CAPACITY})")
-          + bound(ratio("floor+log/pgq", "pgqueuer", "drain W"),
-                  "the batched floor + log at PgQueuer's batch"))
-    print(f"  drain {workers}, ledgerq / batched floor + log at its pass = "
-          + judged(ratio("ledgerq", "floor+log/pass", "drain W"), 0.7)
+          + bound(ratio("floor+log/batch", "pgqueuer", "drain W"),
+                  f"the batched floor + log, {BATCH} at a time"))
+    print(f"  drain {workers}, ledgerq / batched floor + log = "
+          + judged(ratio("ledgerq", "floor+log/batch", "drain W"), 0.7)
           + "; / floor (one task a transaction) = "
           + judged(ratio("ledgerq", "floor", "drain W"), 0.7))
     print()

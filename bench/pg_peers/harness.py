@@ -34,6 +34,10 @@ from typing import Any
 import psycopg
 
 SCENARIOS = ["submit single", "submit bulk", "drain 1", "drain W", "end to end"]
+#: How many tasks every batching system here takes at once, so each runs with the same
+#: batch: PgQueuer's batch_size (its performance guide's example for short jobs; its
+#: default is 10), ledgerq's Worker capacity (a claim pass's size), the batched floor's B.
+BATCH = 25
 POLL = 0.005
 READY_TIMEOUT = 120.0
 

@@ -34,9 +34,9 @@ import asyncpg
 import uvloop
 from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
 
-from pg_peers.harness import Peer
+from pg_peers.harness import BATCH, Peer
 
-BATCH_SIZE = 25
+BATCH_SIZE = BATCH
 ENTRYPOINT = "noop"
 DONE_SQL = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
 
