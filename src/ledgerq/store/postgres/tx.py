@@ -231,7 +231,7 @@ class PostgresTx(SqlTx):
         if sql is None:
             sql = self._texts[key] = self.q(
                 "claim_entities", table=self.table(policy),
-                pick_guards=" ".join(self.q("guard_join", column=quote(c), side="g")
+                pick_guards=" ".join(self.q("guard_join", column=quote(c), side="c")
                                      for c in guard_cols),
                 guards=" ".join(self.q("guard_join", column=quote(c), side="g")
                                 for c in guard_cols),
@@ -241,8 +241,8 @@ class PostgresTx(SqlTx):
         ids = [r[0] for r in rows]
         given = dumps([{"id": i, **g} for i, g, _ in rows])
         patches = dumps([{"id": i, **p} for i, _, p in rows])
-        cur = self.execute(sql, [given, patches, ids, observed, limit, to_state,
-                                 *changes.values(), observed])
+        cur = self.execute(sql, [given, observed, limit, to_state, *changes.values(),
+                                 patches, given, observed])
         names = self.names(cur)
         stored = {r["id"]: r for r in (dict(zip(names, t, strict=True))
                                        for t in cur.fetchall())}
