@@ -570,7 +570,7 @@ def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> lis
         ts = time.time() if m.now is None else m.now
         changes, guards = _terms(plan, m.reason, ts, m.guard, m.patch)
         if plan.refusal is not None or not _stored_as_sent(policy, plan.patched, changes):
-            return [_apply(tx, policy, m) for m in moves]
+            return [_apply(tx, policy, each) for each in moves]
         sent.append(_sent(policy, plan, m.entity_id, m.from_state, m.to_state, m.reason,
                           m.actor, ts, changes, guards, "", None, False))
     done = tx.update_entities_with_facts(policy, sent)

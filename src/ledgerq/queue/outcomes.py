@@ -105,6 +105,7 @@ def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[MoveTerms], now: f
 
 
 def _one(tx: Tx, *, policy: EntityPolicy, write: MoveTerms) -> bool:
+    """One outcome's write on its own (in its savepoint: see :func:`finish_all`)."""
     (moved,) = apply_moves(tx, policy, [write])
     return moved.applied
 
