@@ -93,7 +93,9 @@ jsonb_build_object({pairs})
 -- latest version without using a slot. pick looks each candidate up by primary key, one
 -- after the other (a LATERAL subquery that OFFSET 0 keeps from being merged into a
 -- join), and reads and locks no row past the LIMIT, however deep the queue; each picked
--- row then takes its own guard and patch values by position (no join). As joins, the
+-- row then takes its own guard and patch values by position (no join), and the swap
+-- finds it by key (its status compared with IS NOT DISTINCT FROM, the same test on a NOT
+-- NULL column, which no status index offers the planner a way into). As joins, the
 -- planner read every row in the status (through its index, with statistics taken while
 -- the queue was short: 21 ms a pass at 100k queued) or the whole table.
 -- Parameters: given, observed, limit, to_state, the changes, patches, given, observed.
