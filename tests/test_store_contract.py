@@ -249,6 +249,27 @@ async def test_oldest_queued_is_the_minimum_over_every_queue_and_priority(
     assert await db.read(lambda tx: tx.oldest_queued_at(policy)) == expected
 
 
+async def test_many_facts_append_as_given(db: StateDB) -> None:
+    """Facts appended together are stored as given: JSON columns as JSON, NULLs as NULL,
+    floats and versions exact, each entity's in order."""
+    facts = [(new_id(), RUN, f"e{i % 3}", None if i < 3 else "queued", "running",
+              "run.started.ok", None if i == 4 else f"s{i}", dumps([f"r{i}"]), "system",
+              None, 1.0 + i / 3, dumps({"m": i}), i // 3 + 1,
+              dumps({"leased_by": f"w{i}", "lease_expires_at": 0.1 + i}),
+              None if i % 2 else f"k{i}") for i in range(7)]
+    await db.write(lambda tx: tx.append_facts(facts))
+    for eid in ("e0", "e1", "e2"):
+        got = await db.read(lambda tx, eid=eid: tx.facts_of(RUN, eid))
+        want = [f for f in facts if f[2] == eid]
+        assert [g["id"] for g in got] == [f[0] for f in want]
+        for g, f in zip(got, want, strict=True):
+            assert (g["previous_status"], g["reason_summary"], g["actor"], g["created_at"],
+                    g["entity_version"], g["idempotency_key"]) == (f[3], f[6], f[9], f[10],
+                                                                   f[12], f[14])
+            assert [loads(g[c]) for c in ("evidence_refs", "metadata", "patch")] == \
+                [loads(f[7]), loads(f[11]), loads(f[13])]
+
+
 async def test_facts_append_and_stream(db: StateDB) -> None:
     facts = [(new_id(), RUN, eid, None, "queued", "run.queued.submitted", "", "[]", "system",
               "t", 1.0, "{}", v, dumps({"x": v}), f"key-{eid}-{v}" if v == 2 else None)
