@@ -83,7 +83,7 @@ from pg_peers.harness import BATCH, SCENARIOS, Peer, Scratch, measure
 
 SYSTEMS = ["floor", "floor+log", "floor+log/batch", "ledgerq-sql", "pgqueuer",
            "procrastinate", "ledgerq"]
-#: The scenarios the batched floors run: their submits are floor+log's.
+#: The scenarios the batched floor runs: its submits are floor+log's.
 BATCHED_SCENARIOS = ["drain 1", "drain W", "end to end"]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
