@@ -47,7 +47,9 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "lock_
                  "update_entity_with_fact",
                  # A creation and its fact in one statement (SQLite: two).
                  "insert_entities_with_facts", "stored_object", "stored_value",
-                 "stored_json_text"}
+                 "stored_json_text",
+                 # Many facts in one statement (SQLite: one executemany).
+                 "append_facts"}
 
 
 def test_both_dialects_define_the_same_query_names() -> None:
@@ -268,6 +270,11 @@ async def test_many_facts_append_as_given(db: StateDB) -> None:
                                                                    f[12], f[14])
             assert [loads(g[c]) for c in ("evidence_refs", "metadata", "patch")] == \
                 [loads(f[7]), loads(f[11]), loads(f[13])]
+    fresh = (new_id(), RUN, "e9", None, "queued", "run.queued.submitted", "", "[]", "system",
+             "t", 9.0, "{}", 1, "{}", None)
+    with pytest.raises(IntegrityViolation):  # the second repeats (e0, 1): neither is kept
+        await db.write(lambda tx: tx.append_facts([fresh, (new_id(), *facts[0][1:])]))
+    assert await db.read(lambda tx: tx.facts_of(RUN, "e9")) == []
 
 
 async def test_facts_append_and_stream(db: StateDB) -> None:

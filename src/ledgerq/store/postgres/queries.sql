@@ -132,6 +132,19 @@ INSERT INTO status_transitions (
   evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
 ) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 
+-- name: append_facts
+-- Many facts in one statement, in order: one JSON array of them, each fact an array of
+-- its fields in append_fact's order (the JSON columns as their text, so each is read as
+-- append_fact reads it: text cast to jsonb, NULL as NULL).
+INSERT INTO status_transitions (
+  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+) SELECT f->>0, f->>1, f->>2, f->>3, f->>4, f->>5, f->>6, (f->>7)::jsonb, f->>8, f->>9,
+         (f->>10)::double precision, (f->>11)::jsonb, (f->>12)::bigint, (f->>13)::jsonb,
+         f->>14
+FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a (f, n)
+ORDER BY n
+
 -- name: insert_entity
 INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING *
 
