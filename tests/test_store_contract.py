@@ -259,7 +259,7 @@ async def test_many_facts_append_as_given(db: StateDB) -> None:
               None, 1.0 + i / 3, dumps({"m": i}), i // 3 + 1,
               dumps({"leased_by": f"w{i}", "lease_expires_at": 0.1 + i}),
               None if i % 2 else f"k{i}") for i in range(7)]
-    await db.write(lambda tx: tx.append_facts(facts))
+    await db.write(lambda tx: tx.append_facts([list(f) for f in facts]))  # any sequence
     for eid in ("e0", "e1", "e2"):
         got = await db.read(lambda tx, eid=eid: tx.facts_of(RUN, eid))
         want = [f for f in facts if f[2] == eid]

@@ -45,7 +45,6 @@ def stale_plan(exc: BaseException) -> bool:
 _QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
 
 
-@functools.lru_cache(maxsize=256)
 def _as_json(fact: Sequence[Any]) -> bool:
     """Whether a fact's values survive a JSON document exactly: its time a finite float
     (or an int), its version a 64-bit int, every other field text or None."""
@@ -55,6 +54,7 @@ def _as_json(fact: Sequence[Any]) -> bool:
         and all(v is None or type(v) is str for i, v in enumerate(fact) if i not in (10, 12))
 
 
+@functools.lru_cache(maxsize=256)
 def qmark_to_psycopg(sql: str) -> str:
     """``?`` placeholders (outside quoted text) as ``%s``, a literal ``%`` as ``%%``: so a
     portable ad-hoc query runs on both backends."""
@@ -195,8 +195,9 @@ class PostgresTx(SqlTx):
     def append_facts(self, facts: Sequence[Sequence[Any]]) -> None:
         # Many facts: one statement, the facts one JSON document (encoded in C), instead
         # of a pipelined INSERT a fact, whose adaptation and pipeline cost psycopg ~100 us
-        # more for a claim pass's 25. Values JSON cannot carry exactly (a float that is
-        # not finite, an int beyond 64 bits) go the usual way.
+        # more for a claim pass's 25. Facts JSON cannot carry exactly (a time that is not
+        # a finite float, a version beyond 64 bits, a field that is not text) go the
+        # usual way.
         if len(facts) <= 1 or not all(_as_json(f) for f in facts):
             super().append_facts(facts)
             return
