@@ -42,7 +42,8 @@ Systems:
   PgQueuer       asyncpg driver, batch_size BATCH, completions buffered in memory (see
                  bench/pg_peers/pgqueuer_peer.py for what that means for durability)
   Procrastinate  psycopg async connector, concurrency 10 per worker process
-  ledgerq        StateDB(postgresql://...), submit_task / submit_many, Worker(capacity=BATCH)
+  ledgerq        StateDB(postgresql://...), submit_task / submit_many,
+                 Worker(capacity=BATCH, claim_limit=BATCH)
 
 Ratios are per scenario: ledgerq over PgQueuer and over the floors (when ledgerq ran),
 PgQueuer over the floors.
@@ -93,7 +94,8 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 # ledgerq.StateDB("postgresql://...") opens; the body below is the intended benchmark,
 # built only on the public API, in the same harness and scenarios as the peers.
 
-#: A Worker's capacity, which is also its claim pass's size: the batch PgQueuer takes.
+#: A Worker's capacity and its claim limit (its claim pass's size): the batch PgQueuer takes.
+#: (The claim limit defaults to 20: left at that, passes were of 20, not 25.)
 LEDGERQ_CAPACITY = BATCH
 LEDGERQ_DONE_SQL = "SELECT count(*) FROM schedule_runs WHERE status = 'completed'"
 
@@ -137,7 +139,8 @@ async def _ledgerq_serve(dsn: str, idx: int, barrier: Barrier, stop: Event) -> N
     with tempfile.TemporaryDirectory(prefix="ledgerq-bench-locks-") as lock_dir:
         async with StateDB(dsn) as db:
             worker = Worker(db, worker_id=f"bench-{idx}-{os.getpid()}",
-                            capacity=LEDGERQ_CAPACITY, execute=_noop_execute,
+                            capacity=LEDGERQ_CAPACITY, claim_limit=LEDGERQ_CAPACITY,
+                            execute=_noop_execute,
                             lock_dir=lock_dir, handle_signals=False)
             barrier.wait()
             task = asyncio.create_task(worker.run())

@@ -45,11 +45,13 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "lock_
                  "claim_entities", "guard_join", "assign_from",
                  # A move and its fact in one statement (SQLite: two).
                  "update_entity_with_fact",
+                 # Several moves and their facts in one statement (SQLite: two a move).
+                 "update_entities_with_facts",
                  # A creation and its fact in one statement (SQLite: two).
                  "insert_entities_with_facts", "stored_object", "stored_value",
                  "stored_json_text",
                  # Many facts in one statement (SQLite: one executemany).
-                 "append_facts"}
+                 "append_facts", "fact_fields"}
 
 
 def test_both_dialects_define_the_same_query_names() -> None:
@@ -736,6 +738,51 @@ async def test_update_entities_with_facts_takes_each_move_in_order(db: StateDB) 
     assert [len(facts[r]) for r in rids] == [2, 1, 2, 2]
     assert [(f["entity_version"], f["status"]) for f in facts[rids[3]]] == \
         [(1, "queued"), (2, "queued")]
+
+
+@pytest.mark.parametrize("evidence", ['["e", {"n": 1.5}]', " null ", None])
+async def test_update_entities_with_facts_together_store_what_one_at_a_time_stores(
+        db: StateDB, evidence: str | None) -> None:
+    """Moves of one shape sent together (PostgreSQL: one statement, their terms as JSON
+    documents, or pipelined where a document cannot carry a value exactly, as JSON's null
+    in a JSON column) leave every row and fact as the same moves sent one at a time; a
+    move whose guard no longer holds among them writes nothing."""
+    policy = await policy_of(db)
+
+    def moves(rids: list[str]) -> list[SentMove]:
+        out = []
+        for i, rid in enumerate(rids):
+            changes = {"leased_by": "w1", "updated_at": 2.5 + i, "lease_expires_at": 1e10 / 3,
+                       "status_evidence_refs": evidence, "error_detail": None,
+                       "lease_attempts": 7, "stdout_tail": "out\u00e9 'x'"}
+            fact = (new_id(), RUN, rid, "queued", "running", "run.started.ok", "", "[]",
+                    "system", "w", 2.5 + i, '{"m": 1}', 0, dumps(changes), None)
+            out.append(SentMove(rid, "queued", None, "running", changes,
+                                {"leased_by": "someone" if i == 1 else None}, False, fact))
+        return out
+
+    together = [await new_run(db) for _ in range(3)]
+    alone = [await new_run(db) for _ in range(3)]
+    got = await db.write(lambda tx: tx.update_entities_with_facts(policy, moves(together)))
+    one_by_one = [await db.write(lambda tx, m=m: tx.update_entities_with_facts(policy, [m]))
+                  for m in moves(alone)]
+    assert got == [2, None, 2] and one_by_one == [[2], [None], [2]]
+
+    def same(row: dict[str, Any], rid: str) -> dict[str, Any]:
+        drop = {"id", "created_at", "queued_at", "fired_at"}
+        return {k: v for k, v in row.items() if k not in drop}
+
+    for t, a in zip(together, alone, strict=True):
+        rt = await db.read(lambda tx, r=t: tx.entity_row(policy, r))
+        ra = await db.read(lambda tx, r=a: tx.entity_row(policy, r))
+        assert same(rt, t) == same(ra, a)
+        ft = await db.read(lambda tx, r=t: tx.facts_of(RUN, r))
+        fa = await db.read(lambda tx, r=a: tx.facts_of(RUN, r))
+        assert [{k: v for k, v in f.items() if k not in {"id", "entity_id"}} for f in ft[1:]] \
+            == [{k: v for k, v in f.items() if k not in {"id", "entity_id"}} for f in fa[1:]]
+    moved = await db.read(lambda tx: tx.entity_row(policy, together[0]))
+    assert moved["status"] == "running" and moved["lease_expires_at"] == 1e10 / 3
+    assert moved["stdout_tail"] == "out\u00e9 'x'" and moved["lease_attempts"] == 7
 
 
 @pytest.mark.parametrize("rows", [1, 3])

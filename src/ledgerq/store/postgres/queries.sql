@@ -116,6 +116,32 @@ CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, %s::jsonb -> pick.n) AS 
 WHERE t.id = pick.id AND t.status IS NOT DISTINCT FROM %s {guards}
 RETURNING t.*
 
+-- name: update_entities_with_facts
+-- Several moves of one shape in one statement, each still its own guarded swap with its
+-- own fact. Parameters: patches, ids, given, facts. patches: a JSON object of id ->
+-- {status: the state moved to, column: value}; given: id -> {status: the state observed,
+-- guard column: value}, both read back as the table's row type; ids: the rows' ids (one
+-- primary-key lookup each, whatever the table's statistics say); facts: id -> its fact
+-- as append_facts' array. Each row is swapped only where it still has the status and
+-- guard values given; a row another transaction holds is waited for and re-checked
+-- against its latest version, as a single UPDATE re-checks it. A fact is inserted only
+-- for a row that moved, with the version it left. Returns each moved row's id and new
+-- version.
+WITH u AS (
+  UPDATE {table} AS t SET version = t.version + 1, (status, {columns}) = (
+    SELECT p.status, {values} FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS p)
+  WHERE t.id = ANY(%s::text[])
+    AND EXISTS (SELECT FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS g
+                WHERE t.status = g.status {guards})
+  RETURNING t.id, t.version
+), f AS (
+  INSERT INTO status_transitions (
+    id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+    evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+  ) SELECT {fields} FROM u CROSS JOIN LATERAL (SELECT %s::jsonb -> u.id AS f) AS a
+)
+SELECT id, version FROM u
+
 -- name: guard_join
 AND t.{column} IS NOT DISTINCT FROM {side}.{column}
 
@@ -139,11 +165,15 @@ INSERT INTO status_transitions (
 INSERT INTO status_transitions (
   id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
   evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
-) SELECT f->>0, f->>1, f->>2, f->>3, f->>4, f->>5, f->>6, (f->>7)::jsonb, f->>8, f->>9,
-         (f->>10)::double precision, (f->>11)::jsonb, (f->>12)::bigint, (f->>13)::jsonb,
-         f->>14
+) SELECT {fields}
 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a (f, n)
 ORDER BY n
+
+-- name: fact_fields
+-- A fact's fields from its JSON array f, in append_fact's order; {version} its
+-- entity_version.
+f->>0, f->>1, f->>2, f->>3, f->>4, f->>5, f->>6, (f->>7)::jsonb, f->>8, f->>9,
+(f->>10)::double precision, (f->>11)::jsonb, {version}, (f->>13)::jsonb, f->>14
 
 -- name: insert_entity
 INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING *

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
+import msgspec
 import psycopg
 
 from ledgerq.codec import dumps
@@ -52,6 +53,38 @@ def _as_json(fact: Sequence[Any]) -> bool:
     return type(version) is int and -(1 << 63) <= version < (1 << 63) \
         and (type(created) is int or (type(created) is float and math.isfinite(created))) \
         and all(v is None or type(v) is str for i, v in enumerate(fact) if i not in (10, 12))
+
+
+def _exact(value: Any) -> bool:
+    """Whether a column value reads back from a JSON document as itself."""
+    kind = type(value)
+    return value is None or kind is str or kind is bool \
+        or (kind is int and -(1 << 63) <= value < (1 << 63)) \
+        or (kind is float and math.isfinite(value))
+
+
+def _together(policy: EntityPolicy, run: Sequence[SentMove]) -> bool:
+    """Whether moves of one shape can go as one statement with their terms as JSON
+    documents: each a move that was not read first (its swap is the read) to another
+    state, of its own row (two moves of one row must see each other, in order), every
+    value carried exactly (a JSON column's text embedded as it is, unless it is JSON's
+    null, which a document would read as SQL NULL), and a fact JSON carries."""
+    json = policy.json_columns
+    if len({m.entity_id for m in run}) != len(run):
+        return False
+    for m in run:
+        if m.version is not None or m.to_state is None or m.skip_locked \
+                or not _as_json(m.fact):
+            return False
+        for c, v in m.changes.items():
+            if c in json:
+                if v is not None and (type(v) is not str or v.strip() == "null"):
+                    return False
+            elif not _exact(v):
+                return False
+        if not all(_exact(v) and c not in json for c, v in m.guards.items()):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=256)
@@ -164,33 +197,72 @@ class PostgresTx(SqlTx):
 
     def update_entities_with_facts(self, policy: EntityPolicy, moves: Sequence[SentMove]
                                    ) -> list[int | None]:
-        # One statement a move: the swap in a CTE, the fact inserted from its RETURNING
-        # (so only where it matched, with the version it left). Several go out together,
-        # one round trip for all (psycopg pipelines an executemany), per run of moves of
-        # the same shape, in order.
-        sent = [(self._with_fact_text(policy, m), [
-            *self.update_params(m.entity_id, m.observed, m.version, m.to_state,
-                                m.changes.values(), m.guards.values()),
-            *m.fact[:12], *m.fact[13:]]) for m in moves]
-        if len(sent) == 1:
-            row = self.execute(*sent[0]).fetchone()
+        # Per run of moves of one shape, in order: several that a JSON document carries
+        # exactly (see _together) go as one statement; others one statement a move (the
+        # swap in a CTE, the fact inserted from its RETURNING, so only where it matched,
+        # with the version it left), sent together (psycopg pipelines an executemany).
+        texts = [self._with_fact_text(policy, m) for m in moves]
+        if len(moves) == 1:
+            row = self.execute(texts[0], self._with_fact_params(moves[0])).fetchone()
             return [None if row is None else int(row[0])]
         self._send_held()
         out: list[int | None] = []
         start = 0
-        while start < len(sent):
+        while start < len(moves):
             end = start + 1
-            while end < len(sent) and sent[end][0] == sent[start][0]:
+            while end < len(moves) and texts[end] == texts[start]:
                 end += 1
-            with self.conn.cursor() as cur:
-                cur.executemany(sent[start][0], [p for _, p in sent[start:end]], returning=True)
-                while True:
-                    row = cur.fetchone()
-                    out.append(None if row is None else int(row[0]))
-                    if not cur.nextset():
-                        break
+            run = moves[start:end]
+            if len(run) > 1 and _together(policy, run):
+                out.extend(self._update_together(policy, run))
+            else:
+                out.extend(self._update_pipelined(texts[start], run))
             start = end
         return out
+
+    @classmethod
+    def _with_fact_params(cls, m: SentMove) -> list[Any]:
+        return [*cls.update_params(m.entity_id, m.observed, m.version, m.to_state,
+                                   m.changes.values(), m.guards.values()),
+                *m.fact[:12], *m.fact[13:]]
+
+    def _update_pipelined(self, sql: str, run: Sequence[SentMove]) -> list[int | None]:
+        out: list[int | None] = []
+        with self.conn.cursor() as cur:
+            cur.executemany(sql, [self._with_fact_params(m) for m in run], returning=True)
+            while True:
+                row = cur.fetchone()
+                out.append(None if row is None else int(row[0]))
+                if not cur.nextset():
+                    break
+        return out
+
+    def _update_together(self, policy: EntityPolicy, run: Sequence[SentMove]
+                         ) -> list[int | None]:
+        """Moves of one shape as one statement: their terms as JSON documents, each move
+        an element (update_entities_with_facts in queries.sql); ~25 pipelined statements'
+        adaptation and pipeline work in psycopg become one parameter each."""
+        first = run[0]
+        guard_cols, change_cols = tuple(first.guards), tuple(first.changes)
+        key = ("update+facts", policy.table, guard_cols, change_cols)
+        sql = self._texts.get(key)
+        if sql is None:
+            sql = self._texts[key] = self.q(
+                "update_entities_with_facts", table=self.table(policy),
+                columns=", ".join(quote(c) for c in change_cols),
+                values=", ".join(f"p.{quote(c)}" for c in change_cols),
+                guards=" ".join(self.q("guard_join", column=quote(c), side="g")
+                                for c in guard_cols),
+                fields=self.q("fact_fields", version="u.version"))
+        json = policy.json_columns
+        patches = dumps({m.entity_id: {"status": m.to_state, **{
+            c: msgspec.Raw(v) if c in json and v is not None else v
+            for c, v in m.changes.items()}} for m in run})
+        given = dumps({m.entity_id: {"status": m.observed, **m.guards} for m in run})
+        facts = dumps({m.entity_id: m.fact for m in run})
+        done = dict(self.execute(sql, (patches, [m.entity_id for m in run], given,
+                                       facts)).fetchall())
+        return [done.get(m.entity_id) for m in run]
 
     def append_facts(self, facts: Sequence[Sequence[Any]]) -> None:
         # Many facts: one statement, the facts one JSON document (encoded in C), instead
@@ -201,7 +273,8 @@ class PostgresTx(SqlTx):
         if len(facts) <= 1 or not all(_as_json(f) for f in facts):
             super().append_facts(facts)
             return
-        self.execute(self.q("append_facts"), (dumps(facts),))
+        self.execute(self.q("append_facts", fields=self.q(
+            "fact_fields", version="(f->>12)::bigint")), (dumps(facts),))
 
     def _with_fact_text(self, policy: EntityPolicy, m: SentMove) -> str:
         """update_entity_with_fact's text for ``m``'s shape."""
