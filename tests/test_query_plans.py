@@ -147,8 +147,6 @@ async def test_postgres_a_claim_swap_reads_its_candidates_alone_whatever_the_sta
     the statement used to read the whole status through its index (21 ms a pass at 100k
     queued, bench/pg_scaling.py). Sequential scans are priced out, as on a deep queue."""
     from ledgerq import StateDB
-    from ledgerq.lifecycle.engine import new_id
-    from ledgerq.operations import ClaimFacts
     from ledgerq.queue import TaskApplication, submit_many
 
     async with StateDB(pg_target) as db:
@@ -176,12 +174,9 @@ async def test_postgres_a_claim_swap_reads_its_candidates_alone_whatever_the_sta
 
             real("SET LOCAL enable_seqscan = off")
             tx.execute = recording  # type: ignore[method-assign]
-            rows = [(i, {"leased_by": None}, {"leased_by": "w1"}) for i in ids]
             claimed = tx.claim_entities(
-                policy, rows, observed="queued", to_state="running", changes={}, limit=10,
-                facts=ClaimFacts({i: new_id() for i in ids}, (
-                    "", "schedule_run", "", "queued", "running", "run.started.ok", "", "[]",
-                    "system", "w1", 2.0, "{}", 0, "{}", None), {}, ("leased_by",)))
+                policy, [(i, {"leased_by": None}, {"leased_by": "w1"}) for i in ids],
+                observed="queued", to_state="running", changes={}, limit=10)
             return plans, len(claimed)
 
         plans, claimed = await db.write(probe)

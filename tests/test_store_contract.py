@@ -22,7 +22,6 @@ from ledgerq.lifecycle.engine import new_id
 from ledgerq.operations import (
     CANDIDATE_COLUMNS,
     STUCK_KINDS,
-    ClaimFacts,
     SentMove,
     Tx,
     expired_columns,
@@ -604,15 +603,6 @@ async def test_keyset_pages_and_log_aggregates(db: StateDB) -> None:
     assert await db.read(lambda tx: tx.wait_histogram(RUN, "nothing", [1.0])) == ([0], 0, 0.0)
 
 
-def claim_facts(rows: list[tuple[str, Any, Any]], changes: dict[str, Any] | None = None
-                ) -> ClaimFacts:
-    """The facts of a claim of ``rows``: each records its patched columns as stored."""
-    return ClaimFacts({rid: new_id() for rid, _, _ in rows},
-                      ("", RUN, "", "queued", "running", "run.started.ok", "", "[]", "system",
-                       "w1", 2.0, '{"m":1}', 0, "{}", None),
-                      changes or {}, (*rows[0][2], "status_evidence_refs"))
-
-
 async def test_claim_entities_swaps_in_order_until_the_limit(db: StateDB) -> None:
     """Several claimants' swaps at once: each row guarded on its own values, in the given
     order, only the first ``limit`` that match; the rest untouched."""
@@ -625,33 +615,16 @@ async def test_claim_entities_swaps_in_order_until_the_limit(db: StateDB) -> Non
     rows = [(rid, {"lease_attempts": 0, "leased_by": None},
              {"leased_by": "w1", "lease_token": f"t{i}", "lease_attempts": 1})
             for i, rid in enumerate(rids)]
-    facts = claim_facts(rows, {"updated_at": 2.0, "status_reason_code": "run.started.ok"})
     got = await db.write(lambda tx: tx.claim_entities(
         policy, rows, observed="queued", to_state="running",
-        changes={"updated_at": 2.0, "status_reason_code": "run.started.ok"}, limit=2,
-        facts=facts))
+        changes={"updated_at": 2.0}, limit=2))
     assert [(r["id"], r["status"], r["version"], r["lease_token"], r["leased_by"],
              r["updated_at"]) for r in got] == [
         (rids[0], "running", 2, "t0", "w1", 2.0), (rids[2], "running", 2, "t2", "w1", 2.0)]
     assert [(await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ())))
             for r in rids] == [("running", 2), ("queued", 2), ("running", 2), ("queued", 1)]
-    # Each claimed row's fact, and only theirs: its patch the changes with the values
-    # the row stores, its version the row's.
-    for i, rid in enumerate(rids):
-        log = await db.read(lambda tx, r=rid: tx.facts_of(RUN, r))
-        if i in (1, 3):
-            assert [f["status"] for f in log] == ["queued"]
-            continue
-        fact = log[-1]
-        assert (fact["id"], fact["previous_status"], fact["status"], fact["entity_version"],
-                fact["actor"], fact["created_at"], loads(fact["metadata"])) == \
-            (facts.ids[rid], "queued", "running", 2, "w1", 2.0, {"m": 1})
-        assert loads(fact["patch"]) == {
-            "updated_at": 2.0, "status_reason_code": "run.started.ok", "leased_by": "w1",
-            "lease_token": f"t{i}", "lease_attempts": 1, "status_evidence_refs": "[]"}
     again = await db.write(lambda tx: tx.claim_entities(
-        policy, rows, observed="queued", to_state="running", changes={}, limit=5,
-        facts=claim_facts(rows)))
+        policy, rows, observed="queued", to_state="running", changes={}, limit=5))
     assert [r["id"] for r in again] == [rids[3]]  # moved on, or guards no longer match
 
 
@@ -665,8 +638,7 @@ async def test_claim_entities_takes_each_rows_values_by_column_name(db: StateDB)
             (rids[1], {"leased_by": None, "lease_attempts": 0},
              {"lease_expires_at": 20.0, "lease_token": "t1", "leased_by": "w2"})]
     got = await db.write(lambda tx: tx.claim_entities(
-        policy, rows, observed="queued", to_state="running", changes={}, limit=2,
-        facts=claim_facts(rows)))
+        policy, rows, observed="queued", to_state="running", changes={}, limit=2))
     assert [(r["leased_by"], r["lease_token"], r["lease_expires_at"]) for r in got] == [
         ("w1", "t0", 10.0), ("w2", "t1", 20.0)]
 
@@ -682,8 +654,7 @@ async def test_claim_entities_skips_a_row_another_transaction_holds(db: StateDB)
 
     def claim() -> Any:
         return db.write(lambda tx: tx.claim_entities(
-            policy, rows, observed="queued", to_state="running", changes={}, limit=2,
-            facts=claim_facts(rows)))
+            policy, rows, observed="queued", to_state="running", changes={}, limit=2))
 
     holder = raw(db.path)
     try:

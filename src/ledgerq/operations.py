@@ -20,11 +20,9 @@ JSON text (decode with :func:`ledgerq.codec.loads`), on both backends.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
-
-from ledgerq.codec import dumps
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import EntityPolicy, Registry
@@ -77,26 +75,6 @@ class SentMove(NamedTuple):
     guards: Row
     skip_locked: bool
     fact: Sequence[Any]
-
-
-class ClaimFacts(NamedTuple):
-    """The facts of :meth:`Tx.claim_entities`' moves: each claimed row's is ``fact`` (a row
-    of :meth:`Tx.append_facts`) with its own id (``ids``: candidate id -> fact id), the
-    row's id, its new version, and a patch of ``changes`` updated with the values the row
-    stores in ``patched`` (so the fact records exactly what the row holds)."""
-
-    ids: Mapping[str, str]
-    fact: Sequence[Any]
-    changes: Row
-    patched: tuple[str, ...]
-
-
-
-def claim_fact(facts: ClaimFacts, row: Row) -> tuple[Any, ...]:
-    """The fact of one row :meth:`Tx.claim_entities` moved, ``row`` as it is stored."""
-    f = facts.fact
-    return (facts.ids[row["id"]], f[1], row["id"], *f[3:12], row["version"],
-            dumps({**facts.changes, **{k: row[k] for k in facts.patched}}), f[14])
 
 
 class Tx(abc.ABC):
@@ -168,17 +146,15 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
-                       observed: str, to_state: str, changes: Row, limit: int,
-                       facts: ClaimFacts) -> list[Row]:
+                       observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
         """Claimants' compare-and-swaps of several rows, in the given order, until ``limit``
         matched: each ``(id, guards, patch)`` row moves from ``observed`` to ``to_state``
         with ``changes`` and its own ``patch`` set and its version incremented, only where
         it still has ``observed`` and every one of its guard values (NULL-safe equality);
         a row another transaction holds is skipped at once (as ``update_entity`` with
         ``skip_locked``). Every row gives the same guard and patch columns, none of them
-        JSON. Each row that moved gets its fact (``facts``). Returns the whole rows as
-        stored, in the given order: the first ``limit`` rows that matched (rows after the
-        ``limit``-th match are not tried)."""
+        JSON. Returns the whole rows as stored, in the given order: the first ``limit``
+        rows that matched (rows after the ``limit``-th match are not tried)."""
 
     @abc.abstractmethod
     def fact_by_idempotency_key(self, entity_type: str, entity_id: str,

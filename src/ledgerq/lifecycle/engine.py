@@ -18,7 +18,7 @@ from ledgerq.codec import CONTAINERS, dumps, loads, to_sql
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
-from ledgerq.operations import ClaimFacts, Database, SentMove, Tx
+from ledgerq.operations import Database, SentMove, Tx
 
 VOCABULARY_ERROR = "not in the declared transition vocabulary"
 
@@ -331,10 +331,9 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
                                                                   dict[str, Any]]],
                  from_state: str, to_state: str, reason: StateReason, actor: Actor, *,
                  limit: int, now: float | None = None) -> list[dict[str, Any]]:
-    """Claimants' moves of several rows in one swap statement with their facts (SQLite:
-    one swap a row, then one fact insert), in ``rows``' order (``(id, guard, patch)``
-    each) until ``limit`` applied; the rows as stored after their moves (whole rows), in
-    that order.
+    """Claimants' moves of several rows in one swap statement and one fact insert, in
+    ``rows``' order (``(id, guard, patch)`` each) until ``limit`` applied; the rows as
+    stored after their moves (whole rows), in that order.
 
     Each row is still its own guarded move (status, its guard values, its version
     incremented) with its own fact; a row another writer holds, took or moved on is not
@@ -366,13 +365,18 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
     fresh = plan.fresh
     given = [(rid, g, {**{c: new_token() for c in fresh}, **p} if fresh else p)
              for rid, g, p in rows]
-    # Each claimed row's fact records the values it stores (the store fills them in).
-    facts = ClaimFacts({rid: new_id() for rid, _, _ in given},
-                       _fact("", policy.name, "", from_state, to_state, reason, actor, ts, 0,
-                             {}, None),
-                       changes, (*given[0][2], "status_evidence_refs"))
-    return tx.claim_entities(policy, given, observed=from_state, to_state=to_state,
-                             changes=changes, limit=limit, facts=facts)
+    patched = (*given[0][2], "status_evidence_refs")
+    stored = tx.claim_entities(policy, given, observed=from_state, to_state=to_state,
+                               changes=changes, limit=limit)
+    facts = []
+    for after in stored:
+        # The stored values, so the fact records exactly what the row holds.
+        row_changes = {**changes, **{k: after[k] for k in patched}}
+        facts.append(_fact(new_id(), policy.name, after["id"], from_state, to_state, reason,
+                           actor, ts, after["version"], row_changes, None))
+    if facts:
+        tx.append_facts(facts)
+    return stored
 
 
 def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,

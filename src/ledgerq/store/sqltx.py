@@ -23,11 +23,9 @@ from ledgerq.operations import (
     PRIORITY_COLUMN,
     QUEUE_COLUMN,
     SLOT_COLUMN,
-    ClaimFacts,
     Row,
     SentMove,
     Tx,
-    claim_fact,
     expired_columns,
     lease_columns,
 )
@@ -215,8 +213,7 @@ class SqlTx(Tx):
         return out
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
-                       observed: str, to_state: str, changes: Row, limit: int,
-                       facts: ClaimFacts) -> list[Row]:
+                       observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
         # One swap per row, in order (SQLite: one writer at a time, nothing is skipped),
         # every row the same statement (the rows give the same columns, maybe in another
         # order: each row's values are taken in the statement's).
@@ -242,8 +239,6 @@ class SqlTx(Tx):
                             merged.values(), guards.values())
             if row is not None:
                 got.append(row)
-        if got:
-            self.append_facts([claim_fact(facts, r) for r in got])
         return got
 
     def fact_by_idempotency_key(self, entity_type: str, entity_id: str,

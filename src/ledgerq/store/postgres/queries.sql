@@ -98,12 +98,7 @@ jsonb_build_object({pairs})
 -- NULL column, which no status index offers the planner a way into). As joins, the
 -- planner read every row in the status (through its index, with statistics taken while
 -- the queue was short: 21 ms a pass at 100k queued) or the whole table.
--- Each row that moved gets its fact, its patch the changes sent (a JSON object) with
--- the values the row stores in the patched columns ({stored}, from r), its id from a
--- JSON object of candidate id -> fact id.
--- Parameters: given, observed, limit, to_state, the changes, patches, given, observed,
--- then the facts': ids, entity type, previous and new status, reason code and summary,
--- evidence, source, actor, time, metadata, and the changes as JSON.
+-- Parameters: given, observed, limit, to_state, the changes, patches, given, observed.
 WITH pick AS (
   SELECT l.id, c.ordinality::integer - 1 AS n
   FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) WITH ORDINALITY AS c
@@ -113,22 +108,13 @@ WITH pick AS (
   ) AS l
   ORDER BY c.ordinality LIMIT %s
   FOR UPDATE OF l SKIP LOCKED
-), r AS (
-  UPDATE {table} AS t SET version = t.version + 1, status = %s, {assignments}
-  FROM pick
-  CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, %s::jsonb -> pick.n) AS p
-  CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, %s::jsonb -> pick.n) AS g
-  WHERE t.id = pick.id AND t.status IS NOT DISTINCT FROM %s {guards}
-  RETURNING t.*
-), f AS (
-  INSERT INTO status_transitions (
-    id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
-    evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
-  ) SELECT %s::jsonb ->> r.id, %s, r.id, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s::jsonb,
-           r.version, %s::jsonb || {stored}, %s
-  FROM r
 )
-SELECT * FROM r
+UPDATE {table} AS t SET version = t.version + 1, status = %s, {assignments}
+FROM pick
+CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, %s::jsonb -> pick.n) AS p
+CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, %s::jsonb -> pick.n) AS g
+WHERE t.id = pick.id AND t.status IS NOT DISTINCT FROM %s {guards}
+RETURNING t.*
 
 -- name: update_entities_with_facts
 -- Several moves of one shape in one statement, each still its own guarded swap with its

@@ -22,7 +22,7 @@ import psycopg
 from ledgerq.codec import dumps
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import ClaimFacts, Row, SentMove
+from ledgerq.operations import Row, SentMove
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
 
@@ -295,27 +295,21 @@ class PostgresTx(SqlTx):
         key = ("insert+fact", policy.table, columns, stored, policy.json_columns)
         sql = self._texts.get(key)
         if sql is None:
+            json = set(policy.json_columns)
+            pairs = [self.q("stored_json_text" if c in json else "stored_value",
+                            key=c, column=quote(c)) for c in stored]
             sql = self._texts[key] = self.q(
                 "insert_entities_with_facts", table=self.table(policy),
                 columns=", ".join(quote(c) for c in columns), marks=self.marks(len(columns)),
-                stored=self._stored(policy, stored))
+                stored=" || ".join(self.q("stored_object", pairs=", ".join(pairs[i:i + 50]))
+                                   for i in range(0, max(len(pairs), 1), 50)))
         if len(rows) == 1:
             self._execute_unread(sql, [*rows[0][0], *rows[0][1]])
         else:
             self.executemany(sql, ([*values, *fact] for values, fact in rows))
 
-    def _stored(self, policy: EntityPolicy, columns: Sequence[str]) -> str:
-        """A JSON object of ``columns``' stored values in the row ``r`` (a JSON column as
-        its text), the way a fact's patch records them."""
-        json = set(policy.json_columns)
-        pairs = [self.q("stored_json_text" if c in json else "stored_value",
-                        key=c, column=quote(c)) for c in columns]
-        return " || ".join(self.q("stored_object", pairs=", ".join(pairs[i:i + 50]))
-                           for i in range(0, max(len(pairs), 1), 50))
-
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
-                       observed: str, to_state: str, changes: Row, limit: int,
-                       facts: ClaimFacts) -> list[Row]:
+                       observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
         # One statement for the whole pass: the rows' own guard and patch values travel
         # as two JSON arrays read back as the table's row type (so every value gets its
         # column's type), the candidates are locked in the given order up to ``limit``
@@ -326,7 +320,7 @@ class PostgresTx(SqlTx):
         guard_cols = tuple(rows[0][1])
         patch_cols = tuple(rows[0][2])
         change_cols = tuple(changes)
-        key = ("claim", policy.table, guard_cols, patch_cols, change_cols, facts.patched)
+        key = ("claim", policy.table, guard_cols, patch_cols, change_cols)
         sql = self._texts.get(key)
         if sql is None:
             sql = self._texts[key] = self.q(
@@ -337,15 +331,12 @@ class PostgresTx(SqlTx):
                                 for c in guard_cols),
                 assignments=", ".join(
                     [self.q("assign", column=quote(c)) for c in change_cols]
-                    + [self.q("assign_from", column=quote(c), side="p") for c in patch_cols]),
-                stored=self._stored(policy, facts.patched))
+                    + [self.q("assign_from", column=quote(c), side="p") for c in patch_cols]))
         ids = [r[0] for r in rows]
         given = dumps([{"id": i, **g} for i, g, _ in rows])
         patches = dumps([{"id": i, **p} for i, _, p in rows])
-        f = facts.fact
         cur = self.execute(sql, [given, observed, limit, to_state, *changes.values(),
-                                 patches, given, observed, dumps(facts.ids), f[1], *f[3:12],
-                                 dumps(facts.changes), f[14]])
+                                 patches, given, observed])
         names = self.names(cur)
         stored = {r["id"]: r for r in (dict(zip(names, t, strict=True))
                                        for t in cur.fetchall())}
