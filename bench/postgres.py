@@ -39,6 +39,10 @@ Systems:
                  row before its statements (each application validated, its row built
                  and checked against the spec, its creation fact encoded): a bound on
                  ledgerq's bulk submit that no choice of statements can pass
+  ledgerq-units  ledgerq's own in-transaction units (the submit's; a Worker pass's choice
+                 read, claims and outcomes), called in a plain loop on a synchronous
+                 psycopg connection: no event loop, thread hops, pool or supervision. A
+                 ceiling for ledgerq's runtime (bench/pg_peers/ledgerq_units.py)
   PgQueuer       asyncpg driver, batch_size BATCH, completions buffered in memory (see
                  bench/pg_peers/pgqueuer_peer.py for what that means for durability)
   Procrastinate  psycopg async connector, concurrency 10 per worker process
@@ -82,8 +86,8 @@ sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for pg_peers
 from pg_peers import floor  # importable only after the line above
 from pg_peers.harness import BATCH, SCENARIOS, Peer, Scratch, measure
 
-SYSTEMS = ["floor", "floor+log", "floor+log/batch", "ledgerq-sql", "pgqueuer",
-           "procrastinate", "ledgerq"]
+SYSTEMS = ["floor", "floor+log", "floor+log/batch", "ledgerq-sql", "ledgerq-units",
+           "pgqueuer", "procrastinate", "ledgerq"]
 #: The scenarios the batched floor runs: its submits are floor+log's.
 BATCHED_SCENARIOS = ["drain 1", "drain W", "end to end"]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -298,6 +302,9 @@ def _peer_for(system: str) -> Peer:
         return floor.peer(log=True)
     if system == "floor+log/batch":
         return floor.peer(log=True, batch=BATCH)
+    if system == "ledgerq-units":
+        from pg_peers import ledgerq_units
+        return ledgerq_units.peer()
     if system == "pgqueuer":
         from pg_peers import pgqueuer_peer
         return pgqueuer_peer.peer()
@@ -336,6 +343,7 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
     names = {"floor": "floor (psycopg)", "floor+log": "floor + log row",
              "floor+log/batch": f"batched floor + log, {BATCH}",
              "ledgerq-sql": "ledgerq's statement",
+             "ledgerq-units": "ledgerq's units alone",
              "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "ledgerq": "ledgerq"}
     for system, row in results.items():
         line(names[system], [_fmt(row.get(s)) for s in SCENARIOS])
@@ -343,6 +351,8 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
     ratios = [("ledgerq / PgQueuer", "ledgerq", "pgqueuer"),
               ("ledgerq / its statement", "ledgerq", "ledgerq-sql"),
               ("its statement / PgQueuer", "ledgerq-sql", "pgqueuer"),
+              ("ledgerq / its units alone", "ledgerq", "ledgerq-units"),
+              ("its units alone / PgQueuer", "ledgerq-units", "pgqueuer"),
               ("ledgerq / batched floor", "ledgerq", "floor+log/batch"),
               ("ledgerq / floor + log", "ledgerq", "floor+log"),
               ("ledgerq / floor", "ledgerq", "floor"),
@@ -380,15 +390,18 @@ def print_target(results: dict[str, dict[str, float]], workers: int) -> None:
         reach = "out of reach for any system that runs it" if value < 1.0 else "within reach"
         return f"\n      bound: {what} / PgQueuer = {value:.2f}x, {reach}"
 
+    units = "ledgerq's units alone (no event loop, thread hops or pool)"
     print("issue 13, target 5 (ledgerq >= 1.0x PgQueuer; >= 0.7x the plain-psycopg floor):")
     print("  submit single, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", "submit single"), 1.0)
           + bound(ratio("ledgerq-sql", "pgqueuer", "submit single"),
-                  "ledgerq's own statement alone (plain psycopg, no Python around it)"))
+                  "ledgerq's own statement alone (plain psycopg, no Python around it)")
+          + bound(ratio("ledgerq-units", "pgqueuer", "submit single"), units))
     print(f"  drain {workers}, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", "drain W"), 1.0)
           + bound(ratio("floor+log/batch", "pgqueuer", "drain W"),
-                  f"the batched floor + log, {BATCH} at a time"))
+                  f"the batched floor + log, {BATCH} at a time")
+          + bound(ratio("ledgerq-units", "pgqueuer", "drain W"), units))
     print(f"  drain {workers}, ledgerq / batched floor + log = "
           + judged(ratio("ledgerq", "floor+log/batch", "drain W"), 0.7)
           + "; / floor (one task a transaction) = "
@@ -436,6 +449,10 @@ def main() -> None:
                     results[system] = row
             elif system == "ledgerq-sql":
                 results[system] = run_ledgerq_sql(scratch, args.n)
+            elif system == "ledgerq-units":
+                from pg_peers import ledgerq_units
+                results[system] = measure(_peer_for(system), scratch, args.n, args.workers,
+                                          ledgerq_units.SCENARIOS)
             else:
                 results[system] = measure(
                     _peer_for(system), scratch, args.n, args.workers,
