@@ -279,6 +279,24 @@ async def test_many_facts_append_as_given(db: StateDB) -> None:
     assert await db.read(lambda tx: tx.facts_of(RUN, "e9")) == []
 
 
+@pytest.mark.parametrize("field, value, carried", [
+    (None, None, True), (10, 3, True), (6, None, True),
+    (10, float("nan"), False), (10, float("inf"), False), (12, 1 << 63, False),
+    (12, 2.0, False), (5, 3, False), (13, b"{}", False), (9, True, False)])
+def test_a_fact_goes_as_json_only_where_json_carries_it_exactly(
+        field: int | None, value: Any, carried: bool) -> None:
+    """PostgreSQL sends many facts as one JSON document only when each survives it: a
+    time JSON would turn to null or round, a version past 64 bits, a field that is not
+    text sends that batch the usual way (typed parameters)."""
+    from ledgerq.store.postgres.tx import _as_json
+
+    fact = [new_id(), RUN, "e", "queued", "running", "c", "", "[]", "system", "w", 1.5,
+            "{}", 2, "{}", None]
+    if field is not None:
+        fact[field] = value
+    assert _as_json(fact) is carried
+
+
 async def test_facts_append_and_stream(db: StateDB) -> None:
     facts = [(new_id(), RUN, eid, None, "queued", "run.queued.submitted", "", "[]", "system",
               "t", 1.0, "{}", v, dumps({"x": v}), f"key-{eid}-{v}" if v == 2 else None)
