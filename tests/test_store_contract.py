@@ -297,6 +297,20 @@ def test_a_fact_goes_as_json_only_where_json_carries_it_exactly(
     assert _as_json(fact) is carried
 
 
+@pytest.mark.parametrize("text, embedded", [
+    ("[]", True), ('{"a": [1, 2.5]}', True), ("1e2", True), ('"s"', True),
+    (" null ", False), ("null", False), ("nul", False), ("", False),
+    ('"x", "status": "failed"', False), ('[1] {"b": 2}', False), (3, False)])
+def test_a_json_columns_text_is_embedded_only_as_one_json_value(text: Any,
+                                                                embedded: bool) -> None:
+    """PostgreSQL embeds a JSON column's text in a move's document only where it is one
+    JSON value other than null: anything else could change the document around it, or
+    read back as SQL NULL, so that move goes the usual way (its text cast to jsonb)."""
+    from ledgerq.store.postgres.tx import _json_text
+
+    assert _json_text(text) is embedded
+
+
 async def test_facts_append_and_stream(db: StateDB) -> None:
     facts = [(new_id(), RUN, eid, None, "queued", "run.queued.submitted", "", "[]", "system",
               "t", 1.0, "{}", v, dumps({"x": v}), f"key-{eid}-{v}" if v == 2 else None)

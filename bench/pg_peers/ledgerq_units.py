@@ -21,10 +21,14 @@ import asyncio
 import os
 import time
 from multiprocessing.synchronize import Barrier, Event
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from pg_peers.harness import BATCH, Peer
+
+if TYPE_CHECKING:
+    from ledgerq.queue import TaskApplication
 
 LEASE_TTL = 300.0
 HEARTBEAT_TTL = 60.0
@@ -44,7 +48,7 @@ def _connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
     return conn
 
 
-def _app() -> object:
+def _app() -> TaskApplication:
     from ledgerq.queue import TaskApplication
 
     return TaskApplication("command", {"argv": ["true"]}, "host")
@@ -68,7 +72,7 @@ def submit_bulk(dsn: str, n: int) -> float:
     async def fill() -> float:
         async with StateDB(dsn) as db:
             t0 = time.perf_counter()
-            await submit_many(db, [_app()] * n)  # type: ignore[list-item]
+            await submit_many(db, [_app()] * n)
             return time.perf_counter() - t0
 
     return asyncio.run(fill())
@@ -86,8 +90,7 @@ def submit_single(dsn: str, n: int) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
             tx = PostgresTx(conn, hold_first=True)
-            _insert_all(tx, policy, [validate(app)], time.time(), "host",  # type: ignore[arg-type]
-                        SUBMITTER)
+            _insert_all(tx, policy, [validate(app)], time.time(), "host", SUBMITTER)
             held = tx.take_alone()
             if held is None:
                 raise RuntimeError("a plain submit did not hold its one statement back")

@@ -70,12 +70,29 @@ def _exact(value: Any) -> bool:
         or (kind is float and math.isfinite(value))
 
 
+_JSON = msgspec.json.Decoder()
+
+
+def _json_text(value: Any) -> bool:
+    """Whether ``value`` is the text of one JSON value other than null: embedded in a
+    document as it is, it reads back as the text's cast to jsonb would (a document reads
+    JSON's null as SQL NULL; text that is not one JSON value could change the document)."""
+    if type(value) is not str:
+        return False
+    if value == "[]" or value == "{}":  # a move's evidence, nearly always
+        return True
+    try:
+        return _JSON.decode(value) is not None
+    except msgspec.DecodeError:
+        return False
+
+
 def _together(policy: EntityPolicy, run: Sequence[SentMove]) -> bool:
     """Whether moves of one shape can go as one statement with their terms as JSON
     documents: each a move that was not read first (its swap is the read) to another
     state, of its own row (two moves of one row must see each other, in order), every
-    value carried exactly (a JSON column's text embedded as it is, unless it is JSON's
-    null, which a document would read as SQL NULL), and a fact JSON carries."""
+    value carried exactly (a JSON column's text embedded as it is: see _json_text), and
+    a fact JSON carries."""
     json = policy.json_columns
     if len({m.entity_id for m in run}) != len(run):
         return False
@@ -85,7 +102,7 @@ def _together(policy: EntityPolicy, run: Sequence[SentMove]) -> bool:
             return False
         for c, v in m.changes.items():
             if c in json:
-                if v is not None and (type(v) is not str or v.strip() == "null"):
+                if v is not None and not _json_text(v):
                     return False
             elif not _exact(v):
                 return False
@@ -247,8 +264,9 @@ class PostgresTx(SqlTx):
     def _update_together(self, policy: EntityPolicy, run: Sequence[SentMove]
                          ) -> list[int | None]:
         """Moves of one shape as one statement: their terms as JSON documents, each move
-        an element (update_entities_with_facts in queries.sql); ~25 pipelined statements'
-        adaptation and pipeline work in psycopg become one parameter each."""
+        its row's entry, keyed by id (update_entities_with_facts in queries.sql). A pass's
+        ~25 pipelined statements, each adapted and pipelined by psycopg, become one
+        statement of four parameters."""
         first = run[0]
         guard_cols, change_cols = tuple(first.guards), tuple(first.changes)
         key = ("update+facts", policy.table, guard_cols, change_cols)
