@@ -618,6 +618,35 @@ async def test_a_lost_claim_of_a_pass_claimed_together_is_counted(
     assert (await verify(qdb)).ok
 
 
+async def test_a_pass_sends_further_spares_only_for_the_claims_others_won(
+        qdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where spares are chosen (writers run at once), a claim statement carries
+    CLAIM_STEP candidates a slot; the next ones go in a further statement, in order, only
+    for the slots the first left unfilled. Every candidate tried before the limit was
+    reached is lost or claimed; those after it are left queued, untried."""
+    if not qdb.many_writers:
+        pytest.skip("SQLite's single writer chooses no spares")
+    ids = sorted(await submit_many(qdb, [app(args={"i": i}) for i in range(8)], now=NOW))
+    policy = qdb.registry.entity("schedule_run")
+    real = claim_mod.apply_claims
+    calls: list[list[str]] = []
+
+    def others_won_the_first_four(tx: Any, pol: Any, rows: Any, *a: Any, **kw: Any) -> Any:
+        calls.append([r[0] for r in rows])
+        if len(calls) == 1:
+            for rid in ids[:4]:
+                runs_mod.move(tx, policy, rid, "queued", "cancelled",
+                              "run.cancelled.operator", actor=OPERATOR, now=NOW)
+        return real(tx, pol, rows, *a, **kw)
+
+    monkeypatch.setattr(claim_mod, "apply_claims", others_won_the_first_four)
+    got = await claim_runs(qdb, worker_id="w1", now=NOW + 1, limit=2)
+    assert claim_mod.CLAIM_STEP == 2 and calls == [ids[:4], ids[4:8]]
+    assert [r["id"] for r in got.claimed] == ids[4:6] and got.lost == 4
+    assert [(await get_row(qdb, rid))["status"] for rid in ids[6:]] == ["queued", "queued"]
+    assert (await verify(qdb)).ok
+
+
 async def test_a_claim_together_that_raises_claims_row_by_row(
         qdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
     ids = await submit_many(qdb, [app(args={"i": i}) for i in range(3)], now=NOW)
