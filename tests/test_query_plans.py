@@ -130,6 +130,40 @@ async def test_postgres_claim_pages_read_the_claim_index_in_order(pg_target: str
         assert "Sort" not in plan, plan
 
 
+async def stale_queue(db: Any) -> list[str]:
+    """400 queued runs under statistics taken while the table was empty (as a burst of
+    submits leaves them until autovacuum's next ANALYZE); the first 12 ids."""
+    from ledgerq.queue import TaskApplication, submit_many
+
+    def stale(tx: Tx) -> None:
+        tx.execute("ANALYZE schedule_runs")
+        tx.execute("ALTER TABLE schedule_runs SET (autovacuum_enabled = false)")
+
+    await db.write(stale)
+    await submit_many(db, [TaskApplication("command", {"argv": ["true"]}, "host")] * 400)
+    return [r["id"] for r in await db.fetch_all(
+        "SELECT id FROM schedule_runs ORDER BY id LIMIT 12")]
+
+
+def explained(tx: Tx) -> list[dict[str, Any]]:
+    """From here on, every statement ``tx`` runs is first run under ``EXPLAIN ANALYZE`` (in
+    a savepoint rolled back), its plan appended to the list returned; sequential scans
+    are priced out, as on a deep table."""
+    plans: list[dict[str, Any]] = []
+    real = tx.execute
+
+    def recording(sql: str, params: Any = ()) -> Any:
+        real("SAVEPOINT probe")
+        (plan,) = real(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params).fetchone()
+        plans.append(plan if isinstance(plan, list) else json.loads(plan))
+        real("ROLLBACK TO probe")
+        return real(sql, params)
+
+    real("SET LOCAL enable_seqscan = off")
+    tx.execute = recording  # type: ignore[method-assign]
+    return plans
+
+
 def read_rows(node: dict[str, Any]) -> int:
     """Rows a plan's scans of schedule_runs read (kept or filtered out)."""
     scan = node.get("Relation Name") == "schedule_runs" and node["Node Type"].endswith("Scan")
@@ -147,33 +181,13 @@ async def test_postgres_a_claim_swap_reads_its_candidates_alone_whatever_the_sta
     the statement used to read the whole status through its index (21 ms a pass at 100k
     queued, bench/pg_scaling.py). Sequential scans are priced out, as on a deep queue."""
     from ledgerq import StateDB
-    from ledgerq.queue import TaskApplication, submit_many
 
     async with StateDB(pg_target) as db:
         policy = db.registry.entity("schedule_run")
-
-        def stale(tx: Tx) -> None:
-            tx.execute("ANALYZE schedule_runs")
-            tx.execute("ALTER TABLE schedule_runs SET (autovacuum_enabled = false)")
-
-        await db.write(stale)
-        await submit_many(db, [TaskApplication("command", {"argv": ["true"]}, "host")] * 400)
-        ids = [r["id"] for r in await db.fetch_all(
-            "SELECT id FROM schedule_runs ORDER BY id LIMIT 12")]
+        ids = await stale_queue(db)
 
         def probe(tx: Tx) -> tuple[list[dict[str, Any]], int]:
-            plans: list[dict[str, Any]] = []
-            real = tx.execute
-
-            def recording(sql: str, params: Any = ()) -> Any:
-                real("SAVEPOINT probe")
-                (plan,) = real(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params).fetchone()
-                plans.append(plan if isinstance(plan, list) else json.loads(plan))
-                real("ROLLBACK TO probe")
-                return real(sql, params)
-
-            real("SET LOCAL enable_seqscan = off")
-            tx.execute = recording  # type: ignore[method-assign]
+            plans = explained(tx)
             claimed = tx.claim_entities(
                 policy, [(i, {"leased_by": None}, {"leased_by": "w1"}) for i in ids],
                 observed="queued", to_state="running", changes={}, limit=10)
@@ -194,37 +208,17 @@ async def test_postgres_moves_sent_together_read_their_own_rows_alone(
     """PostgreSQL: several moves sent as one statement (a pass's outcomes) find each row by
     primary key, with statistics taken while the table was empty and sequential scans
     priced out (a deep table). Joined to their JSON document instead, the swap hashed the
-    whole table (6.5 ms for 20 outcomes over 10k rows, against 2.6-2.9 ms by key)."""
+    whole table (6.4-7.1 ms for 20 outcomes over 10k rows, against 2.6-2.9 ms by key)."""
     from ledgerq import StateDB
     from ledgerq.lifecycle.engine import new_id
     from ledgerq.operations import SentMove
-    from ledgerq.queue import TaskApplication, submit_many
 
     async with StateDB(pg_target) as db:
         policy = db.registry.entity("schedule_run")
-
-        def stale(tx: Tx) -> None:
-            tx.execute("ANALYZE schedule_runs")
-            tx.execute("ALTER TABLE schedule_runs SET (autovacuum_enabled = false)")
-
-        await db.write(stale)
-        await submit_many(db, [TaskApplication("command", {"argv": ["true"]}, "host")] * 400)
-        ids = [r["id"] for r in await db.fetch_all(
-            "SELECT id FROM schedule_runs ORDER BY id LIMIT 12")]
+        ids = await stale_queue(db)
 
         def probe(tx: Tx) -> tuple[list[dict[str, Any]], list[int | None]]:
-            plans: list[dict[str, Any]] = []
-            real = tx.execute
-
-            def recording(sql: str, params: Any = ()) -> Any:
-                real("SAVEPOINT probe")
-                (plan,) = real(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params).fetchone()
-                plans.append(plan if isinstance(plan, list) else json.loads(plan))
-                real("ROLLBACK TO probe")
-                return real(sql, params)
-
-            real("SET LOCAL enable_seqscan = off")
-            tx.execute = recording  # type: ignore[method-assign]
+            plans = explained(tx)
             changes = {"leased_by": "w1", "updated_at": 2.0, "status_evidence_refs": "[]"}
             return plans, tx.update_entities_with_facts(policy, [SentMove(
                 i, "queued", None, "running", changes, {"leased_by": None}, False,
