@@ -289,8 +289,14 @@ def test_cli_workers_and_worker_stop(db_target: str, tmp_path: Path) -> None:
          str(tmp_path / "locks"), "--worker-id", "cli-drain", "--cap", "gpu", "--quiet",
          "--queue", "default", "--queue", "ops"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The run lasts until the test has seen it listed (at most two minutes): a fixed
+    # sleep was a window a loaded machine's CLI calls (a process start each) could miss.
+    release = tmp_path / "release"
+    wait = ("import os, time\nt = time.monotonic() + 120\n"
+            f"while not os.path.exists({str(release)!r}) and time.monotonic() < t:\n"
+            "    time.sleep(0.05)")
     try:
-        slow = submit(db, "command", "--", PY, "-c", "import time; time.sleep(1.5)")
+        slow = submit(db, "command", "--", PY, "-c", wait)
         listed: list[dict[str, Any]] = []
         for _ in range(600):
             listed = as_json("workers", "--db", db)["workers"]
@@ -305,6 +311,7 @@ def test_cli_workers_and_worker_stop(db_target: str, tmp_path: Path) -> None:
         assert w["running"] == [slow]
         table = ok("workers", "--db", db).stdout
         assert "cli-drain" in table and "default,ops" in table
+        release.touch()
         assert "asked worker cli-drain" in ok("worker", "stop", "cli-drain", "--db", db).stdout
         one_error_line(cli("worker", "stop", "nobody", "--db", db), 1)
         _, err = proc.communicate(timeout=120)
