@@ -85,22 +85,24 @@ jsonb_build_object({pairs})
 '{key}', r.{column}::text
 
 -- name: claim_entities
--- Claimants' swaps of a pass's candidates in one statement. given/patches: JSON arrays
--- of {id, column: value}, one element a candidate in the given order, read back as the
--- table's row type. pick locks the candidates in the given order until the LIMIT is
--- reached: a row another transaction holds is skipped (SKIP LOCKED), and one that no
--- longer has the status or a guard value is dropped by the lock's re-check against its
--- latest version without using a slot. pick looks each candidate up by primary key, one
--- after the other (a LATERAL subquery that OFFSET 0 keeps from being merged into a
--- join), and reads and locks no row past the LIMIT, however deep the queue; each picked
--- row then takes its own guard and patch values by position (no join), and the swap
--- finds it by key (its status compared with IS NOT DISTINCT FROM, the same test on a NOT
--- NULL column, which no status index offers the planner a way into). As joins, the
--- planner read every row in the status (through its index, with statistics taken while
--- the queue was short: 21 ms a pass at 100k queued) or the whole table.
--- Parameters: given, observed, limit, to_state, the changes, patches, given, observed.
+-- Claimants' swaps of a pass's candidates in one statement. given: a JSON array of {id,
+-- column: value}, one element a candidate in the given order, read back as the table's
+-- row type; patches and guards: JSON objects of id -> {column: value}. pick locks the
+-- candidates in the given order until the LIMIT is reached: a row another transaction
+-- holds is skipped (SKIP LOCKED), and one that no longer has the status or a guard value
+-- is dropped by the lock's re-check against its latest version without using a slot.
+-- pick looks each candidate up by primary key, one after the other (a LATERAL subquery
+-- that OFFSET 0 keeps from being merged into a join), and reads and locks no row past
+-- the LIMIT, however deep the queue. The swap then finds the picked rows by key (= ANY
+-- of their ids: no join to pick the planner could hash against the whole table), checks
+-- status and guards once more, and takes each row's patch values from its own entry.
+-- As joins, the planner read every row in the status (through its index, with
+-- statistics taken while the queue was short: 21 ms a pass at 100k queued) or, while
+-- the table was small, the whole table for every pass.
+-- Parameters: given, observed, limit, to_state, the changes, patches (when the rows
+-- patch a column: assign_from_doc), observed, guards.
 WITH pick AS (
-  SELECT l.id, c.ordinality::integer - 1 AS n
+  SELECT l.id
   FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) WITH ORDINALITY AS c
   CROSS JOIN LATERAL (
     SELECT t.id FROM {table} AS t WHERE t.id = c.id AND t.status = %s {pick_guards}
@@ -110,10 +112,9 @@ WITH pick AS (
   FOR UPDATE OF l SKIP LOCKED
 )
 UPDATE {table} AS t SET version = t.version + 1, status = %s, {assignments}
-FROM pick
-CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, %s::jsonb -> pick.n) AS p
-CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, %s::jsonb -> pick.n) AS g
-WHERE t.id = pick.id AND t.status IS NOT DISTINCT FROM %s {guards}
+WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.status IS NOT DISTINCT FROM %s
+  AND EXISTS (SELECT FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS g
+              WHERE true {guards})
 RETURNING t.*
 
 -- name: update_entities_with_facts
@@ -145,8 +146,10 @@ SELECT id, version FROM u
 -- name: guard_join
 AND t.{column} IS NOT DISTINCT FROM {side}.{column}
 
--- name: assign_from
-{column} = {side}.{column}
+-- name: assign_from_doc
+-- Columns set from each row's own entry of a JSON object of id -> {column: value}.
+({columns}) = (
+  SELECT {values} FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS p)
 
 -- name: fact_by_idempotency_key
 SELECT id, previous_status, status FROM status_transitions

@@ -335,33 +335,40 @@ class PostgresTx(SqlTx):
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
-        # One statement for the whole pass: the rows' own guard and patch values travel
-        # as two JSON arrays read back as the table's row type (so every value gets its
-        # column's type), the candidates are locked in the given order up to ``limit``
-        # (SKIP LOCKED; the lock re-checks status and guards on the row's latest
-        # version), and the swap checks them once more.
+        # One statement for the whole pass: the candidates in order as a JSON array read
+        # back as the table's row type (so every value gets its column's type), locked in
+        # that order up to ``limit`` (SKIP LOCKED; the lock re-checks status and guards on
+        # the row's latest version); the swap finds the locked rows by key and checks them
+        # once more, each taking its guard and patch values from its own entry of a JSON
+        # object keyed by id.
         if not rows:
             return []
+        table = self.table(policy)
         guard_cols = tuple(rows[0][1])
         patch_cols = tuple(rows[0][2])
         change_cols = tuple(changes)
         key = ("claim", policy.table, guard_cols, patch_cols, change_cols)
         sql = self._texts.get(key)
         if sql is None:
+            assignments = [self.q("assign", column=quote(c)) for c in change_cols]
+            if patch_cols:
+                assignments.append(self.q(
+                    "assign_from_doc", table=table,
+                    columns=", ".join(quote(c) for c in patch_cols),
+                    values=", ".join(f"p.{quote(c)}" for c in patch_cols)))
             sql = self._texts[key] = self.q(
-                "claim_entities", table=self.table(policy),
+                "claim_entities", table=table,
                 pick_guards=" ".join(self.q("guard_join", column=quote(c), side="c")
                                      for c in guard_cols),
                 guards=" ".join(self.q("guard_join", column=quote(c), side="g")
                                 for c in guard_cols),
-                assignments=", ".join(
-                    [self.q("assign", column=quote(c)) for c in change_cols]
-                    + [self.q("assign_from", column=quote(c), side="p") for c in patch_cols]))
+                assignments=", ".join(assignments))
         ids = [r[0] for r in rows]
         given = dumps([{"id": i, **g} for i, g, _ in rows])
-        patches = dumps([{"id": i, **p} for i, _, p in rows])
+        patches = [dumps({i: p for i, _, p in rows})] if patch_cols else []
+        guards = dumps({i: g for i, g, _ in rows})
         cur = self.execute(sql, [given, observed, limit, to_state, *changes.values(),
-                                 patches, given, observed])
+                                 *patches, observed, guards])
         names = self.names(cur)
         stored = {r["id"]: r for r in (dict(zip(names, t, strict=True))
                                        for t in cur.fetchall())}
