@@ -646,6 +646,21 @@ async def test_a_limit_one_pass_over_a_deep_queue_reads_one_page(db: StateDB) ->
     assert got.scanned == 10 * PAGE_SIZE - 1
 
 
+async def test_a_pass_reads_all_it_can_use_in_one_page(db: StateDB) -> None:
+    # A pass of 20 slots can use 20 rows (80 with its spares where writers run at once,
+    # more than PAGE_SIZE): one statement reads them all, not a page and then another.
+    await submit_many(db, [task()] * (4 * PAGE_SIZE))
+    statements = trace.start()
+    try:
+        got = await claim_runs(db, worker_id="w1", limit=20, stuck=StuckRows())
+    finally:
+        trace.stop()
+    usable = 20 * (claim_mod.CLAIM_SPARES if db.many_writers else 1)
+    assert len(got.claimed) == 20 and got.scanned == usable
+    pages = [q for q in statements if q.startswith("SELECT id, queued_at")]
+    assert len(pages) == 1, pages
+
+
 async def test_a_pass_whose_short_first_page_is_filtered_reads_on(db: StateDB) -> None:
     # The first page is only as long as the pass can use; when its rows cannot be served
     # (a capability the worker lacks, a concurrency key chosen earlier in the pass), the

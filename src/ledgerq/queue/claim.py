@@ -221,9 +221,11 @@ def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
         # Every candidate scores 0, so the stable affinity sort keeps scan order and the
         # choice is the first ``limit`` unblocked eligible rows: stop scanning there.
         # Same rows as sorting the whole scan, without reading up to SCAN_CAP of them;
-        # the first page is only as long as the pass could use (most passes need no more).
+        # the first page is as long as the pass could use (most passes need no more),
+        # spares included: one statement, where PAGE_SIZE pages took two for a pass of
+        # 25 slots with its spares on PostgreSQL.
         _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
-                    enough=picker.offer, skip=skip, first_page=min(limit, PAGE_SIZE))
+                    enough=picker.offer, skip=skip, first_page=min(limit, SCAN_CAP))
         return picker.chosen
     eligible = _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
                            skip=skip)
