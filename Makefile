@@ -28,6 +28,7 @@ bench: install
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/rebuild.py
 	$(BIN)/python bench/postgres.py   # PostgreSQL on 127.0.0.1:5432 (scratch databases)
+	$(BIN)/python bench/pg_cpu.py
 	$(BIN)/python bench/pg_scaling.py
 	$(BIN)/python bench/statements.py
 	$(BIN)/python bench/statements.py --pg

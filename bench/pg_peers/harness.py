@@ -134,10 +134,20 @@ def count(dsn: str, sql: str) -> int:
         return int(row[0]) if row else 0
 
 
+def process_cpu(pid: int) -> float:
+    """Seconds of CPU process ``pid`` has used so far, all its threads (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_workers(peer: Peer, dsn: str, workers: int, n: int,
                 during: Callable[[], object] | None = None,
-                timeout: float | None = None) -> float:
-    """Seconds from releasing ``workers`` ready processes until ``n`` tasks are done."""
+                timeout: float | None = None, cpu: list[float] | None = None,
+                poll: float = POLL) -> float:
+    """Seconds from releasing ``workers`` ready processes until ``n`` tasks are done,
+    counted every ``poll`` seconds. ``cpu``, if given, gets the CPU seconds the workers
+    used in that time appended."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(workers + 1)
     stop = ctx.Event()
@@ -151,18 +161,24 @@ def run_workers(peer: Peer, dsn: str, workers: int, n: int,
         with psycopg.connect(dsn, autocommit=True) as conn:
             barrier.wait(timeout=READY_TIMEOUT)
             t0 = time.perf_counter()
+            if cpu is not None:
+                ready = sum(process_cpu(p.pid) for p in procs if p.pid is not None)
             if during is not None:
                 during()
             while True:
                 row = conn.execute(peer.done_sql).fetchone()
                 done = int(row[0]) if row else 0
                 if done >= n:
-                    return time.perf_counter() - t0
+                    seconds = time.perf_counter() - t0
+                    if cpu is not None:
+                        cpu.append(sum(process_cpu(p.pid) for p in procs
+                                       if p.pid is not None) - ready)
+                    return seconds
                 if time.perf_counter() - t0 > limit:
                     raise TimeoutError(f"{peer.name}: {done}/{n} done after {limit:.0f} s")
                 if any(not p.is_alive() for p in procs):
                     raise RuntimeError(f"{peer.name}: a worker exited early ({done}/{n} done)")
-                time.sleep(POLL)
+                time.sleep(poll)
     finally:
         stop.set()
         for p in procs:
