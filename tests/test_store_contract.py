@@ -42,7 +42,7 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "lock_
                  "tables_present",
                  "durability", "record_schema_version", "forget_prepared", "lock_archives",
                  # A pass's claims in one statement (SQLite: one swap per row).
-                 "claim_entities", "guard_join", "assign_from_doc",
+                 "claim_entities", "guard_join", "assign_from_doc", "guard_from_doc",
                  # A move and its fact in one statement (SQLite: two).
                  "update_entity_with_fact",
                  # Several moves and their facts in one statement (SQLite: two a move).

@@ -100,7 +100,7 @@ jsonb_build_object({pairs})
 -- statistics taken while the queue was short: 21 ms a pass at 100k queued) or, while
 -- the table was small, the whole table for every pass.
 -- Parameters: given, observed, limit, to_state, the changes, patches (when the rows
--- patch a column: assign_from_doc), observed, guards.
+-- patch a column: assign_from_doc), observed, guards (guard_from_doc).
 WITH pick AS (
   SELECT l.id
   FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) WITH ORDINALITY AS c
@@ -113,8 +113,7 @@ WITH pick AS (
 )
 UPDATE {table} AS t SET version = t.version + 1, status = %s, {assignments}
 WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.status IS NOT DISTINCT FROM %s
-  AND EXISTS (SELECT FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS g
-              WHERE true {guards})
+  AND {guard}
 RETURNING t.*
 
 -- name: update_entities_with_facts
@@ -129,11 +128,8 @@ RETURNING t.*
 -- for a row that moved, with the version it left. Returns each moved row's id and new
 -- version.
 WITH u AS (
-  UPDATE {table} AS t SET version = t.version + 1, (status, {columns}) = (
-    SELECT p.status, {values} FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS p)
-  WHERE t.id = ANY(%s::text[])
-    AND EXISTS (SELECT FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS g
-                WHERE t.status = g.status {guards})
+  UPDATE {table} AS t SET version = t.version + 1, {assignment}
+  WHERE t.id = ANY(%s::text[]) AND {guard}
   RETURNING t.id, t.version
 ), f AS (
   INSERT INTO status_transitions (
@@ -147,9 +143,16 @@ SELECT id, version FROM u
 AND t.{column} IS NOT DISTINCT FROM {side}.{column}
 
 -- name: assign_from_doc
--- Columns set from each row's own entry of a JSON object of id -> {column: value}.
+-- Columns set from each row's own entry of a JSON object of id -> {column: value}, read
+-- back as the table's row type (so every value gets its column's type).
 ({columns}) = (
   SELECT {values} FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS p)
+
+-- name: guard_from_doc
+-- The row still has the values its own entry of a JSON object of id -> {column: value}
+-- gives ({guards}: guard_join's, side g).
+EXISTS (SELECT FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS g
+        WHERE true {guards})
 
 -- name: fact_by_idempotency_key
 SELECT id, previous_status, status FROM status_transitions

@@ -272,12 +272,11 @@ class PostgresTx(SqlTx):
         key = ("update+facts", policy.table, guard_cols, change_cols)
         sql = self._texts.get(key)
         if sql is None:
+            table = self.table(policy)
             sql = self._texts[key] = self.q(
-                "update_entities_with_facts", table=self.table(policy),
-                columns=", ".join(quote(c) for c in change_cols),
-                values=", ".join(f"p.{quote(c)}" for c in change_cols),
-                guards=" ".join(self.q("guard_join", column=quote(c), side="g")
-                                for c in guard_cols),
+                "update_entities_with_facts", table=table,
+                assignment=self._assign_from_doc(table, ("status", *change_cols)),
+                guard=self._guard_from_doc(table, ("status", *guard_cols)),
                 fields=self.q("fact_fields", version="u.version"))
         json = policy.json_columns
         patches = dumps({m.entity_id: {"status": m.to_state, **{
@@ -288,6 +287,18 @@ class PostgresTx(SqlTx):
         done = dict(self.execute(sql, (patches, [m.entity_id for m in run], given,
                                        facts)).fetchall())
         return [done.get(m.entity_id) for m in run]
+
+    def _assign_from_doc(self, table: str, columns: Sequence[str]) -> str:
+        """``columns`` set from each row's entry of a JSON object keyed by id."""
+        return self.q("assign_from_doc", table=table,
+                      columns=", ".join(quote(c) for c in columns),
+                      values=", ".join(f"p.{quote(c)}" for c in columns))
+
+    def _guard_from_doc(self, table: str, columns: Sequence[str]) -> str:
+        """The row still has ``columns``' values its entry of a JSON object keyed by id
+        gives."""
+        return self.q("guard_from_doc", table=table, guards=" ".join(
+            self.q("guard_join", column=quote(c), side="g") for c in columns))
 
     def append_facts(self, facts: Sequence[Sequence[Any]]) -> None:
         # Many facts: one statement, the facts one JSON document (encoded in C), instead
@@ -352,16 +363,12 @@ class PostgresTx(SqlTx):
         if sql is None:
             assignments = [self.q("assign", column=quote(c)) for c in change_cols]
             if patch_cols:
-                assignments.append(self.q(
-                    "assign_from_doc", table=table,
-                    columns=", ".join(quote(c) for c in patch_cols),
-                    values=", ".join(f"p.{quote(c)}" for c in patch_cols)))
+                assignments.append(self._assign_from_doc(table, patch_cols))
             sql = self._texts[key] = self.q(
                 "claim_entities", table=table,
                 pick_guards=" ".join(self.q("guard_join", column=quote(c), side="c")
                                      for c in guard_cols),
-                guards=" ".join(self.q("guard_join", column=quote(c), side="g")
-                                for c in guard_cols),
+                guard=self._guard_from_doc(table, guard_cols),
                 assignments=", ".join(assignments))
         ids = [r[0] for r in rows]
         given = dumps([{"id": i, **g} for i, g, _ in rows])
