@@ -173,6 +173,23 @@ def read_rows(node: dict[str, Any]) -> int:
     return own * node.get("Actual Loops", 1) + sum(read_rows(n) for n in node.get("Plans", []))
 
 
+async def explained_claims(db: Any, ids: list[str], limit: int, *, deep: bool = True
+                           ) -> tuple[list[dict[str, Any]], int]:
+    """One claim statement over ``ids`` (up to ``limit`` claimed), explained (see
+    :func:`explained`); its plans and how many rows it claimed."""
+    policy = db.registry.entity("schedule_run")
+
+    def probe(tx: Tx) -> tuple[list[dict[str, Any]], int]:
+        plans = explained(tx, deep=deep)
+        claimed = tx.claim_entities(
+            policy, [(i, {"leased_by": None}, {"leased_by": "w1"}) for i in ids],
+            observed="queued", to_state="running", changes={}, limit=limit)
+        return plans, len(claimed)
+
+    result: tuple[list[dict[str, Any]], int] = await db.write(probe)
+    return result
+
+
 async def test_postgres_a_claim_swap_reads_its_candidates_alone_whatever_the_statistics(
         pg_target: str) -> None:
     """PostgreSQL: a pass's claim statement looks its candidates up by primary key in the
@@ -184,17 +201,7 @@ async def test_postgres_a_claim_swap_reads_its_candidates_alone_whatever_the_sta
     from ledgerq import StateDB
 
     async with StateDB(pg_target) as db:
-        policy = db.registry.entity("schedule_run")
-        ids = await stale_queue(db)
-
-        def probe(tx: Tx) -> tuple[list[dict[str, Any]], int]:
-            plans = explained(tx)
-            claimed = tx.claim_entities(
-                policy, [(i, {"leased_by": None}, {"leased_by": "w1"}) for i in ids],
-                observed="queued", to_state="running", changes={}, limit=10)
-            return plans, len(claimed)
-
-        plans, claimed = await db.write(probe)
+        plans, claimed = await explained_claims(db, await stale_queue(db), 10)
     assert claimed == 10
     (plan,) = plans
 
@@ -215,20 +222,11 @@ async def test_postgres_a_claim_swap_reads_its_candidates_alone_on_a_short_table
     from ledgerq.queue import TaskApplication, submit_many
 
     async with StateDB(pg_target) as db:
-        policy = db.registry.entity("schedule_run")
         await submit_many(db, [TaskApplication("command", {"argv": ["true"]}, "host")] * 2000)
         await db.write(lambda tx: tx.execute("ANALYZE schedule_runs"))
         ids = [r["id"] for r in await db.fetch_all(
             "SELECT id FROM schedule_runs ORDER BY id LIMIT 75")]
-
-        def probe(tx: Tx) -> tuple[list[dict[str, Any]], int]:
-            plans = explained(tx, deep=False)
-            claimed = tx.claim_entities(
-                policy, [(i, {"leased_by": None}, {"leased_by": "w1"}) for i in ids],
-                observed="queued", to_state="running", changes={}, limit=25)
-            return plans, len(claimed)
-
-        plans, claimed = await db.write(probe)
+        plans, claimed = await explained_claims(db, ids, 25, deep=False)
     assert claimed == 25
     (plan,) = plans
     assert read_rows(plan[0]["Plan"]) <= 2 * 25, json.dumps(plan, indent=1)
