@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from helpers.raw import raw
-from helpers.trace import count_writes
+from helpers.trace import count_write_locks
 from ledgerq import StateDB
 from ledgerq.codec import loads
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
@@ -515,14 +515,33 @@ async def test_running_key_is_rechecked_inside_the_claim_transaction(
     assert (await get_row(qdb, g1))["status"] == "queued"
 
 
-async def test_a_pass_over_rows_it_cannot_serve_takes_no_write_lock(qdb: StateDB) -> None:
-    """A worker facing a deep backlog it cannot serve scans it without holding writers up."""
+async def test_a_pass_over_rows_it_cannot_serve_takes_no_write_lock(
+        qdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker facing a deep backlog it cannot serve scans it without holding writers up.
+    Where writers run one at a time it reads its first page in the transaction it would
+    have claimed in, which takes no lock until it writes, then the backlog from a
+    snapshot; it writes nothing."""
     await submit_many(qdb, [TaskApplication("command", {"argv": ["true"]}, "host",
                                             required_capabilities=[GPU])] * 120)
-    writes = count_writes(qdb)
-    got = await claim_runs(qdb, worker_id="cpu-only", now=NOW + 10)
-    assert got.scanned == 120 and got.claimed == []
-    assert writes == [], writes
+    facts = (await qdb.fetch_one("SELECT count(*) AS n FROM status_transitions") or {})["n"]
+    choices: list[tuple[int, int, bool]] = []
+    real_select = claim_mod._select
+
+    def select(*args: Any, **kw: Any) -> Any:
+        chosen = real_select(*args, **kw)
+        seen = args[10]  # (the pass's ClaimPass, as _select is called)
+        choices.append((args[12], seen.scanned, seen.capped))
+        return chosen
+
+    monkeypatch.setattr(claim_mod, "_select", select)
+    locks = await count_write_locks(qdb)
+    got = await claim_runs(qdb, worker_id="cpu-only", now=NOW + 10, limit=20)
+    assert got.scanned == 120 and got.claimed == [] and not got.capped
+    assert locks == [], locks
+    first_page = [] if qdb.many_writers else [(20, 20, True)]
+    assert choices == [*first_page, (claim_mod.SCAN_CAP, 120, False)], choices
+    assert (await qdb.fetch_one("SELECT count(*) AS n FROM status_transitions")
+            or {})["n"] == facts
 
 
 # ----------------------------------------------------------------- competing claimants

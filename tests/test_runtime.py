@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from helpers.trace import count_writes
+from helpers.trace import count_write_locks
 from ledgerq import StateDB
 from ledgerq.lifecycle import Actor, StateReason
 from ledgerq.lifecycle.engine import create_entity
@@ -420,7 +420,7 @@ async def test_an_idle_worker_polling_an_empty_queue_takes_no_write_lock(
         await eventually(lambda: rdb.fetch_one(
             "SELECT 1 FROM workers WHERE worker_id = ?", (w.worker_id,)), what="first pass")
         await asyncio.sleep(0.1)
-        writes = count_writes(rdb)  # a write unit is what takes the write lock
+        writes = await count_write_locks(rdb)
         await asyncio.sleep(0.5)  # ~25 polls, with the reaper's and promoter's probes
         idle = list(writes)
         rid = await submit_task(rdb, task())  # then a submission still gets claimed

@@ -17,6 +17,8 @@ import pytest
 from ledgerq import StateDB
 from ledgerq.errors import DatabaseError, IntegrityViolation
 from ledgerq.lifecycle import StateReason, create
+from ledgerq.lifecycle.engine import create_entity
+from ledgerq.operations import Tx
 from ledgerq.projections import verify
 from lifecycle_support import SYSTEM, move, new_dispatch, new_run, row, run_values
 
@@ -135,6 +137,76 @@ async def test_a_group_that_finds_the_lock_held_writes_each_unit_once(db_path: P
         got = await db.fetch_one("SELECT count(*) AS n FROM schedule_runs")
         assert got == {"n": 5} and len(set(ids)) == 5
         assert (await verify(db)).ok
+
+
+@pytest.mark.sqlite_only
+async def test_a_unit_that_reads_first_takes_the_lock_only_when_it_writes(
+        db_path: Path) -> None:
+    """``reads_first``: while another process holds the write lock, a unit that only reads
+    runs at once in the loop's thread; one that then writes is rolled back at that write
+    and runs again once the lock is free (in the connection's thread, where waiting
+    blocks nobody), its write landing once."""
+    async with StateDB(db_path) as db:
+        policy = db.registry.entity(RUN)
+        rid = await new_run(db)
+        other = sqlite3.connect(db_path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
+        runs: list[int] = []
+
+        def look(tx: Tx) -> str:
+            runs.append(threading.get_ident())
+            found = tx.entity_row(policy, rid)
+            assert found is not None
+            return str(found["status"])
+
+        assert await asyncio.wait_for(db.write(look, reads_first=True), 1) == "queued"
+        assert runs == [threading.get_ident()]
+
+        def look_then_create(tx: Tx) -> str:
+            look(tx)
+            return create_entity(tx, policy, run_values(), actor=SYSTEM,
+                                 reason=StateReason(code="run.queued.submitted"))
+
+        runs.clear()
+        writing = asyncio.ensure_future(db.write(look_then_create, reads_first=True))
+        await asyncio.sleep(0.1)
+        assert not writing.done() and runs == [threading.get_ident()]
+        other.execute("COMMIT")
+        other.close()
+        created = await asyncio.wait_for(writing, 10)
+        assert len(runs) == 2 and runs[1] != threading.get_ident()
+        got = await db.fetch_all("SELECT id FROM schedule_runs ORDER BY id")
+        assert sorted([rid, created]) == [r["id"] for r in got]
+        assert (await verify(db)).ok
+
+
+@pytest.mark.sqlite_only
+async def test_a_unit_that_reads_first_runs_again_when_another_writer_came_between(
+        db_path: Path) -> None:
+    """A deferred unit's snapshot is its first read: a write another process committed
+    after it cannot be overwritten by it (SQLite refuses the stale write; the unit runs
+    again and sees it)."""
+    async with StateDB(db_path) as db:
+        policy = db.registry.entity(RUN)
+        rid = await new_run(db)
+        seen: list[int] = []
+
+        def count_then_create(tx: Tx) -> None:
+            n = len(tx.entities_by_id(policy, [rid]))
+            seen.append(n)
+            if len(seen) == 1:  # another process writes between this read and our write
+                other = sqlite3.connect(db_path, isolation_level=None)
+                other.execute("UPDATE schedule_runs SET updated_at = 1 WHERE id = ?", (rid,))
+                other.close()
+            create_entity(tx, policy, run_values(), actor=SYSTEM,
+                          reason=StateReason(code="run.queued.submitted"))
+
+        await asyncio.wait_for(db.write(count_then_create, reads_first=True), 10)
+        assert seen == [1, 1]
+        got = await db.fetch_one("SELECT count(*) AS n FROM schedule_runs")
+        assert got == {"n": 2}
+        assert (await db.fetch_one("SELECT updated_at FROM schedule_runs WHERE id = ?",
+                                   (rid,))) == {"updated_at": 1}
 
 
 def test_bad_synchronous_is_refused(db_path: Path) -> None:

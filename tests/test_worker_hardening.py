@@ -661,6 +661,38 @@ async def test_a_pass_reads_all_it_can_use_in_one_page(db: StateDB) -> None:
     assert len(pages) == 1, pages
 
 
+async def test_a_single_writer_chooses_under_the_lock_it_claims_with(
+        db: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where writers run one at a time, a pass whose first page is enough reads it in the
+    # transaction that claims its rows: no snapshot of its own (no hop to the read
+    # connection's thread), the same rows. Where they run at once, from a snapshot.
+    ids = await submit_many(db, [task()] * 30)
+    reads: list[object] = []
+    real_read = db.read
+
+    async def reading(fn: Any) -> Any:
+        reads.append(fn)
+        return await real_read(fn)
+
+    monkeypatch.setattr(db, "read", reading)
+    sent: list[str] = []
+    if not db.many_writers:
+        await db.run(lambda conn: conn.set_trace_callback(sent.append))
+    got = await claim_runs(db, worker_id="w1", limit=20, stuck=StuckRows())
+    assert [r["id"] for r in got.claimed] == sorted(ids)[:20]
+    assert got.scanned == (30 if db.many_writers else 20)  # (spares where writers run at once)
+    if db.many_writers:
+        assert len(reads) == 1
+        return
+    await db.run(lambda conn: conn.set_trace_callback(None))
+    assert reads == []
+    sent = [q for q in sent if not q.startswith("PRAGMA")]  # (run()'s own)
+    order = [q.split(None, 1)[0].upper() for q in sent]
+    assert order[0] == "BEGIN" and order[-1] == "COMMIT" and order.count("BEGIN") == 1
+    assert sent[0] == "BEGIN"  # deferred: the lock is taken by the first claim
+    assert order.index("SELECT") < order.index("UPDATE"), order
+
+
 async def test_a_pass_whose_short_first_page_is_filtered_reads_on(db: StateDB) -> None:
     # The first page is only as long as the pass can use; when its rows cannot be served
     # (a capability the worker lacks, a concurrency key chosen earlier in the pass), the

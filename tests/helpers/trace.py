@@ -49,3 +49,27 @@ def count_writes(db: Any) -> list[str]:
 
     db.write = counting
     return seen
+
+
+#: First words of the statements that take SQLite's write lock in a transaction that
+#: began without it (``reads_first``): writes, the CTEs that write included.
+_WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+
+
+async def count_write_locks(db: Any) -> list[str]:
+    """Record each statement that takes the write lock from now on: on SQLite a ``BEGIN
+    IMMEDIATE``, or a write in a transaction begun without the lock (a unit that
+    ``reads_first``); on PostgreSQL, whose BEGIN takes no lock, each write unit."""
+    if db.dialect != "sqlite":
+        return count_writes(db)
+    seen: list[str] = []
+
+    def trace(sql: str) -> None:
+        words = sql.split(None, 1)
+        first = words[0].upper() if words else ""
+        if sql.upper().startswith("BEGIN IMMEDIATE") or first in _WRITES or (
+                first == "WITH" and any(w in sql.upper() for w in _WRITES)):
+            seen.append(sql)
+
+    await db.run(lambda conn: conn.set_trace_callback(trace))
+    return seen

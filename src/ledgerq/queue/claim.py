@@ -3,7 +3,10 @@
 The choice (scan of the worker's queues in claim order, capability and target filter,
 affinity order among equal priorities, one run per concurrency key) reads one
 snapshot; each claim is then its own guarded move, so a row another claimant took
-meanwhile is simply not claimed.
+meanwhile is simply not claimed. Where writers run one at a time (SQLite), a pass
+whose choice needs no more than each queue's first page chooses inside the claims'
+own transaction instead (:func:`_choose_and_claim`): the same rows, with no read
+transaction of its own and no hop to the read connection's thread.
 
 A pass claims its chosen rows in order in one transaction, each claim its own move
 and fact (a claim that raises is rolled back alone). Where writers run one at a time
@@ -72,6 +75,8 @@ class ClaimPass:
     lost: int = 0
     #: Chosen rows whose claim raised (id -> reason); each is also counted in ``lost``.
     failures: dict[str, str] = field(default_factory=dict)
+    #: Whether the scan stopped at its cap with rows of some queue left unread.
+    capped: bool = False
 
 
 def claim_order(row: dict[str, Any]) -> tuple[int, float, str]:
@@ -105,8 +110,8 @@ class _QueueScan:
 
 
 def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Sequence[str],
-          result: ClaimPass, first_page: int) -> Iterator[dict[str, Any]]:
-    """The queued rows of ``queues`` in claim order, up to the scan cap.
+          result: ClaimPass, first_page: int, cap: int) -> Iterator[dict[str, Any]]:
+    """The queued rows of ``queues`` in claim order, up to ``cap`` rows read.
 
     Each queue is its own range of the claim index, read in order a page at a time; the
     merge takes the best head of all. Rows of other queues, and rows below those the
@@ -120,9 +125,10 @@ def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Seque
         """Give scan ``i`` a head; False when the cap left it unread (the merge stops)."""
         scan = scans[i]
         if not scan.buffer and not scan.done:
-            if result.scanned >= SCAN_CAP:
+            if result.scanned >= cap:
+                result.capped = True
                 return False
-            result.scanned += scan.fill(SCAN_CAP - result.scanned)
+            result.scanned += scan.fill(cap - result.scanned)
         if scan.buffer:
             heapq.heappush(heads, (claim_order(scan.buffer[-1]), i))
         return True
@@ -140,8 +146,8 @@ def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Seque
 def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
                 advertised: list[str], targets: set[str], queues: Sequence[str],
                 result: ClaimPass, enough: Callable[[dict[str, Any]], bool] | None = None,
-                skip: frozenset[str] = frozenset(), first_page: int = PAGE_SIZE
-                ) -> list[dict[str, Any]]:
+                skip: frozenset[str] = frozenset(), first_page: int = PAGE_SIZE,
+                cap: int = SCAN_CAP) -> list[dict[str, Any]]:
     """Eligible queued rows of ``queues`` in claim order (priority descending, then
     (queued_at, id)), read in keyset pages up to the scan cap.
 
@@ -150,7 +156,7 @@ def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
     claim raised recently) are passed over, so they cannot take a pass's every slot.
     """
     eligible: list[dict[str, Any]] = []
-    for row in _scan(tx, policy, excluded_kinds, queues, result, first_page):
+    for row in _scan(tx, policy, excluded_kinds, queues, result, first_page, cap):
         if skip and row["id"] in skip:
             continue
         raw = row["required_capabilities"]
@@ -209,15 +215,18 @@ class _Picker:
 def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
             heartbeat_ttl: float, excluded_kinds: list[str], advertised: list[str],
             targets: set[str], queues: Sequence[str], limit: int, result: ClaimPass,
-            skip: frozenset[str] = frozenset()) -> list[dict[str, Any]] | None:
-    """The rows a pass will try to claim, read in one snapshot; None if the worker is stale."""
+            skip: frozenset[str] = frozenset(), cap: int = SCAN_CAP
+            ) -> list[dict[str, Any]] | None:
+    """The rows a pass will try to claim, read in one snapshot, reading at most ``cap``
+    rows (``result.capped`` says whether that cut the scan short); None if the worker is
+    stale."""
     hb = tx.worker_heartbeat(worker_id)
     if hb is not None and now - hb > heartbeat_ttl:
         return None
     # Every running row is in the lease index (NULL expiries included), and there are
     # only as many as workers run at once: cheap however deep the queue is.
     picker = _Picker(lambda: tx.running_keys(policy), limit)
-    if not any(capability_class(t) == "affinity" for t in advertised):
+    if not _ranks_by_affinity(advertised):
         # Every candidate scores 0, so the stable affinity sort keeps scan order and the
         # choice is the first ``limit`` unblocked eligible rows: stop scanning there.
         # Same rows as sorting the whole scan, without reading up to SCAN_CAP of them;
@@ -225,10 +234,11 @@ def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
         # spares included: one statement, where PAGE_SIZE pages took two for a pass of
         # 25 slots with its spares on PostgreSQL.
         _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
-                    enough=picker.offer, skip=skip, first_page=min(limit, SCAN_CAP))
+                    enough=picker.offer, skip=skip, first_page=min(limit, SCAN_CAP),
+                    cap=cap)
         return picker.chosen
     eligible = _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
-                           skip=skip)
+                           skip=skip, cap=cap)
     # Priority first; affinity orders runs of equal priority. Stable: equal both keep
     # the oldest-first order of the scan.
     eligible.sort(key=lambda c: (-c["priority"],
@@ -237,6 +247,18 @@ def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
         if picker.offer(cand):
             break
     return picker.chosen
+
+
+def _together(chosen: list[dict[str, Any]]) -> bool:
+    """Whether a pass's chosen rows are claimed together (:func:`_claim_together`): none
+    has a concurrency key, whose claim must check it under its lock first."""
+    return CLAIM_TOGETHER and all(c["concurrency_key"] is None for c in chosen)
+
+
+def _ranks_by_affinity(advertised: Sequence[str]) -> bool:
+    """Whether a worker advertising ``advertised`` orders candidates by affinity, so its
+    pass scans every candidate up to the cap instead of stopping at its limit."""
+    return any(capability_class(t) == "affinity" for t in advertised)
 
 
 def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
@@ -342,6 +364,54 @@ def _claims(tx: Tx, chosen: list[dict[str, Any]], limit: int,
     return got
 
 
+#: What a pass picked: what it saw, the rows it chose (None: its worker is stale) and
+#: each one's outcome.
+_Picked = tuple[ClaimPass, list[dict[str, Any]] | None, list[Any]]
+
+
+def _choose_and_claim(tx: Tx, choose: Callable[..., list[dict[str, Any]] | None],
+                      claim_all: Callable[[Tx, list[dict[str, Any]]], list[Any]],
+                      cap: int, choices: list[_Picked]) -> _Picked | None:
+    """A pass's choice and its claims in one write transaction (writers one at a time);
+    None, having written nothing, when the choice needs more than ``cap`` rows read.
+    Each choice made is added to ``choices`` before its rows are claimed, so a caller
+    whose claims raised (and rolled back) still knows which rows they were.
+
+    Under the write lock the rows read are the latest there are, and nobody claims
+    between the choice and the claims, so a pass chooses the rows it would choose from
+    a snapshot. Reading is bounded (each queue's first page) because it holds the
+    lock and, on SQLite, usually the event loop's thread: a choice that needs more
+    (rows filtered out, for capabilities, targets or running keys) is read from a
+    snapshot instead, as where writers run at once.
+    """
+    seen = ClaimPass()  # (afresh: a unit may run more than once before its commit)
+    chosen = choose(tx, seen, cap)
+    if seen.capped:
+        return None
+    choices.append((seen, chosen, []))
+    return seen, chosen, claim_all(tx, chosen) if chosen else []
+
+
+async def _claim_chosen(db: StateDB, chosen: list[dict[str, Any]],
+                        claim_all: Callable[[Tx, list[dict[str, Any]]], list[Any]],
+                        claim: Callable[..., dict[str, Any] | None], limit: int) -> list[Any]:
+    """The claims of rows chosen from a snapshot, in a write of their own; each one's
+    outcome."""
+    try:
+        return await db.write(lambda tx: claim_all(tx, chosen))
+    except Exception as exc:
+        if is_database_failure(exc) or not _together(chosen):
+            raise
+    # Something about one row (it wrote nothing): claim them one by one, each in its own
+    # savepoint, so that row fails alone.
+    return await _claim_one_by_one(db, chosen, limit, claim)
+
+
+async def _claim_one_by_one(db: StateDB, chosen: list[dict[str, Any]], limit: int,
+                            claim: Callable[..., dict[str, Any] | None]) -> list[Any]:
+    return await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
+
+
 async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = None,
                      now: float | None = None, excluded_kinds: Iterable[str] | None = None,
                      stuck: StuckRows | None = None) -> ClaimPass:
@@ -364,29 +434,41 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
                           else excluded_kinds))
     policy = run_policy(db)
     wanted = limit * CLAIM_SPARES if db.many_writers else limit
-    chosen = await db.read(lambda tx: _select(
-        tx, policy, worker_id, ts, config.heartbeat_ttl, excluded, advertised, targets,
-        config.queues, wanted, result, skip))
+
+    def choose(tx: Tx, into: ClaimPass, cap: int = SCAN_CAP) -> list[dict[str, Any]] | None:
+        return _select(tx, policy, worker_id, ts, config.heartbeat_ttl, excluded,
+                       advertised, targets, config.queues, wanted, into, skip, cap)
+
+    claim = functools.partial(_claim_one, policy=policy, worker_id=worker_id, now=ts,
+                              lease_ttl=config.lease_ttl)
+
+    def claim_all(tx: Tx, chosen: list[dict[str, Any]]) -> list[Any]:
+        if _together(chosen):
+            return _claim_together(tx, policy, chosen, limit, worker_id, ts, config.lease_ttl)
+        return _claim_in_order(tx, chosen, limit, claim)
+
+    picked: _Picked | None = None
+    if not db.many_writers and not _ranks_by_affinity(advertised):
+        choices: list[_Picked] = []
+        try:
+            picked = await db.write(lambda tx: _choose_and_claim(
+                tx, choose, claim_all, min(wanted, SCAN_CAP) * len(config.queues), choices),
+                reads_first=True)
+        except Exception as exc:
+            if is_database_failure(exc) or not choices or not _together(choices[-1][1] or []):
+                raise
+            # Something about one row (it wrote nothing): claim them one by one, each in
+            # its own savepoint, so that row fails alone.
+            seen, chosen, _ = choices[-1]
+            picked = seen, chosen, await _claim_one_by_one(db, chosen or [], limit, claim)
+    if picked is None:
+        chosen = await db.read(lambda tx: choose(tx, result))
+        picked = result, chosen, await _claim_chosen(db, chosen, claim_all, claim, limit) \
+            if chosen else []
+    result, chosen, outcomes = picked
     if chosen is None:
         log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
         return result
-    if not chosen:
-        return result
-    claim = functools.partial(_claim_one, policy=policy, worker_id=worker_id, now=ts,
-                              lease_ttl=config.lease_ttl)
-    outcomes: list[Any]
-    if CLAIM_TOGETHER and all(c["concurrency_key"] is None for c in chosen):
-        try:
-            outcomes = await db.write(lambda tx: _claim_together(
-                tx, policy, chosen, limit, worker_id, ts, config.lease_ttl))
-        except Exception as exc:
-            if is_database_failure(exc):
-                raise
-            # Something about one row (it wrote nothing): claim them one by one, each
-            # in its own savepoint, so that row fails alone.
-            outcomes = await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
-    else:
-        outcomes = await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
     tried: list[str] = []
     for cand, got in zip(chosen, outcomes, strict=True):
         if got is _UNTRIED:

@@ -56,7 +56,8 @@ class Backend(Protocol):
     def is_open(self) -> bool: ...
     async def open(self) -> None: ...
     async def close(self) -> None: ...
-    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False) -> T: ...
+    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
+                    reads_first: bool = False) -> T: ...
     async def write_together(self, fn: Callable[[Tx], T]) -> T: ...
     async def read(self, fn: Callable[[Tx], T]) -> T: ...
     async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
@@ -159,15 +160,20 @@ class StateDB:
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False) -> T:
+    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
+                    reads_first: bool = False) -> T:
         """Run ``fn`` in a write transaction; if it raises, nothing it wrote survives.
 
         The call returns once the transaction is durable (committed) or has failed.
         ``bulk``: ``fn`` may take long (a rebuild, an archive, thousands of rows); on
         SQLite it then never runs in the event loop's thread, so the loop (a worker's
         lease renewals, a server's requests) keeps running meanwhile.
+        ``reads_first``: ``fn`` reads before it writes, and often writes nothing (a
+        worker's claim pass on an idle queue): on SQLite, where it can, it then takes the
+        write lock at its first write instead of at BEGIN, so a unit that only read held
+        no other process's writer up.
         """
-        return await self._backend.write(fn, bulk=bulk)
+        return await self._backend.write(fn, bulk=bulk, reads_first=reads_first)
 
     async def write_together(self, fn: Callable[[Tx], T]) -> T:
         """:meth:`write`, allowed to share its transaction with concurrent ones (group

@@ -272,8 +272,10 @@ class PostgresBackend:
                 raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
         raise AssertionError("unreachable")
 
-    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False) -> T:
-        """Every unit runs in a pool thread here, ``bulk`` or not."""
+    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
+                    reads_first: bool = False) -> T:
+        """Every unit runs in a pool thread here, ``bulk`` or not; and every one takes its
+        locks as it writes (a BEGIN takes none), ``reads_first`` or not."""
         if self.readonly:
             raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
                                 "writes refused")

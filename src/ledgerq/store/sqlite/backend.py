@@ -19,7 +19,10 @@ group, which their writes may join. Units that arrive while a group runs are que
 and run together in the next transaction: a unit that raises is rolled back alone (see
 :func:`_run_group`), the others commit, and every caller learns its outcome only after
 the commit that made it durable. ``BEGIN IMMEDIATE`` takes the write lock before the
-first read, so a read-then-write never fails with SQLITE_BUSY halfway. Units must not
+first read, so a read-then-write never fails with SQLITE_BUSY halfway; the one
+exception is a unit that says it ``reads_first`` running at once in the loop's thread,
+which begins deferred, so a unit that only reads takes no lock (one that then finds the
+lock held is rolled back and queued, as a group that finds it held at BEGIN is). Units must not
 sleep or wait on anything but the database: they may run in the loop's thread.
 
 A damaged file is never written: opening for write runs ``PRAGMA quick_check`` when the
@@ -37,7 +40,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import aiosqlite
 
@@ -100,7 +103,7 @@ class SqliteBackend:
         self._writer_lock: integrity.WriterLock | None = None
         self._conn: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._pending: list[tuple[Unit, asyncio.Future[Any], bool]] = []
+        self._pending: list[_Queued] = []
         self._drainer: asyncio.Task[None] | None = None
         self._closing = False
         #: Whether write groups run in the event loop's thread (see :meth:`_drain`): the
@@ -419,14 +422,16 @@ class SqliteBackend:
 
     # ------------------------------------------------------------ writes
 
-    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False) -> T:
+    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
+                    reads_first: bool = False) -> T:
         """Run ``fn`` in a write transaction, grouped with concurrent writers into one commit.
 
         If ``fn`` raises, its changes are rolled back (its alone: see :func:`_run_group`)
         and the exception is raised here; nothing it wrote survives. It runs in the
         loop's thread when the lock is free (see the module's note), so it must not
         block on anything but the database; a ``bulk`` unit (one that may take long)
-        always runs in the connection's thread.
+        always runs in the connection's thread. A ``reads_first`` unit that runs inline
+        takes the lock at its first write, not at BEGIN (see the module's note).
         """
         if self._closing:
             raise RuntimeError("StateDB is closing; no new writes are accepted")
@@ -443,7 +448,8 @@ class SqliteBackend:
             # join this one's commit: run it now, in the caller's own step, instead of
             # through a future and a task in two more turns of the loop.
             try:
-                outcomes = _run_group(self._require()._conn, units=[fn], wait=False)
+                outcomes = _run_group(self._require()._conn, units=[fn], wait=False,
+                                      deferred=reads_first)
             except BaseException as exc:
                 raise self._translate(exc)  # noqa: B904  (its cause is set: the driver's error)
             if outcomes is not None:
@@ -458,8 +464,11 @@ class SqliteBackend:
                 if ok:
                     return value  # type: ignore[no-any-return]
                 raise self._translate(value)
+            # The lock was held (a unit that read first found it held when it wrote): it
+            # queues as a writer, to take the lock at BEGIN.
+            reads_first = False
         fut: asyncio.Future[T] = loop.create_future()
-        self._pending.append((fn, fut, bulk))
+        self._pending.append(_Queued(fn, fut, bulk, reads_first))
         if self._drainer is None:
             self._drainer = loop.create_task(self._drain())
         return await fut
@@ -470,15 +479,15 @@ class SqliteBackend:
         and it is not a bulk unit (which may take long)."""
         return self._inline and self._writer_calls == 0 and not bulk
 
-    def _next_group(self) -> list[tuple[Unit, asyncio.Future[Any], bool]]:
+    def _next_group(self) -> list[_Queued]:
         """The next units to run together: a bulk unit alone (it may be run again if it
         shared a group with a unit that raised, and it may write outside the database),
         else up to MAX_GROUP others in the order they came."""
         pending = self._pending
-        if pending[0][2]:
+        if pending[0].bulk:
             return [pending.pop(0)]
         end = 1
-        while end < len(pending) and end < MAX_GROUP and not pending[end][2]:
+        while end < len(pending) and end < MAX_GROUP and not pending[end].bulk:
             end += 1
         batch = pending[:end]
         del pending[:end]
@@ -495,32 +504,33 @@ class SqliteBackend:
                 conn = self._conn
                 if conn is None:
                     err = RuntimeError("StateDB closed before the write ran")
-                    for _, fut, _ in batch:
-                        if not fut.done():
-                            fut.set_exception(err)
+                    for queued in batch:
+                        if not queued.fut.done():
+                            queued.fut.set_exception(err)
                     continue
-                units = [u for u, _, _ in batch]
+                units = [queued.unit for queued in batch]
                 try:
                     outcomes = None
-                    if self._may_run_inline(batch[0][2]):
+                    if self._may_run_inline(batch[0].bulk):
                         # In the loop's own thread: no hop to the connection's thread and
                         # back (~80 us each way on a VM, more than a move's statements).
                         # The lock is tried without waiting; if another process holds it,
                         # the group runs in the connection's thread, which waits for it.
-                        outcomes = _run_group(conn._conn, units=units, wait=False)
+                        outcomes = _run_group(conn._conn, units=units, wait=False, deferred=all(
+                            queued.reads_first for queued in batch))
                     if outcomes is None:
                         outcomes = await self._call(conn, functools.partial(
                             _run_group, units=units, wait=True))
                     assert outcomes is not None
                 except BaseException as exc:  # the commit itself failed: nobody's write held
                     exc = self._translate(exc)
-                    for _, fut, _ in batch:
-                        if not fut.done():
-                            fut.set_exception(exc)
+                    for queued in batch:
+                        if not queued.fut.done():
+                            queued.fut.set_exception(exc)
                     if isinstance(exc, asyncio.CancelledError):
                         raise
                     continue
-                for (_, fut, _), (ok, value) in zip(batch, outcomes, strict=True):
+                for (_, fut, _, _), (ok, value) in zip(batch, outcomes, strict=True):
                     if fut.done():
                         continue
                     if ok:
@@ -541,6 +551,16 @@ async def _in_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connectio
     return result
 
 
+class _Queued(NamedTuple):
+    """A write waiting for its group: the unit, its caller's future, and how it asked to
+    run (:meth:`SqliteBackend.write`'s ``bulk`` and ``reads_first``)."""
+
+    unit: Unit
+    fut: asyncio.Future[Any]
+    bulk: bool
+    reads_first: bool
+
+
 class _Connection(sqlite3.Connection):
     """A connection that carries its Tx (which caches statement texts per shape)."""
 
@@ -557,7 +577,8 @@ def _tx(conn: sqlite3.Connection) -> SqliteTx:
 
 
 def _run_group(conn: sqlite3.Connection, *, units: list[Unit], wait: bool,
-               savepoints: bool = False) -> list[tuple[bool, Any]] | None:
+               savepoints: bool = False, deferred: bool = False
+               ) -> list[tuple[bool, Any]] | None:
     """Run ``units`` in one transaction; each one's outcome.
 
     Units rarely raise, so they first run together, with no savepoint around each; when
@@ -568,11 +589,14 @@ def _run_group(conn: sqlite3.Connection, *, units: list[Unit], wait: bool,
 
     ``wait=False`` (an inline group on a connection that does not wait for locks): None,
     with nothing written, when another process holds the write lock, so the caller can
-    run the group again where waiting blocks nobody.
+    run the group again where waiting blocks nobody. ``deferred`` (only with
+    ``wait=False``): begin without the lock, which the first write then takes; None, too,
+    when that write finds it held or another process wrote since the group's first read.
     """
     tx = _tx(conn)
+    assert not (deferred and wait), "a deferred group would fail, not wait, at its first write"
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("BEGIN" if deferred else "BEGIN IMMEDIATE")
     except sqlite3.OperationalError as exc:
         if not wait and _busy(exc):
             return None
@@ -589,7 +613,8 @@ def _run_group(conn: sqlite3.Connection, *, units: list[Unit], wait: bool,
                     return None
                 if len(units) == 1:  # rolling back the transaction rolled back just it
                     return [(False, exc)]
-                return _run_group(conn, units=units, wait=wait, savepoints=True)
+                return _run_group(conn, units=units, wait=wait, savepoints=True,
+                                  deferred=deferred)
         else:
             for unit in units:
                 conn.execute("SAVEPOINT unit")
