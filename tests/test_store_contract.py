@@ -347,6 +347,34 @@ async def test_savepoint_rolls_back_alone(db: StateDB) -> None:
     assert got == {kept["id"]: "queued"}
 
 
+async def test_a_write_that_reads_first_reads_then_writes_in_one_transaction(
+        db: StateDB) -> None:
+    # reads_first changes when a dialect takes its lock, never what the unit sees or keeps:
+    # what it read is current when it writes, a unit that raises leaves nothing behind.
+    policy = await policy_of(db)
+    first, second = row_values(), row_values()
+    await db.write(lambda tx: tx.insert_entity(policy, first))
+
+    def read_then_insert(tx: Tx) -> dict[str, str]:
+        seen = tx.statuses(policy, [first["id"], second["id"]])
+        tx.insert_entity(policy, second)
+        return seen
+
+    assert await db.write(read_then_insert, reads_first=True) == {first["id"]: "queued"}
+
+    def read_insert_raise(tx: Tx) -> None:
+        tx.insert_entity(policy, row_values(id="left-behind"))
+        raise RuntimeError("undo me")
+
+    with pytest.raises(RuntimeError):
+        await db.write(read_insert_raise, reads_first=True)
+    got = await db.read(lambda tx: tx.statuses(policy, [first["id"], second["id"],
+                                                        "left-behind"]))
+    assert got == {first["id"]: "queued", second["id"]: "queued"}
+    assert await db.write(lambda tx: tx.statuses(policy, [second["id"]]),
+                          reads_first=True) == {second["id"]: "queued"}
+
+
 async def test_worker_rows(db: StateDB) -> None:
     await db.write(lambda tx: tx.upsert_worker("w1", '["gpu"]', '["host"]', 5.0, "h", 42,
                                                   '["default"]'))
