@@ -7,7 +7,8 @@ commit, passes of 64; the batched floor and the asyncio floor printed beside); a
 worker's RSS grows by less than 10 MB from 1k to 1M tasks (``--memory-tasks 1000000``:
 1k, 100k, 1M).
 
-Run: .venv/bin/python bench/runtime.py [--quick] [--only memory --memory-tasks 1000000]
+Run: .venv/bin/python bench/runtime.py [--quick] [--only submitters --rounds 7]
+     [--only memory --memory-tasks 1000000]
 """
 
 from __future__ import annotations
@@ -212,11 +213,60 @@ async def memory(path: Path, checkpoints: list[int], batch: int = 1000) -> list[
 SECTIONS = ("latency", "capacity", "submitters", "memory")
 
 
+async def submitters(d: Path, fs: float, per: int, rounds: int) -> None:
+    """Target 2: 64 submitters and one Worker against the floors for that case, in
+    ``rounds`` interleaved rounds (each system once a round, in turn, on fresh files);
+    every ratio is the median of the rounds' own ratios, [min, max] beside it."""
+    n = per * 64
+    names = ("ledgerq", "ceiling", "floor", "batched", "asyncio")
+    got: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        got["ledgerq"].append(await concurrent_submitters(d / f"c64-{r}.db", per))
+        got["ceiling"].append(database_thread_ceiling(d / f"ceiling-{r}.db", n))
+        got["floor"].append(schema_floor(str(d / f"floor-{r}.db"), default_registry(), "FULL",
+                                         n, limit=64, submit_group=64)["lifecycle"])
+        got["batched"].append(schema_floor(str(d / f"batched-{r}.db"), default_registry(),
+                                           "FULL", n, limit=64, submit_group=64,
+                                           batched=True)["lifecycle"])
+        got["asyncio"].append((await asyncio_floor(
+            str(d / f"asyncio-{r}.db"), default_registry(), "FULL", 64, per))["lifecycle"])
+
+    def rate(name: str) -> str:
+        return f"{statistics.median(got[name]):,.0f} lifecycles/s"
+
+    def ratio(a: str, b: str) -> tuple[float, str]:
+        rs = [x / y for x, y in zip(got[a], got[b], strict=True)]
+        m = statistics.median(rs)
+        return m, f"{m:.2f}x [{min(rs):.2f}, {max(rs):.2f}]"
+
+    print(f"64 concurrent submitters -> 1 worker, FULL, {n:,} lifecycles, median of {rounds} "
+          f"interleaved round(s) [min, max]:")
+    print(f"  ledgerq: {rate('ledgerq')} = {statistics.median(got['ledgerq']) / fs:.2f}x "
+          "fsync rate")
+    print(f"  ceiling: the database thread's units alone, groups of 64: {rate('ceiling')}")
+    print(f"  floor: the raw statements alone (bench/floor.py), 64 submits per commit, "
+          f"passes of 64: {rate('floor')}")
+    print(f"  batched floor (each pass's claims and terminal writes one statement each): "
+          f"{rate('batched')}")
+    print(f"  asyncio floor (bench/asyncio_floor.py: the floor's statements under 64 submitter "
+          f"coroutines and a worker running each task as a task): {rate('asyncio')} = "
+          f"{ratio('asyncio', 'floor')[1]} the floor")
+    print(f"  ceiling / floor = {ratio('ceiling', 'floor')[1]} (the units alone: what the "
+          "runtime around them could reach at most)")
+    met, shown = ratio("ledgerq", "floor")
+    print(f"  ledgerq / floor = {shown} (target >= 0.8x: {'met' if met >= 0.8 else 'NOT met'}), "
+          f"ledgerq / batched floor = {ratio('ledgerq', 'batched')[1]}, "
+          f"ledgerq / asyncio floor = {ratio('ledgerq', 'asyncio')[1]}")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=SECTIONS, action="append",
                         help="run only this section (repeatable)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="submitters: interleaved rounds of every system (default 5); "
+                             "each figure is the median of the rounds' own ratios")
     parser.add_argument("--memory-tasks", type=int, default=None,
                         help="memory section: read the RSS at 1k, a tenth of this and this "
                              "many tasks (default: 1k, 10k, 50k, 100k)")
@@ -239,33 +289,7 @@ async def main() -> None:
                 slow = await throughput(d / f"s{cap}.db", n_slow, cap, 0.010)
                 print(f"  capacity {cap:>2}: no-op {noop:8,.0f}/s   10 ms tasks {slow:8,.0f}/s")
         if "submitters" in only:
-            per = 8 if q else 40
-            rate = await concurrent_submitters(d / "c64.db", per)
-            print(f"64 concurrent submitters -> 1 worker, FULL: {rate:,.0f} lifecycles/s "
-                  f"= {rate / fs:.2f}x fsync rate")
-            ceiling = database_thread_ceiling(d / "ceiling.db", per * 64)
-            print(f"  ceiling: the database thread's units alone, groups of 64, FULL: "
-                  f"{ceiling:,.0f} lifecycles/s = {ceiling / fs:.2f}x fsync rate")
-            floor = schema_floor(str(d / "floor.db"), default_registry(), "FULL", per * 64,
-                                 limit=64, submit_group=64)["lifecycle"]
-            print(f"  floor: the raw statements alone (bench/floor.py), 64 submits per "
-                  f"commit, passes of 64, FULL: {floor:,.0f} lifecycles/s = "
-                  f"{floor / fs:.2f}x fsync rate")
-            batched = schema_floor(str(d / "batched.db"), default_registry(), "FULL",
-                                   per * 64, limit=64, submit_group=64,
-                                   batched=True)["lifecycle"]
-            print(f"  batched floor (each pass's claims and terminal writes one statement "
-                  f"each): {batched:,.0f} lifecycles/s")
-            shaped = (await asyncio_floor(str(d / "asyncio.db"), default_registry(), "FULL",
-                                          64, per))["lifecycle"]
-            print(f"  asyncio floor (bench/asyncio_floor.py: the floor's statements under 64 "
-                  f"submitter coroutines and a worker running each task as a task): "
-                  f"{shaped:,.0f} lifecycles/s = {shaped / floor:.2f}x the floor")
-            print(f"  ceiling / floor = {ceiling / floor:.2f}x (the units alone: what the "
-                  f"runtime around them could reach at most)")
-            print(f"  ledgerq / floor = {rate / floor:.2f}x (target >= 0.8x: "
-                  f"{'met' if rate / floor >= 0.8 else 'NOT met'}), ledgerq / batched floor "
-                  f"= {rate / batched:.2f}x, ledgerq / asyncio floor = {rate / shaped:.2f}x")
+            await submitters(d, fs, per=8 if q else 40, rounds=1 if q else opts.rounds)
         if "memory" in only:
             points = [1000, 5000, 20_000] if q else [1000, 10_000, 50_000, 100_000]
             if opts.memory_tasks:
