@@ -377,12 +377,13 @@ def _choose_and_claim(tx: Tx, choose: Callable[..., list[dict[str, Any]] | None]
     Each choice made is added to ``choices`` before its rows are claimed, so a caller
     whose claims raised (and rolled back) still knows which rows they were.
 
-    Under the write lock the rows read are the latest there are, and nobody claims
-    between the choice and the claims, so a pass chooses the rows it would choose from
-    a snapshot. Reading is bounded (each queue's first page) because it holds the
-    lock and, on SQLite, usually the event loop's thread: a choice that needs more
-    (rows filtered out, for capabilities, targets or running keys) is read from a
-    snapshot instead, as where writers run at once.
+    Its claims commit only if nobody wrote between its first read and its first claim
+    (SQLite refuses that write, and the unit runs again under the lock), so it claims
+    the rows a snapshot would have chosen, none of them taken meanwhile. Its reading is
+    bounded (each queue's first page) because the unit may hold the lock and, on
+    SQLite, usually runs in the event loop's thread: a choice that needs more (rows
+    filtered out, for capabilities, targets or running keys) is read from a snapshot
+    instead, as where writers run at once.
     """
     seen = ClaimPass()  # (afresh: a unit may run more than once before its commit)
     chosen = choose(tx, seen, cap)
@@ -402,13 +403,13 @@ async def _claim_chosen(db: StateDB, chosen: list[dict[str, Any]],
     except Exception as exc:
         if is_database_failure(exc) or not _together(chosen):
             raise
-    # Something about one row (it wrote nothing): claim them one by one, each in its own
-    # savepoint, so that row fails alone.
-    return await _claim_one_by_one(db, chosen, limit, claim)
+    return await _claim_one_by_one(db, chosen, limit, claim)  # (it wrote nothing)
 
 
 async def _claim_one_by_one(db: StateDB, chosen: list[dict[str, Any]], limit: int,
                             claim: Callable[..., dict[str, Any] | None]) -> list[Any]:
+    """Claims that raised together, again one by one, each in its own savepoint, so a
+    row that cannot be claimed fails alone; each one's outcome."""
     return await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
 
 
@@ -449,17 +450,16 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
 
     picked: _Picked | None = None
     if not db.many_writers and not _ranks_by_affinity(advertised):
+        # Each queue's first page at most (see _choose_and_claim), never past the cap.
+        cap = min(min(wanted, SCAN_CAP) * len(config.queues), SCAN_CAP)
         choices: list[_Picked] = []
         try:
             picked = await db.write(lambda tx: _choose_and_claim(
-                tx, choose, claim_all, min(wanted, SCAN_CAP) * len(config.queues), choices),
-                reads_first=True)
+                tx, choose, claim_all, cap, choices), reads_first=True)
         except Exception as exc:
             if is_database_failure(exc) or not choices or not _together(choices[-1][1] or []):
                 raise
-            # Something about one row (it wrote nothing): claim them one by one, each in
-            # its own savepoint, so that row fails alone.
-            seen, chosen, _ = choices[-1]
+            seen, chosen, _ = choices[-1]  # (its claims raised together, writing nothing)
             picked = seen, chosen, await _claim_one_by_one(db, chosen or [], limit, claim)
     if picked is None:
         chosen = await db.read(lambda tx: choose(tx, result))
