@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from helpers.raw import RAW_ERRORS, raw, refusal
 from ledgerq import StateDB
-from ledgerq.codec import loads
-from ledgerq.errors import IntegrityViolation
+from ledgerq.codec import dumps, loads
+from ledgerq.errors import IntegrityViolation, InvalidInput
 from ledgerq.lifecycle import Actor
 from ledgerq.projections import history, verify
 from ledgerq.queue import (
@@ -32,6 +32,7 @@ from ledgerq.queue import (
     submit_task,
     worker_tick,
 )
+from ledgerq.queue.application import digest, validate, validate_encoded
 
 NOW = 1_000.0
 HOST = "node-a"
@@ -584,6 +585,37 @@ def _expected_valid(drawn: dict[str, tuple[Any, bool]]) -> bool:
     return True
 
 
+class _NeverEqual(dict[str, Any]):
+    """A dict whose JSON reads back as a plain dict that it never equals."""
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Items(list[Any]):
+    """A list subclass: JSON has no such type, but it reads back as the items it holds."""
+
+
+async def test_args_that_would_not_read_back_as_given_are_refused(qdb: StateDB) -> None:
+    # The walk passes subclasses of JSON's containers to the encoder, then checks that the
+    # text reads back equal: JSON's own exact types always do, so only these are checked.
+    before = await counts(qdb)
+    with pytest.raises(InvalidInput, match="would not be stored exactly"):
+        await submit_task(qdb, app(args={"n": _NeverEqual(a=1)}), now=NOW, host=HOST)
+    assert await counts(qdb) == before
+    rid = await submit_task(qdb, app(args={"k": _Items(["v", 1.5])}), now=NOW, host=HOST)
+    assert loads((await get_row(qdb, rid))["action_args"]) == {"k": ["v", 1.5]}
+
+
+def test_a_digest_of_args_encoded_once_is_the_digest_of_the_whole() -> None:
+    args = {"b": [1, {"z": None, "a": -0.0}], "a": "é\u2028", "n": 2**70}
+    checked, text = validate_encoded(TaskApplication("agent", args, "host"))
+    assert text == dumps(args)
+    assert digest(checked, text) == digest(checked) == digest(validate(checked))
+
+
 def test_random_applications_are_stored_exactly_or_rejected(tmp_path: Path) -> None:
     with asyncio.Runner() as runner:
         db = StateDB(tmp_path / "h.db")
@@ -652,3 +684,6 @@ async def _check_application(db: StateDB, dep: str, drawn: dict[str, tuple[Any, 
     (fact,) = await history(db, "schedule_run", rid)
     assert (fact["previous_status"], fact["status"]) == (None, row["status"])
     assert fact["reason_code"] == f"run.{row['status']}.submitted"
+    # The submit hashed its args' JSON text as it was encoded once (validate_encoded): the
+    # digest of the application encoded whole, as before.
+    assert row["application_digest"] == digest(validate(submitted))

@@ -262,12 +262,15 @@ def _where(args: dict[str, Any], node: object) -> tuple[str | int, ...]:
     return ()  # pragma: no cover - node always comes from args
 
 
-def _check_args(args: dict[str, Any], limits: SubmitLimits) -> None:
-    """One iterative walk over ``args``: depth, key types, value types, text encoding.
+def _check_args(args: dict[str, Any], limits: SubmitLimits) -> bool:
+    """One iterative walk over ``args``: depth, key types, value types, text encoding;
+    whether every value was of JSON's own exact types (no subclass, nothing the walk had
+    to look at more closely), which the encoder writes and reads back exactly.
 
     Iterative, so a 5,000-level input is refused at level ``max_args_depth + 1`` instead
     of overflowing the stack; every refusal names the path of the offending value.
     """
+    exact = True
     stack: list[tuple[dict[str, Any] | list[Any], int]] = [(args, 1)]
     while stack:
         node, level = stack.pop()
@@ -279,9 +282,11 @@ def _check_args(args: dict[str, Any], limits: SubmitLimits) -> None:
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, item in items:
             if is_dict:
-                if not isinstance(key, str):
-                    raise InvalidInput(f"{_path(_where(args, node))} has a key that is not a "
-                                       f"string: {shown(key)} ({type(key).__name__})")
+                if type(key) is not str:
+                    if not isinstance(key, str):
+                        raise InvalidInput(f"{_path(_where(args, node))} has a key that is "
+                                           f"not a string: {shown(key)} ({type(key).__name__})")
+                    exact = False
                 if not key.isascii() or "\x00" in key:
                     check_text(key, f"a key of {_path(_where(args, node))} ({shown(key)})")
             kind = type(item)
@@ -296,6 +301,8 @@ def _check_args(args: dict[str, Any], limits: SubmitLimits) -> None:
                       or (kind is float and math.isfinite(item))):
                 # subclasses and everything JSON cannot hold: the slow, exact checks
                 _check_other(args, node, key, item, stack, level)
+                exact = False
+    return exact
 
 
 def _check_other(args: dict[str, Any], node: object, key: str | int, item: object,
@@ -350,6 +357,14 @@ def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS) -> 
     that bound size (``limits``) run before the work they bound: depth before encoding,
     the id count before any lookup.
     """
+    return validate_encoded(app, limits=limits)[0]
+
+
+def validate_encoded(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS
+                     ) -> tuple[TaskApplication, str]:
+    """:func:`validate`, and the application's ``args`` as JSON text: what its row stores
+    and its :func:`digest` hashes, which the checks encode anyway (a submit then encodes
+    its args once, not three times)."""
     if not isinstance(app, TaskApplication):
         raise TypeError(f"expected a TaskApplication, got {type(app).__name__}")
     if not isinstance(limits, SubmitLimits):
@@ -375,7 +390,7 @@ def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS) -> 
                            f"one of {', '.join(sorted(EXECUTION_TARGETS))}")
     if not isinstance(app.args, dict):
         raise InvalidInput(f"args must be a dict, got {type(app.args).__name__}")
-    _check_args(app.args, limits)
+    exact = _check_args(app.args, limits)
     try:
         encoded = dumps(app.args)
     except (TypeError, ValueError, msgspec.EncodeError) as exc:
@@ -388,8 +403,9 @@ def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS) -> 
                                f"{limits.max_args_bytes:,} (SubmitLimits.max_args_bytes)")
     # The encoder is lenient (sets and tuples become lists, bytes become base64): accept
     # only args that read back exactly as given. The walk above names most such values;
-    # this catches whatever it does not know.
-    if loads(encoded) != app.args:
+    # this catches whatever it does not know (JSON's own exact types read back as they
+    # are: for them, the usual args, there is nothing to catch).
+    if not exact and loads(encoded) != app.args:
         raise InvalidInput("args must be plain JSON (str keys; dict, list, str, finite "
                            "number, bool, None): these would not be stored exactly as given")
     if kind == "command":
@@ -447,13 +463,18 @@ def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS) -> 
         changes["action_kind"] = kind
     if not isinstance(deps, tuple):
         changes["depends_on"] = tuple(deps)
-    return replace(app, **changes) if changes else app
+    return (replace(app, **changes) if changes else app), encoded
 
 
-def digest(app: TaskApplication) -> str:
-    """A fingerprint of everything but the idempotency key, to tell a retry from a clash."""
+def digest(app: TaskApplication, args_json: str | None = None) -> str:
+    """A fingerprint of everything but the idempotency key, to tell a retry from a clash.
+
+    ``args_json``: the args as :func:`~ledgerq.codec.dumps` encodes them (from
+    :func:`validate_encoded`), spliced in as they are: the same bytes, not encoded again.
+    """
+    args: Any = app.args if args_json is None else msgspec.Raw(args_json.encode())
     body = {
-        "action_kind": app.action_kind, "args": app.args,
+        "action_kind": app.action_kind, "args": args,
         "execution_target": app.execution_target,
         "required_capabilities": app.required_capabilities,
         "library_ref": app.library_ref, "library_content_hash": app.library_content_hash,

@@ -21,7 +21,7 @@ from ledgerq.queue.application import (
     TaskApplication,
     digest,
     shown,
-    validate,
+    validate_encoded,
 )
 from ledgerq.queue.capabilities import host_scoped_concurrency_key
 from ledgerq.queue.runs import perform, resolve_dependents, run_policy
@@ -40,8 +40,8 @@ BULK_ROWS = 100
 
 
 def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
-            host: str, actor: Actor) -> str:
-    fingerprint = digest(app)
+            host: str, actor: Actor, args_json: str | None = None) -> str:
+    fingerprint = digest(app, args_json)
     if app.idempotency_key is not None:
         # Concurrent submits of one key (other connections, other hosts) wait here for
         # each other, so the second sees the first's row instead of colliding with it.
@@ -63,7 +63,7 @@ def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
     created = moves.SUBMITTED_WAITING if deps else _start(app, now, policy)
     run_id = create_entity(tx, policy,
                            run_row(app, now, host, created.target, deps, fingerprint,
-                                   policy=policy),
+                                   policy=policy, args_json=args_json),
                            reason=_reasons[created], actor=actor, now=now)
     if deps:
         resolve_dependents(tx, policy, [run_id], waiting=True, now=now)
@@ -107,8 +107,10 @@ def placement(app: TaskApplication, policy: EntityPolicy) -> dict[str, Any]:
 
 
 def run_row(app: TaskApplication, now: float, host: str, status: str, deps: list[str],
-            fingerprint: str, *, policy: EntityPolicy) -> dict[str, Any]:
-    """The record's D2 row for a validated application (a full string UUID as its id).
+            fingerprint: str, *, policy: EntityPolicy, args_json: str | None = None
+            ) -> dict[str, Any]:
+    """The record's D2 row for a validated application (a full string UUID as its id);
+    ``args_json``, the args as JSON text if the caller has them (:func:`validate_encoded`).
 
     The id is a version 7 UUID (time-ordered): consecutive submissions land on the
     same pages of every index keyed by run id, so a commit writes a few tail pages
@@ -118,7 +120,8 @@ def run_row(app: TaskApplication, now: float, host: str, status: str, deps: list
     row = {
         "id": new_run_id(),
         "schedule_id": None, "invocation_id": None, "trigger_context": "{}",
-        "action_kind": app.action_kind, "action_args": dumps(app.args),
+        "action_kind": app.action_kind,
+        "action_args": dumps(app.args) if args_json is None else args_json,
         "status": status, "chain_depth": 0,
         "fired_at": now, "created_at": now, "queued_at": now,
         "concurrency_key": host_scoped_concurrency_key(host, caps) if caps else None,
@@ -143,33 +146,36 @@ _reasons = {m: StateReason(code=m.code) for m in (moves.SUBMITTED, moves.SUBMITT
 
 
 def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
-                now: float, host: str, actor: Actor) -> list[str]:
-    """Insert ``apps`` in order (in-transaction); ids in the same order.
+                now: float, host: str, actor: Actor,
+                args_json: Sequence[str | None] | None = None) -> list[str]:
+    """Insert ``apps`` in order (in-transaction); ids in the same order. ``args_json``:
+    each application's args as JSON text, where the caller has them.
 
     An application with an idempotency key or dependencies reads the table first, so it
     goes alone through :func:`_insert`; runs of the others (nothing to look up) go through
     :func:`create_entities`: the same rows and creation facts, with fewer statements.
     """
     ids: list[str] = []
-    plain: list[TaskApplication] = []
+    plain: list[tuple[TaskApplication, str | None]] = []
 
     def flush() -> None:
         if len(plain) == 1:
-            ids.append(_insert(tx, policy, plain[0], now, host, actor))
+            ids.append(_insert(tx, policy, plain[0][0], now, host, actor, plain[0][1]))
         elif plain:
             ids.extend(create_entities(
-                tx, policy, [run_row(a, now, host, moves.SUBMITTED.target, [], digest(a),
-                                     policy=policy) for a in plain],
+                tx, policy, [run_row(a, now, host, moves.SUBMITTED.target, [], digest(a, j),
+                                     policy=policy, args_json=j) for a, j in plain],
                 reason=_reasons[moves.SUBMITTED], actor=actor, now=now))
         plain.clear()
 
-    for app in apps:
+    texts = [None] * len(apps) if args_json is None else args_json
+    for app, text in zip(apps, texts, strict=True):
         if app.idempotency_key is None and not app.depends_on and \
                 _start(app, now, policy) is moves.SUBMITTED:
-            plain.append(app)
+            plain.append((app, text))
         else:
             flush()
-            ids.append(_insert(tx, policy, app, now, host, actor))
+            ids.append(_insert(tx, policy, app, now, host, actor, text))
     flush()
     return ids
 
@@ -197,13 +203,16 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
     """
     checked = DEFAULT_LIMITS if limits is None else limits
     normalized: list[TaskApplication] = []
+    texts: list[str | None] = []
     for i, a in enumerate(apps):
         try:
-            normalized.append(validate(a, limits=checked))
+            valid, text = validate_encoded(a, limits=checked)
         except InvalidInput as exc:
             if len(apps) == 1:
                 raise
             raise InvalidInput(f"apps[{i}]: {exc}") from exc
+        normalized.append(valid)
+        texts.append(text)
     policy = run_policy(db)
     ts = time.time() if now is None else now
     # The host scopes serialization tokens' concurrency keys (run_row): a batch that asks
@@ -212,7 +221,7 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
     hostname = socket.gethostname() if needs_host else host or ""
 
     def unit(tx: Tx) -> list[str]:
-        return _insert_all(tx, policy, normalized, ts, hostname, actor)
+        return _insert_all(tx, policy, normalized, ts, hostname, actor, texts)
 
     ids = await db.write(unit, bulk=len(normalized) > BULK_ROWS)
     wakeup.notify(db.path)
