@@ -185,7 +185,7 @@ async def test_a_unit_that_reads_first_runs_again_when_another_writer_came_betwe
         db_path: Path) -> None:
     """A deferred unit's snapshot is its first read: a write another process committed
     after it cannot be overwritten by it (SQLite refuses the stale write; the unit runs
-    again and sees it)."""
+    again, under the lock, and both writes stand)."""
     async with StateDB(db_path) as db:
         policy = db.registry.entity(RUN)
         rid = await new_run(db)
