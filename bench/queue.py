@@ -104,6 +104,8 @@ from ledgerq.store.sqlite.schema import schema_ddl
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for floor.py
 from floor import (  # noqa: I001  (sibling scripts, importable only after the line above)
     APP, RAW_FACT_INSERT, RAW_RUN_INSERT, WORKER, connect, schema_floor)
+from rounds import Ratio
+from rounds import ratio as rounds_ratio
 from units import units_lifecycles
 
 CLAIM_PASSES = 41
@@ -584,15 +586,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ratios: median over the {args.repeat} round(s) of each round's own ratio "
               "[min, max]")
 
-        def ratio(a: str, b: str, sync: str, key: str = "lifecycle") -> str:
-            rs = [x[key] / y[key] for x, y in zip(lifecycle[a, sync], lifecycle[b, sync],
-                                                  strict=True)]
-            return f"{statistics.median(rs):5.2f}x [{min(rs):.2f}, {max(rs):.2f}]"
+        def ratio(a: str, b: str, sync: str, key: str = "lifecycle") -> Ratio:
+            return rounds_ratio([x[key] for x in lifecycle[a, sync]],
+                                [y[key] for y in lifecycle[b, sync]])
 
         def met(a: str, b: str, sync: str, goal: float, key: str = "lifecycle",
                 below: bool = False) -> str:
-            m = statistics.median(x[key] / y[key] for x, y in zip(
-                lifecycle[a, sync], lifecycle[b, sync], strict=True))
+            m = ratio(a, b, sync, key).median
             return verdict(m <= goal if below else m >= goal)
 
         for sync in syncs:

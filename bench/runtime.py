@@ -41,6 +41,8 @@ from ledgerq.queue import TaskApplication, Worker, submit_many, submit_task
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for floor.py
 from asyncio_floor import asyncio_floor  # sibling scripts, importable only after the line above
 from floor import schema_floor
+from rounds import Ratio
+from rounds import ratio as rounds_ratio
 from units import Units
 
 APP = TaskApplication("command", {"argv": ["true"]}, "host")
@@ -234,10 +236,8 @@ async def submitters(d: Path, fs: float, per: int, rounds: int) -> None:
     def rate(name: str) -> str:
         return f"{statistics.median(got[name]):,.0f} lifecycles/s"
 
-    def ratio(a: str, b: str) -> tuple[float, str]:
-        rs = [x / y for x, y in zip(got[a], got[b], strict=True)]
-        m = statistics.median(rs)
-        return m, f"{m:.2f}x [{min(rs):.2f}, {max(rs):.2f}]"
+    def ratio(a: str, b: str) -> Ratio:
+        return rounds_ratio(got[a], got[b])
 
     print(f"64 concurrent submitters -> 1 worker, FULL, {n:,} lifecycles, median of {rounds} "
           f"interleaved round(s) [min, max]:")
@@ -250,13 +250,14 @@ async def submitters(d: Path, fs: float, per: int, rounds: int) -> None:
           f"{rate('batched')}")
     print(f"  asyncio floor (bench/asyncio_floor.py: the floor's statements under 64 submitter "
           f"coroutines and a worker running each task as a task): {rate('asyncio')} = "
-          f"{ratio('asyncio', 'floor')[1]} the floor")
-    print(f"  ceiling / floor = {ratio('ceiling', 'floor')[1]} (the units alone: what the "
+          f"{ratio('asyncio', 'floor')} the floor")
+    print(f"  ceiling / floor = {ratio('ceiling', 'floor')} (the units alone: what the "
           "runtime around them could reach at most)")
-    met, shown = ratio("ledgerq", "floor")
-    print(f"  ledgerq / floor = {shown} (target >= 0.8x: {'met' if met >= 0.8 else 'NOT met'}), "
-          f"ledgerq / batched floor = {ratio('ledgerq', 'batched')[1]}, "
-          f"ledgerq / asyncio floor = {ratio('ledgerq', 'asyncio')[1]}")
+    judged = ratio("ledgerq", "floor")
+    print(f"  ledgerq / floor = {judged} (target >= 0.8x: "
+          f"{'met' if judged.median >= 0.8 else 'NOT met'}), "
+          f"ledgerq / batched floor = {ratio('ledgerq', 'batched')}, "
+          f"ledgerq / asyncio floor = {ratio('ledgerq', 'asyncio')}")
 
 
 async def main() -> None:
