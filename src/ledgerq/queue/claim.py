@@ -367,11 +367,13 @@ def _claims(tx: Tx, chosen: list[dict[str, Any]], limit: int,
 #: What a pass picked: what it saw, the rows it chose (None: its worker is stale) and
 #: each one's outcome.
 _Picked = tuple[ClaimPass, list[dict[str, Any]] | None, list[Any]]
+#: What a pass chose, before its claims: what it saw and the rows (None: stale worker).
+_Chosen = tuple[ClaimPass, list[dict[str, Any]] | None]
 
 
 def _choose_and_claim(tx: Tx, choose: Callable[..., list[dict[str, Any]] | None],
                       claim_all: Callable[[Tx, list[dict[str, Any]]], list[Any]],
-                      cap: int, choices: list[_Picked]) -> _Picked | None:
+                      cap: int, choices: list[_Chosen]) -> _Picked | None:
     """A pass's choice and its claims in one write transaction (writers one at a time);
     None, having written nothing, when the choice needs more than ``cap`` rows read.
     Each choice made is added to ``choices`` before its rows are claimed, so a caller
@@ -389,7 +391,7 @@ def _choose_and_claim(tx: Tx, choose: Callable[..., list[dict[str, Any]] | None]
     chosen = choose(tx, seen, cap)
     if seen.capped:
         return None
-    choices.append((seen, chosen, []))
+    choices.append((seen, chosen))
     return seen, chosen, claim_all(tx, chosen) if chosen else []
 
 
@@ -452,14 +454,14 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
     if not db.many_writers and not _ranks_by_affinity(advertised):
         # Each queue's first page at most (see _choose_and_claim), never past the cap.
         cap = min(min(wanted, SCAN_CAP) * len(config.queues), SCAN_CAP)
-        choices: list[_Picked] = []
+        choices: list[_Chosen] = []
         try:
             picked = await db.write(lambda tx: _choose_and_claim(
                 tx, choose, claim_all, cap, choices), reads_first=True)
         except Exception as exc:
             if is_database_failure(exc) or not choices or not _together(choices[-1][1] or []):
                 raise
-            seen, chosen, _ = choices[-1]  # (its claims raised together, writing nothing)
+            seen, chosen = choices[-1]  # (its claims raised together, writing nothing)
             picked = seen, chosen, await _claim_one_by_one(db, chosen or [], limit, claim)
     if picked is None:
         chosen = await db.read(lambda tx: choose(tx, result))
