@@ -14,9 +14,9 @@ other database is touched. Scenarios (bench/pg_peers/harness.py has the details)
                  submit .. Nth completion committed)
 
 Figures are tasks per second; for the drains and end to end, lifecycles per second.
-Completion is counted in the database (polled every 5 ms), never in the worker, so
-buffered completions (PgQueuer) count only once they commit. Worker processes start,
-import and connect before the clock starts.
+Completion is counted in the database (every 5 ms near the end, less often before), never
+in the worker, so buffered completions (PgQueuer) count only once they commit. Worker
+processes start, import and connect before the clock starts.
 
 Systems:
 
