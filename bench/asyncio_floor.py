@@ -5,8 +5,9 @@ worker in the same loop runs every claimed task concurrently. Any asyncio librar
 serving it must at least suspend each caller until its group commit lands (one future
 per group, a wake-up per caller), run each claimed task as a task of its own (the
 executor is a coroutine), and suspend each until its terminal write commits. This does
-exactly that and nothing more: the floor's own per-row statements (bench/floor.py), one
-group commit per turn of the loop in the loop's thread, an event for wake-ups, no
+exactly that and nothing more: the floor's own statements (bench/floor.py: a group's
+submits written together, its claims and terminal writes row by row), one group commit
+per turn of the loop in the loop's thread, an event for wake-ups, no
 validation, no leases renewed, no supervision, no reader thread. What it loses against
 the schema floor (a loop of statements with no concurrency at all) is the cost of the
 asyncio shape itself, which no implementation of this API avoids.
@@ -20,7 +21,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from floor import APP, Execute, claim_page, claim_rows, connect, end_row, submit_row
+from floor import (
+    APP,
+    Execute,
+    claim_page,
+    claim_rows,
+    connect,
+    end_row,
+    submit_row,
+    submit_rows,
+)
 from ledgerq.codec import dumps
 from ledgerq.lifecycle import Registry
 from ledgerq.queue.application import digest
@@ -28,37 +38,55 @@ from ledgerq.store.sqlite.schema import schema_ddl
 
 
 class GroupCommit:
-    """Callers add a unit and await the turn's group; the group commits once, in the
-    loop's thread, after every caller ready in that turn has joined it."""
+    """Callers add a unit (or a submit) and await the turn's group; the group commits
+    once, in the loop's thread, after every caller ready in that turn has joined it. The
+    group's submits are written together, as ledgerq writes the submits of one turn
+    (ledgerq.queue.joined; bench/floor.py's ``submit_rows``), before its other units."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, args: str, fingerprint: str) -> None:
+        self.conn = conn
         self.x: Execute = conn.execute
+        self.args, self.fingerprint = args, fingerprint
         self.units: list[Callable[[Execute], Any]] = []
-        self.future: asyncio.Future[list[Any]] | None = None
+        self.submits = 0
+        self.future: asyncio.Future[tuple[list[Any], list[str]]] | None = None
 
-    async def run(self, unit: Callable[[Execute], Any]) -> Any:
+    def _group(self) -> asyncio.Future[tuple[list[Any], list[str]]]:
         if self.future is None:
             loop = asyncio.get_running_loop()
             self.future = loop.create_future()
             loop.call_soon(self._commit)
+        return self.future
+
+    async def run(self, unit: Callable[[Execute], Any]) -> Any:
+        group = self._group()
         index = len(self.units)
         self.units.append(unit)
-        return (await self.future)[index]
+        return (await group)[0][index]
+
+    async def submit(self) -> str:
+        """One submit, written with the others of its turn; its id."""
+        group = self._group()
+        index = self.submits
+        self.submits += 1
+        return (await group)[1][index]
 
     def _commit(self) -> None:
-        units, future = self.units, self.future
-        self.units, self.future = [], None
+        units, submits, future = self.units, self.submits, self.future
+        self.units, self.submits, self.future = [], 0, None
         assert future is not None
         self.x("BEGIN IMMEDIATE")
+        # (a lone submit is written alone, as ledgerq writes a joint of one)
+        ids = [submit_row(self.x, self.args, self.fingerprint)] if submits == 1 else \
+            submit_rows(self.conn, self.args, self.fingerprint, submits) if submits else []
         values = [unit(self.x) for unit in units]
         self.x("COMMIT")
-        future.set_result(values)
+        future.set_result((values, ids))
 
 
 async def _scenario(conn: sqlite3.Connection, page: str, submitters: int, per: int,
                     capacity: int) -> None:
-    commits = GroupCommit(conn)
-    args, fingerprint = dumps(APP.args), digest(APP)
+    commits = GroupCommit(conn, dumps(APP.args), digest(APP))
     queued = asyncio.Event()
     total = submitters * per
     finished = 0
@@ -67,7 +95,7 @@ async def _scenario(conn: sqlite3.Connection, page: str, submitters: int, per: i
 
     async def submitter() -> None:
         for _ in range(per):
-            await commits.run(lambda x: submit_row(x, args, fingerprint))
+            await commits.submit()
             queued.set()
 
     async def noop(run: dict[str, Any]) -> tuple[int, str]:

@@ -7,7 +7,8 @@ and its fact, the guarded terminal write and its fact, committed as ledgerq comm
 No asyncio, no thread hop, no validation, no savepoints, no selection logic, no
 dependents lookup, so nothing built on this schema runs these lifecycles faster.
 Used by bench/queue.py (one commit per submit, two per pass) and bench/runtime.py
-(submits grouped like the 64 concurrent submitters' group commits).
+(submits grouped like the 64 concurrent submitters' group commits, written as ledgerq
+writes submits joined in one turn: the rows and their facts by ``executemany``).
 """
 
 from __future__ import annotations
@@ -118,8 +119,9 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
                  submit_group: int = 1, batched: bool = False) -> dict[str, float]:
     """ledgerq's own statements in plain sqlite3, ledgerq's commits: a ceiling, not a system.
 
-    Per task the row (INSERT ... RETURNING *) and its creation fact, ``submit_group``
-    submits per commit; then passes of ``limit``: the guarded claims with their facts in
+    Per task the row (INSERT ... RETURNING *) and its creation fact, or ``submit_group``
+    submits per commit, written together as ledgerq writes submits joined in one turn
+    (:func:`submit_rows`); then passes of ``limit``: the guarded claims with their facts in
     one commit, the guarded terminal writes with theirs in another. ``batched``: each
     pass's claims and terminal writes as one multi-row statement each, and their facts
     as one multi-row INSERT each (:data:`BATCH_CLAIM`). Returns lifecycles/s with its
@@ -164,17 +166,46 @@ def submit_row(x: Execute, args: str, fingerprint: str) -> str:
     return rid
 
 
+def submit_rows(conn: sqlite3.Connection, args: str, fingerprint: str, count: int
+                ) -> list[str]:
+    """``count`` rows and their creation facts in the caller's transaction, as ledgerq
+    writes submits joined in one turn of its loop (ledgerq.queue.joined, through
+    ``create_entities``): one ``executemany`` of the rows, one read-back of them by id
+    (the stored rows, for the facts), one ``executemany`` of the facts; their ids."""
+    now = time.time()
+    rows = [(new_id(), None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
+             None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
+             None, 1, "run.queued.submitted", "", "[]") for _ in range(count)]
+    conn.executemany(RAW_RUN_INSERT, rows)
+    ids = [r[0] for r in rows]
+    cur = conn.execute(f"SELECT * FROM schedule_runs WHERE id IN ({', '.join('?' * count)})",
+                       ids)
+    names = [d[0] for d in cur.description]
+    facts = []
+    for stored in cur.fetchall():
+        patch = {k: v for k, v in zip(names, stored, strict=True)
+                 if v is not None and k not in ("status", "version")}
+        facts.append(_fact(patch["id"], None, "queued", "run.queued.submitted", "", now, 1,
+                           patch))
+    conn.executemany(RAW_FACT_INSERT, facts)
+    return ids
+
+
 def _submit_all(conn: sqlite3.Connection, n: int, submit_group: int) -> None:
-    """N rows and their creation facts, ``submit_group`` per commit."""
+    """N rows and their creation facts, ``submit_group`` per commit: one at a time as a
+    lone submit writes its own (:func:`submit_row`), or, grouped, as submits joined in one
+    turn are written together (:func:`submit_rows`)."""
     x = conn.execute
     args = dumps(APP.args)
     fingerprint = digest(APP)
-    for i in range(n):
-        if i % submit_group == 0:
-            x("BEGIN IMMEDIATE")
-        submit_row(x, args, fingerprint)
-        if (i + 1) % submit_group == 0 or i + 1 == n:
-            x("COMMIT")
+    for first in range(0, n, submit_group):
+        size = min(submit_group, n - first)
+        x("BEGIN IMMEDIATE")
+        if size == 1:
+            submit_row(x, args, fingerprint)
+        else:
+            submit_rows(conn, args, fingerprint, size)
+        x("COMMIT")
 
 
 def _claim_patch(now: float, summary: str, row: dict[str, Any]) -> dict[str, Any]:

@@ -2,11 +2,12 @@
 ledgerq's units alone: which part of the engine costs what above the floor.
 
 Both commit 64 rows per transaction at ``synchronous=OFF`` (no fsync: CPU only), as the
-64-submitter case groups them: submits, then claim passes of 64, then the terminal
-writes. ``--without`` also runs the units with one of the engine's steps removed (a
-measurement only, never a configuration): ``checks`` (the per-value type check of every
-creation and move) or ``dependents`` (the lookup of a run's dependents at its end), to
-show how much of the gap each step is.
+64-submitter case groups them: submits (joined in one unit, as ledgerq joins the submits
+of one turn), then claim passes of 64, then the terminal writes. ``--without`` also runs
+the units with one of the engine's steps removed (a measurement only, never a
+configuration): ``checks`` (the per-value type check of every creation and move) or
+``dependents`` (the lookup of a run's dependents at its end), to show how much of the
+gap each step is.
 
 Run: .venv/bin/python bench/parts.py [--rounds 5] [--without checks --without dependents]
 """
@@ -37,7 +38,7 @@ from ledgerq.store.sqlite.schema import schema_ddl
 from ledgerq.store.sqltx import SqlTx
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins
-from floor import APP, claim_page, claim_rows, connect, end_row, submit_row
+from floor import APP, claim_page, claim_rows, connect, end_row, submit_rows
 from units import Units
 
 GROUP = 64
@@ -68,8 +69,7 @@ def floor_parts(path: str, n: int) -> dict[str, float]:
         return run
 
     out = {
-        "submit": _timed(in_groups(lambda _: [submit_row(x, args, fingerprint)
-                                             for _ in range(GROUP)]), n),
+        "submit": _timed(in_groups(lambda _: submit_rows(conn, args, fingerprint, GROUP)), n),
         "claim": _timed(in_groups(lambda _: claimed.extend(claim_rows(x, page, GROUP))), n),
         "finish": _timed(in_groups(lambda first: [end_row(x, r)
                                                   for r in claimed[first:first + GROUP]]), n),
@@ -85,7 +85,8 @@ def units_parts(path: str, n: int) -> dict[str, float]:
 
     def submits() -> None:
         for _ in range(0, n, GROUP):
-            ids.extend(units.group([partial(units.submit, now=time.time())] * GROUP))
+            ids.extend(units.group([partial(units.submit_joined, count=GROUP,
+                                            now=time.time())])[0])
 
     def claims() -> None:
         for first in range(0, n, GROUP):

@@ -164,16 +164,17 @@ async def concurrent_submitters(path: Path, per: int, submitters: int = 64) -> f
 def database_thread_ceiling(path: Path, n: int, group_size: int = 64) -> float:
     """Lifecycles/s of the database thread's own work alone: a ceiling for the 64-submitter case.
 
-    ledgerq's units alone (bench/units.py) committed in groups of ``group_size`` units
-    (one fsync per group), as the 64 submitters' writes and the worker's are grouped:
-    what the 64-submitter case's writes cost without anything around them.
+    ledgerq's units alone (bench/units.py) committed in groups of ``group_size`` (one fsync
+    per group), as the 64 submitters' writes and the worker's are grouped (the submits
+    of a group joined in one unit, as ledgerq.queue.joined joins them): what the
+    64-submitter case's writes cost without anything around them.
     """
     units = Units(str(path), default_registry(), "FULL")
     start = time.perf_counter()
     for first in range(0, n, group_size):
         now = time.time()
         size = min(group_size, n - first)
-        ids = units.group([partial(units.submit, now=now)] * size)
+        (ids,) = units.group([partial(units.submit_joined, count=size, now=now)])
         (claimed,) = units.group([partial(units.claim_pass, rids=ids, now=now)])
         (done,) = units.group([partial(units.finish, runs=claimed, now=now)])
         assert all(done), done[:1]

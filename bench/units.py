@@ -8,7 +8,8 @@ through the same ``_run_group``, single-threaded: no event loop, no futures, no
 validation of the application, no supervision of the run. What the runtime adds is the
 difference between this and ledgerq; what the engine adds is the difference between
 this and the schema floor (bench/floor.py). Used by bench/queue.py (one submit per
-commit, passes) and bench/runtime.py (units grouped as the 64 submitters' commits are).
+commit, passes) and bench/runtime.py (units grouped as the 64 submitters' commits are,
+their submits joined in one unit as ledgerq joins the submits of one turn).
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class Units:
     def submit(self, tx: Any, now: float | None = None) -> str:
         return _insert_all(tx, self.policy, [self.app], time.time() if now is None else now,
                            "host", SUBMITTER)[0]
+
+    def submit_joined(self, tx: Any, count: int, now: float) -> list[str]:
+        """``count`` submits joined in one turn, as ledgerq.queue.joined writes them."""
+        return _insert_all(tx, self.policy, [self.app] * count, now, "host", SUBMITTER)
 
     def claim_pass(self, tx: Any, rids: list[str], now: float) -> list[Any]:
         """A pass's claims, as ``claim_pass`` writes those of rows without a concurrency

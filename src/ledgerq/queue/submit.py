@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from ledgerq.lifecycle.engine import create_entities, create_entity, new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import DEFAULT_QUEUE, PRIORITY_COLUMN, QUEUE_COLUMN, Tx
-from ledgerq.queue import moves, wakeup
+from ledgerq.queue import joined, moves, wakeup
 from ledgerq.queue.application import (
     DEFAULT_LIMITS,
     MESSAGE_ITEMS,
@@ -220,12 +221,25 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
     needs_host = not host and any(a.required_capabilities for a in normalized)
     hostname = socket.gethostname() if needs_host else host or ""
 
-    def unit(tx: Tx) -> list[str]:
-        return _insert_all(tx, policy, normalized, ts, hostname, actor, texts)
+    if len(normalized) == 1 and now is None and joined.others_ready():
+        # Other callers are ready in this turn: the submits made in it share one unit.
+        ids = [await joined.write_joined(
+            db, (actor, hostname), (normalized[0], texts[0]),
+            functools.partial(_insert_joined, policy=policy, host=hostname, actor=actor))]
+    else:
+        def unit(tx: Tx) -> list[str]:
+            return _insert_all(tx, policy, normalized, ts, hostname, actor, texts)
 
-    ids = await db.write(unit, bulk=len(normalized) > BULK_ROWS)
+        ids = await db.write(unit, bulk=len(normalized) > BULK_ROWS)
     wakeup.notify(db.path)
     return ids
+
+
+def _insert_joined(tx: Tx, items: Sequence[tuple[TaskApplication, str]], now: float, *,
+                   policy: EntityPolicy, host: str, actor: Actor) -> list[str]:
+    """:func:`_insert_all` of submits joined in one turn (:mod:`ledgerq.queue.joined`)."""
+    return _insert_all(tx, policy, [app for app, _ in items], now, host, actor,
+                       [text for _, text in items])
 
 
 async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = "",

@@ -1,0 +1,125 @@
+"""Submits made in the same turn of the event loop, written by one unit.
+
+Why: concurrent callers (coroutines submitting at once, an HTTP server's requests) each
+paid for a write unit of their own: on PostgreSQL a pooled connection, a thread hop, a
+transaction and a commit per submit; on SQLite two statements a row, where
+:func:`~ledgerq.lifecycle.engine.create_entities` sends a few per run of rows. Here the
+first caller of a turn opens a joint, every caller that runs later in the same turn adds
+its item to it, and one unit writes them all, in order, in one transaction: the same
+rows and facts as one unit each. Every caller returns once that transaction has
+committed, with its own value.
+
+A caller alone in its turn (nothing else ready to run) writes at once, as before: on
+SQLite in its own step, with no task and no turn of the loop in between.
+
+If the joint's unit raises, nothing it wrote remains (a unit's writes roll back
+together). Unless the database itself failed (which every caller would meet again),
+each caller then writes alone, so only the item at fault is refused, with its own error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from weakref import WeakKeyDictionary
+
+from ledgerq.operations import Tx
+from ledgerq.queue.stuck import is_database_failure
+
+if TYPE_CHECKING:
+    from ledgerq.store.db import StateDB
+
+Item = TypeVar("Item")
+Value = TypeVar("Value")
+
+#: Items one joint takes at most: more wait for the next. Its unit stays short (it may
+#: run in the event loop's thread), well under a bulk write's size.
+MAX_JOINED = 100
+
+
+@dataclass(eq=False)
+class _Joint(Generic[Item, Value]):
+    """The items of one turn's callers, and the outcome of the unit that writes them."""
+
+    items: list[Item]
+    done: asyncio.Future[list[Value]]
+    #: The task that writes them (held here: the loop keeps only a weak reference).
+    task: asyncio.Task[None] | None = None
+
+
+#: Per StateDB, the joint that callers can still join, per key.
+_open: WeakKeyDictionary[StateDB, dict[Hashable, _Joint[Any, Any]]] = WeakKeyDictionary()
+
+
+def others_ready() -> bool:
+    """Whether anything else is ready to run in this turn of the loop, so a write made
+    now could be joined. A loop without asyncio's own ready queue (uvloop) says no, and
+    every write there goes alone, as before."""
+    return bool(getattr(asyncio.get_running_loop(), "_ready", None))
+
+
+async def write_joined(db: StateDB, key: Hashable, item: Item,
+                       write_all: Callable[[Tx, Sequence[Item], float], list[Value]],
+                       *, limit: int = MAX_JOINED) -> Value:
+    """``item``'s value of ``write_all(tx, items, now)`` run once for every item joined
+    under ``key`` in this turn (``now``: when that unit began); returns after its commit.
+
+    ``write_all`` must give one value per item, in order, and write for each item what
+    it would write for that item alone.
+    """
+    joints = _open.get(db)
+    if joints is None:
+        joints = _open[db] = {}
+    joint = joints.get(key)
+    if joint is None:
+        loop = asyncio.get_running_loop()
+        joint = joints[key] = _Joint([], loop.create_future())
+        # Scheduled behind every caller already ready in this turn: they all join first.
+        joint.task = loop.create_task(_write(db, joints, key, joint, write_all))
+    index = len(joint.items)
+    joint.items.append(item)
+    if len(joint.items) >= limit:
+        _seal(joints, key, joint)
+    try:
+        # Shielded: a caller cancelled while it waits does not cancel the others' write.
+        values: list[Value] = await asyncio.shield(joint.done)
+    except Exception as exc:
+        if len(joint.items) == 1 or is_database_failure(exc):
+            raise
+        # One item (or more) was refused, and nothing of the joint was written: each
+        # caller writes alone, so only what is at fault is refused again.
+        def alone(tx: Tx) -> list[Value]:
+            return write_all(tx, [item], time.time())
+
+        return (await db.write(alone))[0]
+    return values[index]
+
+
+def _seal(joints: dict[Hashable, _Joint[Any, Any]], key: Hashable,
+          joint: _Joint[Any, Any]) -> None:
+    """Close ``joint`` to later callers (they open the next one)."""
+    if joints.get(key) is joint:
+        del joints[key]
+
+
+async def _write(db: StateDB, joints: dict[Hashable, _Joint[Item, Value]], key: Hashable,
+                 joint: _Joint[Item, Value],
+                 write_all: Callable[[Tx, Sequence[Item], float], list[Value]]) -> None:
+    # Sealed on the loop's thread before the unit can run anywhere (on PostgreSQL, a pool
+    # thread): the unit's items never change under it, whatever runs it or how often.
+    _seal(joints, key, joint)
+    items = tuple(joint.items)
+    now = time.time()
+    try:
+        values = await db.write(lambda tx: write_all(tx, items, now))
+    except Exception as exc:
+        joint.done.set_exception(exc)
+        joint.done.exception()  # (marked retrieved: every caller may have been cancelled)
+        return
+    except BaseException:
+        joint.done.cancel()
+        raise
+    joint.done.set_result(values)

@@ -1,0 +1,134 @@
+"""Submits made in the same turn of the event loop share one write unit
+(ledgerq.queue.joined), on both backends: the same rows and facts as one unit each,
+every caller its own id, and a refusal still the refused caller's alone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ledgerq import StateDB
+from ledgerq.codec import loads
+from ledgerq.errors import DatabaseUnavailable, IdempotencyConflict
+from ledgerq.lifecycle import Actor
+from ledgerq.projections import history, verify
+from ledgerq.queue import TaskApplication, joined, submit, submit_task
+
+
+def app(i: int, **kw: Any) -> TaskApplication:
+    return TaskApplication("agent", {"prompt": f"task {i}"}, "host", **kw)
+
+
+def count_writes(db: StateDB, monkeypatch: pytest.MonkeyPatch) -> list[Callable[..., Any]]:
+    """The units ``db`` is asked to write from now on."""
+    units: list[Callable[..., Any]] = []
+    write = db.write
+
+    async def counted(fn: Callable[..., Any], **kw: Any) -> Any:
+        units.append(fn)
+        return await write(fn, **kw)
+
+    monkeypatch.setattr(db, "write", counted)
+    return units
+
+
+async def stored_prompts(db: StateDB) -> dict[str, str]:
+    rows = await db.fetch_all("SELECT id, action_args FROM schedule_runs")
+    return {r["id"]: loads(r["action_args"])["prompt"] for r in rows}
+
+
+async def test_submits_made_in_one_turn_share_one_unit(db: StateDB,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    units = count_writes(db, monkeypatch)
+    ids = await asyncio.gather(*(submit_task(db, app(i)) for i in range(40)))
+    assert len(units) == 1
+    assert len(set(ids)) == 40
+    # Each caller got the id of its own application's row, with its own creation fact.
+    assert await stored_prompts(db) == {rid: f"task {i}" for i, rid in enumerate(ids)}
+    for rid in ids[:3]:
+        facts = await history(db, "schedule_run", rid)
+        assert [f["status"] for f in facts] == ["queued"]
+    assert (await verify(db)).ok
+
+
+async def test_a_submit_alone_in_its_turn_is_written_at_once(db: StateDB,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    units = count_writes(db, monkeypatch)
+    for i in range(3):
+        await submit_task(db, app(i))
+    assert len(units) == 3
+    assert db not in joined._open  # no joint was ever opened
+
+
+async def test_a_joint_takes_at_most_its_limit(db: StateDB,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    units = count_writes(db, monkeypatch)
+    ids = await asyncio.gather(*(submit_task(db, app(i))
+                                 for i in range(joined.MAX_JOINED + 10)))
+    assert len(units) == 2
+    assert len(set(ids)) == joined.MAX_JOINED + 10
+    assert await stored_prompts(db) == {rid: f"task {i}" for i, rid in enumerate(ids)}
+
+
+async def test_callers_of_different_actors_are_not_joined(db: StateDB,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    units = count_writes(db, monkeypatch)
+    alice = Actor(type="operator", id="alice")
+    ids = await asyncio.gather(submit_task(db, app(0)), submit_task(db, app(1), actor=alice),
+                               submit_task(db, app(2)))
+    assert len(units) == 2
+    actors = {rid: (await history(db, "schedule_run", rid))[0]["actor"] for rid in ids}
+    assert actors == {ids[0]: "ledgerq.submit", ids[1]: "alice", ids[2]: "ledgerq.submit"}
+
+
+async def test_a_refused_submit_in_a_joint_is_refused_alone(db: StateDB) -> None:
+    first = await submit_task(db, app(0, idempotency_key="k"))
+    # The same key with another application: refused, inside the transaction.
+    clash = app(99, idempotency_key="k")
+    got = await asyncio.gather(*(submit_task(db, app(i)) for i in range(1, 6)),
+                               submit_task(db, clash),
+                               *(submit_task(db, app(i)) for i in range(6, 11)),
+                               return_exceptions=True)
+    assert isinstance(got[5], IdempotencyConflict)
+    ok = [g for g in got if isinstance(g, str)]
+    assert len(ok) == 10
+    prompts = await stored_prompts(db)
+    assert len(prompts) == 11 and prompts[first] == "task 0"
+    assert sorted(prompts[rid] for rid in ok) == sorted(f"task {i}" for i in range(1, 11))
+    assert (await verify(db)).ok
+
+
+async def test_a_database_failure_fails_every_caller_without_a_retry_alone(
+        db: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    units = count_writes(db, monkeypatch)
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        raise DatabaseUnavailable("the disk is full")
+
+    monkeypatch.setattr(submit, "_insert_all", failing)
+    got = await asyncio.gather(*(submit_task(db, app(i)) for i in range(5)),
+                               return_exceptions=True)
+    assert all(isinstance(g, DatabaseUnavailable) for g in got)
+    assert len(units) == 1  # each caller would meet the same failure: none tries again
+    assert await stored_prompts(db) == {}
+
+
+async def test_a_cancelled_caller_leaves_the_others_write_alone(db: StateDB) -> None:
+    tasks = [asyncio.create_task(submit_task(db, app(i))) for i in range(6)]
+    await asyncio.sleep(0)  # every caller has joined; the joint's unit has not run yet
+    tasks[2].cancel()
+    got = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(got[2], asyncio.CancelledError)
+    ids = [g for g in got if isinstance(g, str)]
+    assert len(ids) == 5
+    prompts = await stored_prompts(db)
+    # The cancelled caller's application had joined the unit, which went on: its row is
+    # written, as a lone submit's is once its unit is queued.
+    assert sorted(prompts.values()) == sorted(f"task {i}" for i in range(6))
+    assert all(prompts[rid] == f"task {i}" for i, rid in
+               ((i, g) for i, g in enumerate(got) if isinstance(g, str)))
