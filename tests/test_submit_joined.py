@@ -5,14 +5,17 @@ every caller its own id, and a refusal still the refused caller's alone."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ledgerq import StateDB
 from ledgerq.codec import loads
-from ledgerq.errors import DatabaseUnavailable, IdempotencyConflict
+from ledgerq.errors import DatabaseUnavailable, IdempotencyConflict, InvalidInput
 from ledgerq.lifecycle import Actor
 from ledgerq.projections import history, verify
 from ledgerq.queue import TaskApplication, joined, submit, submit_task
@@ -132,3 +135,81 @@ async def test_a_cancelled_caller_leaves_the_others_write_alone(db: StateDB) -> 
     assert sorted(prompts.values()) == sorted(f"task {i}" for i in range(6))
     assert all(prompts[rid] == f"task {i}" for i, rid in
                ((i, g) for i, g in enumerate(got) if isinstance(g, str)))
+
+
+_examples = itertools.count()
+
+
+@st.composite
+def _batches(draw: st.DrawFn) -> list[tuple[int, str | None, bool]]:
+    """Concurrent submissions: (prompt, idempotency key or None, names an unknown
+    dependency). Few prompts and keys, so a key is often reused, with the same
+    application (the first run's id comes back) or another (refused)."""
+    one = st.tuples(st.integers(0, 2), st.sampled_from([None, None, "a", "b"]),
+                    st.sampled_from([False, False, False, True]))
+    got = draw(st.lists(one, min_size=1, max_size=25))
+    return [(p, k, bad and k is None) for p, k, bad in got]
+
+
+async def _check_batch(db: StateDB, batch: list[tuple[int, str | None, bool]]) -> None:
+    tag = next(_examples)
+    apps = [TaskApplication("agent", {"prompt": p, "tag": tag}, "host",
+                            idempotency_key=None if k is None else f"{tag}-{k}",
+                            depends_on=[f"missing-{tag}-{i}"] if bad else ())
+            for i, (p, k, bad) in enumerate(batch)]
+    before = await _counts(db)
+    got = await asyncio.gather(*(submit_task(db, a) for a in apps), return_exceptions=True)
+    winners: dict[str, str] = {}  # key -> the id every call with its application got
+    for (p, k, bad), a, g in zip(batch, apps, got, strict=True):
+        if bad:
+            assert isinstance(g, InvalidInput) and "unknown run id" in str(g), g
+            continue
+        if isinstance(g, IdempotencyConflict):
+            assert k is not None
+            continue
+        assert isinstance(g, str), g
+        row = await db.fetch_one("SELECT action_args, idempotency_key FROM schedule_runs "
+                                 "WHERE id = ?", (g,))
+        assert row is not None and loads(row["action_args"]) == {"prompt": p, "tag": tag}
+        assert row["idempotency_key"] == a.idempotency_key
+        if a.idempotency_key is not None:
+            assert winners.setdefault(a.idempotency_key, g) == g
+    ids = {g for g in got if isinstance(g, str)}
+    # Per key, a call is refused exactly when its application differs from the stored one.
+    for (p, _, bad), a, g in zip(batch, apps, got, strict=True):
+        if a.idempotency_key is not None and not bad:
+            stored = await db.fetch_one("SELECT action_args FROM schedule_runs "
+                                        "WHERE idempotency_key = ?", (a.idempotency_key,))
+            assert stored is not None
+            same = loads(stored["action_args"])["prompt"] == p
+            assert isinstance(g, str) == same, (g, same)
+    runs, facts = await _counts(db)
+    # Nothing but the returned rows was written, each with its one creation fact.
+    assert (runs - before[0], facts - before[1]) == (len(ids), len(ids))
+
+
+async def _counts(db: StateDB) -> tuple[int, int]:
+    row = await db.fetch_one("SELECT (SELECT count(*) FROM schedule_runs) AS runs, "
+                             "(SELECT count(*) FROM status_transitions) AS facts")
+    assert row is not None
+    return int(row["runs"]), int(row["facts"])
+
+
+def test_random_concurrent_submits_end_as_if_each_were_alone(db_target: str) -> None:
+    """Whatever joins and whatever is refused: each call gets its own row (or the row its
+    key already names, for the same application), a refusal is the refused call's alone,
+    and nothing else is written."""
+    with asyncio.Runner() as runner:
+        db = StateDB(db_target)
+        runner.run(db.open())
+        try:
+            @settings(max_examples=40, deadline=None,
+                      suppress_health_check=[HealthCheck.too_slow])
+            @given(_batches())
+            def check(batch: list[tuple[int, str | None, bool]]) -> None:
+                runner.run(_check_batch(db, batch))
+
+            check()
+            assert runner.run(verify(db)).ok
+        finally:
+            runner.run(db.close())
