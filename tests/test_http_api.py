@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -204,6 +205,30 @@ def test_list_filters_and_cursor_pages(server: Server, api: httpx.Client) -> Non
     assert api.get("/api/tasks", params={"cursor": "bogus"}).status_code == 422
     assert api.get("/api/tasks", params={"limit": 0}).status_code == 422
     assert api.get("/api/tasks", params={"limit": "x"}).status_code == 422
+
+
+def test_concurrent_submits_each_get_their_own_run(server: Server) -> None:
+    """Requests submitting at once may share a transaction (ledgerq.queue.joined): each
+    still gets 201 and the id of the run made from its own body; with a key, a repeat
+    still gets 200 and the first run's id."""
+    def one(i: int) -> httpx.Response:
+        with server.client() as c:
+            extra = {"Idempotency-Key": "conc-key"} if i % 10 == 0 else {}
+            return post(c, command("echo", "keyed" if extra else f"concurrent {i}"), **extra)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        got = list(pool.map(one, range(40)))
+    keyed = [g for i, g in enumerate(got) if i % 10 == 0]
+    plain = [(i, g) for i, g in enumerate(got) if i % 10]
+    assert all(g.status_code == 201 for _, g in plain), [g.text for _, g in plain]
+    assert len({g.json()["id"] for _, g in plain}) == len(plain)
+    with server.client() as c:
+        for i, g in plain:
+            run = c.get(f"/api/tasks/{g.json()['id']}").json()["run"]
+            assert run["action_args"]["argv"] == ["echo", f"concurrent {i}"]
+    # Four requests under one key with the same body: one made the run, three found it.
+    assert sorted(g.status_code for g in keyed) == [200, 200, 200, 201]
+    assert len({g.json()["id"] for g in keyed}) == 1
 
 
 def test_priority_and_queue_are_submitted_shown_and_filtered(server: Server,
