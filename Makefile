@@ -34,6 +34,7 @@ bench: install
 	$(BIN)/python bench/statements.py --pg
 	$(BIN)/python bench/archive.py
 	$(BIN)/python bench/submit_cpu.py
+	$(BIN)/python bench/concurrent_submit.py   # both backends
 	$(BIN)/python bench/parts.py --without checks --without dependents
 	$(BIN)/python bench/instructions.py   # needs valgrind (apt-get install valgrind)
 
