@@ -89,21 +89,36 @@ async def test_callers_of_different_actors_are_not_joined(db: StateDB,
     assert actors == {ids[0]: "ledgerq.submit", ids[1]: "alice", ids[2]: "ledgerq.submit"}
 
 
-async def test_a_refused_submit_in_a_joint_is_refused_alone(db: StateDB) -> None:
-    first = await submit_task(db, app(0, idempotency_key="k"))
-    # The same key with another application: refused, inside the transaction.
-    clash = app(99, idempotency_key="k")
-    got = await asyncio.gather(*(submit_task(db, app(i)) for i in range(1, 6)),
-                               submit_task(db, clash),
-                               *(submit_task(db, app(i)) for i in range(6, 11)),
+async def test_a_refused_submit_in_a_joint_is_refused_alone(
+        db: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    units = count_writes(db, monkeypatch)
+    # Valid as an application, refused inside the transaction: the column holds 64 bits.
+    too_long = app(99, timeout_seconds=2**63)
+    got = await asyncio.gather(*(submit_task(db, app(i)) for i in range(5)),
+                               submit_task(db, too_long),
+                               *(submit_task(db, app(i)) for i in range(5, 10)),
                                return_exceptions=True)
-    assert isinstance(got[5], IdempotencyConflict)
+    assert isinstance(got[5], InvalidInput) and "64 bits" in str(got[5])
     ok = [g for g in got if isinstance(g, str)]
     assert len(ok) == 10
+    assert len(units) == 1 + 11  # the joint, then each of its callers alone
     prompts = await stored_prompts(db)
-    assert len(prompts) == 11 and prompts[first] == "task 0"
-    assert sorted(prompts[rid] for rid in ok) == sorted(f"task {i}" for i in range(1, 11))
+    assert sorted(prompts[rid] for rid in ok) == sorted(f"task {i}" for i in range(10))
+    assert len(prompts) == 10
     assert (await verify(db)).ok
+
+
+async def test_submits_that_take_a_lock_or_read_other_runs_are_not_joined(
+        db: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = await submit_task(db, app(0))
+    units = count_writes(db, monkeypatch)
+    keyed = [app(i, idempotency_key=f"k{i}") for i in range(3)]
+    waiting = [app(i, depends_on=[dep]) for i in range(3, 6)]
+    ids = await asyncio.gather(*(submit_task(db, a) for a in [*keyed, *waiting]),
+                               submit_task(db, app(6)), submit_task(db, app(7)))
+    assert len(units) == 6 + 1  # each keyed and each dependent alone; the two plain joined
+    prompts = await stored_prompts(db)
+    assert [prompts[rid] for rid in ids] == [f"task {i}" for i in range(8)]
 
 
 async def test_a_database_failure_fails_every_caller_without_a_retry_alone(
@@ -140,29 +155,36 @@ async def test_a_cancelled_caller_leaves_the_others_write_alone(db: StateDB) -> 
 _examples = itertools.count()
 
 
+#: How a drawn submission goes wrong: not at all, an unknown dependency (refused alone,
+#: never joined), a timeout its column cannot hold (refused inside a joint).
+_FINE, _UNKNOWN_DEP, _TOO_LONG = "fine", "unknown dependency", "too long"
+
+
 @st.composite
-def _batches(draw: st.DrawFn) -> list[tuple[int, str | None, bool]]:
-    """Concurrent submissions: (prompt, idempotency key or None, names an unknown
-    dependency). Few prompts and keys, so a key is often reused, with the same
-    application (the first run's id comes back) or another (refused)."""
-    one = st.tuples(st.integers(0, 2), st.sampled_from([None, None, "a", "b"]),
-                    st.sampled_from([False, False, False, True]))
+def _batches(draw: st.DrawFn) -> list[tuple[int, str | None, str]]:
+    """Concurrent submissions: (prompt, idempotency key or None, what is wrong). Few
+    prompts and keys, so a key is often reused, with the same application (the first
+    run's id comes back) or another (refused)."""
+    one = st.tuples(st.integers(0, 2), st.sampled_from([None, None, None, "a", "b"]),
+                    st.sampled_from([_FINE] * 6 + [_UNKNOWN_DEP, _TOO_LONG]))
     got = draw(st.lists(one, min_size=1, max_size=25))
-    return [(p, k, bad and k is None) for p, k, bad in got]
+    return [(p, k, wrong if k is None else _FINE) for p, k, wrong in got]
 
 
-async def _check_batch(db: StateDB, batch: list[tuple[int, str | None, bool]]) -> None:
+async def _check_batch(db: StateDB, batch: list[tuple[int, str | None, str]]) -> None:
     tag = next(_examples)
     apps = [TaskApplication("agent", {"prompt": p, "tag": tag}, "host",
                             idempotency_key=None if k is None else f"{tag}-{k}",
-                            depends_on=[f"missing-{tag}-{i}"] if bad else ())
-            for i, (p, k, bad) in enumerate(batch)]
+                            depends_on=[f"missing-{tag}-{i}"] if wrong == _UNKNOWN_DEP else (),
+                            timeout_seconds=2**63 if wrong == _TOO_LONG else None)
+            for i, (p, k, wrong) in enumerate(batch)]
     before = await _counts(db)
     got = await asyncio.gather(*(submit_task(db, a) for a in apps), return_exceptions=True)
     winners: dict[str, str] = {}  # key -> the id every call with its application got
-    for (p, k, bad), a, g in zip(batch, apps, got, strict=True):
-        if bad:
-            assert isinstance(g, InvalidInput) and "unknown run id" in str(g), g
+    for (p, k, wrong), a, g in zip(batch, apps, got, strict=True):
+        if wrong != _FINE:
+            expected = "unknown run id" if wrong == _UNKNOWN_DEP else "64 bits"
+            assert isinstance(g, InvalidInput) and expected in str(g), g
             continue
         if isinstance(g, IdempotencyConflict):
             assert k is not None
@@ -176,8 +198,8 @@ async def _check_batch(db: StateDB, batch: list[tuple[int, str | None, bool]]) -
             assert winners.setdefault(a.idempotency_key, g) == g
     ids = {g for g in got if isinstance(g, str)}
     # Per key, a call is refused exactly when its application differs from the stored one.
-    for (p, _, bad), a, g in zip(batch, apps, got, strict=True):
-        if a.idempotency_key is not None and not bad:
+    for (p, _, wrong), a, g in zip(batch, apps, got, strict=True):
+        if a.idempotency_key is not None and wrong == _FINE:
             stored = await db.fetch_one("SELECT action_args FROM schedule_runs "
                                         "WHERE idempotency_key = ?", (a.idempotency_key,))
             assert stored is not None
@@ -197,8 +219,8 @@ async def _counts(db: StateDB) -> tuple[int, int]:
 
 def test_random_concurrent_submits_end_as_if_each_were_alone(db_target: str) -> None:
     """Whatever joins and whatever is refused: each call gets its own row (or the row its
-    key already names, for the same application), a refusal is the refused call's alone,
-    and nothing else is written."""
+    key already names, for the same application), a refusal is the refused call's alone
+    (inside a joint too), and nothing else is written."""
     with asyncio.Runner() as runner:
         db = StateDB(db_target)
         runner.run(db.open())
@@ -206,7 +228,7 @@ def test_random_concurrent_submits_end_as_if_each_were_alone(db_target: str) -> 
             @settings(max_examples=40, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow])
             @given(_batches())
-            def check(batch: list[tuple[int, str | None, bool]]) -> None:
+            def check(batch: list[tuple[int, str | None, str]]) -> None:
                 runner.run(_check_batch(db, batch))
 
             check()

@@ -221,7 +221,8 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
     needs_host = not host and any(a.required_capabilities for a in normalized)
     hostname = socket.gethostname() if needs_host else host or ""
 
-    if len(normalized) == 1 and now is None and joined.others_ready():
+    if len(normalized) == 1 and now is None and _joinable(normalized[0]) \
+            and joined.others_ready():
         # Other callers are ready in this turn: the submits made in it share one unit.
         ids = [await joined.write_joined(
             db, (actor, hostname), (normalized[0], texts[0]),
@@ -233,6 +234,14 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
         ids = await db.write(unit, bulk=len(normalized) > BULK_ROWS)
     wakeup.notify(db.path)
     return ids
+
+
+def _joinable(app: TaskApplication) -> bool:
+    """Whether a submit may share its unit with others (:mod:`ledgerq.queue.joined`): not
+    one that takes a lock (its idempotency key's, on PostgreSQL) or reads other runs (its
+    dependencies). A joint then holds no lock that a concurrent one, in this process or
+    another, could wait for while holding one it waits for."""
+    return app.idempotency_key is None and not app.depends_on
 
 
 def _insert_joined(tx: Tx, items: Sequence[tuple[TaskApplication, str]], now: float, *,
