@@ -179,8 +179,11 @@ async def test_run_ids_submitted_in_sequence_sort_in_submission_order(db: StateD
     assert len({id_ms(i) for i in ids}) >= 6
     assert_sorted_by_millisecond(ids)
     # The log's fact ids, in the order the facts were appended, sort the same way. SQLite's
-    # rowid is that order; on PostgreSQL a heap nobody updates or deletes from (the log is
-    # append-only) holds its rows in insertion order, so ctid is.
-    order = "rowid" if db.dialect == "sqlite" else "ctid"
+    # rowid is that order. On PostgreSQL, the order of the transactions that wrote them
+    # (these ran one after another, so their ids rise), then within one transaction the
+    # heap's: one connection fills its pages in insertion order, but two connections (a
+    # plain submit goes on an asyncio one, submit_many in a pool thread) fill pages of
+    # their own, so ctid alone is no longer the order of the appends.
+    order = "rowid" if db.dialect == "sqlite" else "xmin::text::bigint, ctid"
     facts = await db.fetch_all(f"SELECT id FROM status_transitions ORDER BY {order}")
     assert_sorted_by_millisecond([f["id"] for f in facts])

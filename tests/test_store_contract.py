@@ -347,6 +347,53 @@ async def test_savepoint_rolls_back_alone(db: StateDB) -> None:
     assert got == {kept["id"]: "queued"}
 
 
+async def test_a_write_alone_is_the_same_write_however_it_is_sent(db: StateDB) -> None:
+    # ``alone`` is a hint (PostgreSQL sends a unit of one unread statement without a pool
+    # thread): a unit of one statement, one that reads first, one of two statements and
+    # one that raises keep and return what they would without it.
+    from ledgerq.lifecycle import Actor, StateReason
+    from ledgerq.lifecycle.engine import create_entity
+
+    policy = await policy_of(db)
+    reason, actor = StateReason(code="run.queued.submitted"), Actor(type="system", id="t")
+
+    def create(tx: Tx, values: dict[str, Any]) -> str:
+        fields = {k: v for k, v in values.items() if k != "version"}  # (the engine's own)
+        return create_entity(tx, policy, fields, reason=reason, actor=actor)
+
+    one, two, three, never = row_values(), row_values(), row_values(), row_values()
+    assert await db.write(lambda tx: create(tx, one), alone=True) == one["id"]
+
+    def read_then_create(tx: Tx) -> dict[str, str]:
+        seen = tx.statuses(policy, [one["id"], two["id"]])
+        create(tx, two)
+        return seen
+
+    assert await db.write(read_then_create, alone=True) == {one["id"]: "queued"}
+    assert await db.write(lambda tx: [create(tx, three), create(tx, row_values())],
+                          alone=True) == [three["id"], ANY_ID]
+
+    def create_then_raise(tx: Tx) -> None:
+        create(tx, never)
+        raise RuntimeError("undo me")
+
+    with pytest.raises(RuntimeError, match="undo me"):
+        await db.write(create_then_raise, alone=True)
+    ids = [one["id"], two["id"], three["id"], never["id"]]
+    got = await db.read(lambda tx: tx.statuses(policy, ids))
+    assert got == dict.fromkeys(ids[:3], "queued")
+    facts = await db.read(lambda tx: [len(tx.facts_of(RUN, i)) for i in ids])
+    assert facts == [1, 1, 1, 0]
+
+
+class _AnyId:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and len(other) == 36
+
+
+ANY_ID: Any = _AnyId()
+
+
 async def test_a_write_that_reads_first_reads_then_writes_in_one_transaction(
         db: StateDB) -> None:
     # reads_first changes when a dialect takes its lock, never what the unit sees or keeps:

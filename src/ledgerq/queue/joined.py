@@ -68,7 +68,8 @@ async def write_joined(db: StateDB, key: Hashable, item: Item,
     under ``key`` in this turn (``now``: when that unit began); returns after its commit.
 
     ``write_all`` must give one value per item, in order, and write for each item what
-    it would write for that item alone.
+    it would write for that item alone; the unit of one item is written as a unit of
+    one statement (``StateDB.write(alone=True)``).
     """
     joints = _open.get(db)
     if joints is None:
@@ -91,10 +92,10 @@ async def write_joined(db: StateDB, key: Hashable, item: Item,
             raise
         # One item (or more) was refused, and nothing of the joint was written: each
         # caller writes alone, so only what is at fault is refused again.
-        def alone(tx: Tx) -> list[Value]:
+        def by_itself(tx: Tx) -> list[Value]:
             return write_all(tx, [item], time.time())
 
-        return (await db.write(alone))[0]
+        return (await db.write(by_itself, alone=True))[0]
     return values[index]
 
 
@@ -114,7 +115,7 @@ async def _write(db: StateDB, joints: dict[Hashable, _Joint[Item, Value]], key: 
     items = tuple(joint.items)
     now = time.time()
     try:
-        values = await db.write(lambda tx: write_all(tx, items, now))
+        values = await db.write(lambda tx: write_all(tx, items, now), alone=len(items) == 1)
     except Exception as exc:
         joint.done.set_exception(exc)
         joint.done.exception()  # (marked retrieved: every caller may have been cancelled)

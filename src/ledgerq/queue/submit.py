@@ -221,8 +221,8 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
     needs_host = not host and any(a.required_capabilities for a in normalized)
     hostname = socket.gethostname() if needs_host else host or ""
 
-    if len(normalized) == 1 and now is None and _joinable(normalized[0]) \
-            and joined.others_ready():
+    plain = all(_joinable(a) for a in normalized)
+    if len(normalized) == 1 and now is None and plain and joined.others_ready():
         # Other callers are ready in this turn: the submits made in it share one unit.
         ids = [await joined.write_joined(
             db, (actor, hostname), (normalized[0], texts[0]),
@@ -231,7 +231,10 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
         def unit(tx: Tx) -> list[str]:
             return _insert_all(tx, policy, normalized, ts, hostname, actor, texts)
 
-        ids = await db.write(unit, bulk=len(normalized) > BULK_ROWS)
+        # A plain submit takes no lock and reads nothing: its unit is one statement (many
+        # rows are sent as several, pipelined, which a pool thread's connection does).
+        ids = await db.write(unit, bulk=len(normalized) > BULK_ROWS,
+                             alone=plain and len(normalized) == 1)
     wakeup.notify(db.path)
     return ids
 

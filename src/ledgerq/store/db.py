@@ -57,7 +57,7 @@ class Backend(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
     async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
-                    reads_first: bool = False) -> T: ...
+                    reads_first: bool = False, alone: bool = False) -> T: ...
     async def write_together(self, fn: Callable[[Tx], T]) -> T: ...
     async def read(self, fn: Callable[[Tx], T]) -> T: ...
     async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
@@ -161,7 +161,7 @@ class StateDB:
         await self.close()
 
     async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
-                    reads_first: bool = False) -> T:
+                    reads_first: bool = False, alone: bool = False) -> T:
         """Run ``fn`` in a write transaction; if it raises, nothing it wrote survives.
 
         The call returns once the transaction is durable (committed) or has failed.
@@ -172,8 +172,13 @@ class StateDB:
         worker's claim pass on an idle queue): on SQLite, where it can, it then takes the
         write lock at its first write instead of at BEGIN, so a unit that only read held
         no other process's writer up.
+        ``alone``: ``fn`` is usually one statement whose result it does not read (a plain
+        submit): on PostgreSQL it is then built in the caller's thread and that statement
+        sent on an asyncio connection, without a hop to a pool thread; a unit that needs
+        more runs in a pool thread as any other, so the hint never changes what a unit
+        sees or keeps.
         """
-        return await self._backend.write(fn, bulk=bulk, reads_first=reads_first)
+        return await self._backend.write(fn, bulk=bulk, reads_first=reads_first, alone=alone)
 
     async def write_together(self, fn: Callable[[Tx], T]) -> T:
         """:meth:`write`, allowed to share its transaction with concurrent ones (group

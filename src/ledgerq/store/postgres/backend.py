@@ -8,6 +8,14 @@ connections, and the database (row locks, ``SKIP LOCKED``, the version in every
 compare-and-swap) keeps them apart. A call returns once its COMMIT has returned, so
 an acknowledged terminal state is durable (``synchronous_commit`` as the server has it).
 
+A unit its caller says is usually ``alone`` (one statement whose result it does not
+read: a plain submit) is first built in the event loop's thread on a Tx with no
+connection, and that one statement is sent on an asyncio connection (psycopg's
+``AsyncConnection``, autocommit: a transaction of its own): no hop to a pool thread and
+back, which costs more CPU than the statement (~140 us against ~65 on a VM). A unit that
+asks a connection for anything else (a read, a second statement) stops there, having
+sent nothing, and runs in a pool thread as any other.
+
 Connections that die (``pg_terminate_backend``, a server restart) are discarded by the
 pool; a unit that failed on one before it committed is run once more on a fresh
 connection, since the server rolled it back. A failure during COMMIT is not retried
@@ -25,7 +33,7 @@ import re
 import select
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -52,6 +60,10 @@ T = TypeVar("T")
 
 #: Connections per handle: a worker's concurrent claims, renewals and terminal writes.
 POOL_SIZE = 8
+#: Asyncio connections per handle for units sent alone, at most: single statements, each
+#: over in one round trip, and concurrent submits share one already (ledgerq.queue.joined).
+#: None is kept open while no unit is sent alone (a worker's handle sends none).
+ALONE_POOL_SIZE = 2
 CONNECT_TIMEOUT = 10.0
 #: Tries of a unit whose connection died before it committed, or that the server
 #: rolled back to break a deadlock (or a serialization failure).
@@ -83,6 +95,9 @@ class PostgresBackend:
         #: The specs the database records, as of opening (or the last migrate).
         self.recorded: dict[str, Normal] = {}
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
+        #: The asyncio connections units sent alone use (none on a read-only handle).
+        self._alone_pool: psycopg_pool.AsyncConnectionPool[
+            psycopg.AsyncConnection[tuple[Any, ...]]] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._listeners = 0
         self._listen_thread: threading.Thread | None = None
@@ -115,13 +130,23 @@ class PostgresBackend:
         executor = ThreadPoolExecutor(max_workers=self.pool_size,
                                       thread_name_prefix="ledgerq-pg")
         loop = asyncio.get_running_loop()
+        alone: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]] | \
+            None = None
         try:
             await loop.run_in_executor(executor, self._open_sync, pool)
+            if not self.readonly:
+                alone = psycopg_pool.AsyncConnectionPool(
+                    self.url, open=False, min_size=0, max_size=ALONE_POOL_SIZE,
+                    kwargs={"autocommit": True}, timeout=CONNECT_TIMEOUT,
+                    name="ledgerq-alone")
+                await alone.open()  # (it connects when a unit is first sent alone)
         except BaseException:
+            if alone is not None:
+                await alone.close()
             await loop.run_in_executor(executor, pool.close)
             executor.shutdown(wait=False)
             raise
-        self._pool, self._executor = pool, executor
+        self._pool, self._executor, self._alone_pool = pool, executor, alone
 
     def _open_sync(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:
         # One direct connection first: a server that is not there fails at once with
@@ -192,6 +217,9 @@ class PostgresBackend:
             assert executor is not None
             # Units already running finish (and commit) first: shutdown waits for them.
             await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)
+            alone, self._alone_pool = self._alone_pool, None
+            if alone is not None:
+                await alone.close()
             self._pool = self._executor = None
             await asyncio.get_running_loop().run_in_executor(None, pool.close)
         finally:
@@ -273,13 +301,58 @@ class PostgresBackend:
         raise AssertionError("unreachable")
 
     async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
-                    reads_first: bool = False) -> T:
-        """Every unit runs in a pool thread here, ``bulk`` or not; and every one takes its
-        locks as it writes (a BEGIN takes none), ``reads_first`` or not."""
+                    reads_first: bool = False, alone: bool = False) -> T:
+        """A unit runs in a pool thread here, ``bulk`` or not, unless it is ``alone`` and
+        turns out to be one statement whose result it does not read (see the module's
+        note); every one takes its locks as it writes (a BEGIN takes none),
+        ``reads_first`` or not."""
         if self.readonly:
             raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
                                 "writes refused")
+        if alone and not bulk and self._alone_pool is not None and not self._closing:
+            tx = PostgresTx(_NO_CONNECTION, hold_first=True)
+            try:
+                value = fn(tx)
+            except _NeedsConnection:
+                pass  # (it sent nothing: it runs again on a connection, below)
+            else:
+                held = tx.take_alone()
+                if held is None:
+                    return value  # it wrote nothing
+                # Shielded: a caller cancelled meanwhile leaves the statement to finish,
+                # as a unit in a pool thread would.
+                sent = await asyncio.shield(asyncio.ensure_future(
+                    _settled(self._send_alone(self._alone_pool, *held))))
+                if isinstance(sent, Exception):
+                    raise sent
+                if sent:
+                    return value
         return await self._submit(lambda: self._in_transaction(fn, readonly=False, alone=True))
+
+    async def _send_alone(self, pool: psycopg_pool.AsyncConnectionPool[Any], sql: str,
+                          params: Sequence[Any]) -> bool:
+        """One statement as a transaction of its own on an asyncio connection; False,
+        having committed nothing, when it must run in a pool thread instead (on a
+        connection the server closed, after a stale plan, or rolled back by the server).
+        A failure while it runs is one of COMMIT's: its outcome is unknown, it raises."""
+        try:
+            async with pool.connection() as conn:
+                if not _received_nothing(conn):
+                    await conn.close()  # (the pool replaces a closed connection)
+                    return False
+                try:
+                    await conn.execute(sql, params or None)
+                except psycopg.Error as exc:
+                    if stale_plan(exc):
+                        await conn.execute(QUERIES("forget_prepared"))
+                        return False
+                    if isinstance(exc, psycopg.OperationalError) \
+                            and exc.sqlstate in ROLLED_BACK:
+                        return False
+                    raise _translate(exc) from exc
+        except psycopg_pool.PoolTimeout as exc:
+            raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
+        return True
 
     async def write_together(self, fn: Callable[[Tx], T]) -> T:
         """:meth:`write`, sharing one transaction with the units that arrive while a group
@@ -426,7 +499,32 @@ class PostgresBackend:
                 delay = min(delay * 2, LISTEN_BACKOFF[1])
 
 
-def _received_nothing(conn: psycopg.Connection[Any]) -> bool:
+class _NeedsConnection(BaseException):
+    """A unit tried in the loop's thread asked for a connection. A BaseException, so that
+    no ``except Exception`` in a unit takes it for the unit's own failure."""
+
+
+class _NoConnection:
+    """The connection of a unit's try in the loop's thread: it has none."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _NeedsConnection(name)
+
+
+_NO_CONNECTION = _NoConnection()
+
+
+async def _settled(aw: Awaitable[T]) -> T | Exception:
+    """``aw``'s value, or the exception it raised as a value: a shielded task whose caller
+    was cancelled must not end with an exception nobody retrieves (and a done callback to
+    retrieve it would still be waiting in the loop when the caller resumes)."""
+    try:
+        return await aw
+    except Exception as exc:
+        return exc
+
+
+def _received_nothing(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether the idle connection has nothing to read. A server that closed it (a
     restart, ``pg_terminate_backend``) has sent its goodbye, or at least the socket's end:
     a statement sent on it would fail with an outcome nobody can tell, so it goes the

@@ -423,7 +423,7 @@ class SqliteBackend:
     # ------------------------------------------------------------ writes
 
     async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
-                    reads_first: bool = False) -> T:
+                    reads_first: bool = False, alone: bool = False) -> T:
         """Run ``fn`` in a write transaction, grouped with concurrent writers into one commit.
 
         If ``fn`` raises, its changes are rolled back (its alone: see :func:`_run_group`)
@@ -432,6 +432,8 @@ class SqliteBackend:
         block on anything but the database; a ``bulk`` unit (one that may take long)
         always runs in the connection's thread. A ``reads_first`` unit that runs inline
         takes the lock at its first write, not at BEGIN (see the module's note).
+        ``alone`` changes nothing here: every uncontended write already runs in the
+        caller's thread.
         """
         if self._closing:
             raise RuntimeError("StateDB is closing; no new writes are accepted")

@@ -1,0 +1,77 @@
+"""PostgreSQL: a unit that is one statement whose result nobody reads (``write(alone=True)``,
+a plain submit) is sent from the event loop's thread on an asyncio connection, with no
+hop to a pool thread; anything else still runs in a pool thread."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from ledgerq import StateDB
+from ledgerq.queue import TaskApplication, submit_task
+
+
+@pytest.fixture
+async def pgdb(pg_target: str) -> AsyncIterator[StateDB]:
+    async with StateDB(pg_target) as handle:
+        yield handle
+
+
+def hops(db: StateDB, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per unit sent to a pool thread from now on."""
+    backend: Any = db._backend
+    sent: list[int] = []
+    submit = backend._submit
+
+    async def counted(fn: Any) -> Any:
+        sent.append(1)
+        return await submit(fn)
+
+    monkeypatch.setattr(backend, "_submit", counted)
+    return sent
+
+
+def app(i: int, **kw: Any) -> TaskApplication:
+    return TaskApplication("agent", {"i": i}, "host", **kw)
+
+
+async def test_a_plain_submit_needs_no_pool_thread(pgdb: StateDB,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = hops(pgdb, monkeypatch)
+    plain = [await submit_task(pgdb, app(i)) for i in range(3)]
+    assert sent == []
+    # A keyed submit takes its key's lock first (a statement it waits on): a pool thread.
+    keyed = await submit_task(pgdb, app(9, idempotency_key="k"))
+    assert sent == [1]
+    rows = await pgdb.fetch_all("SELECT id FROM schedule_runs")
+    assert {r["id"] for r in rows} == {*plain, keyed}
+
+
+async def test_a_cancelled_caller_leaves_its_statement_to_commit(
+        pgdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend: Any = pgdb._backend
+    send = backend._send_alone
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def held_back(*args: Any) -> bool:
+        started.set()
+        await release.wait()
+        return bool(await send(*args))
+
+    monkeypatch.setattr(backend, "_send_alone", held_back)
+    caller = asyncio.create_task(submit_task(pgdb, app(1)))
+    await asyncio.wait_for(started.wait(), 10)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    release.set()
+    for _ in range(200):  # the statement goes on without its caller, as in a pool thread
+        row = await pgdb.fetch_one("SELECT count(*) AS n FROM schedule_runs")
+        if row is not None and row["n"] == 1:
+            break
+        await asyncio.sleep(0.01)
+    row = await pgdb.fetch_one("SELECT count(*) AS n FROM status_transitions")
+    assert row is not None and row["n"] == 1
