@@ -34,7 +34,10 @@ Systems:
   ledgerq-sql    submit single: the one statement ledgerq sends for a plain submit (its
                  row and creation fact; captured from ledgerq itself), run by plain
                  psycopg on ledgerq's schema as a transaction of its own, with fresh ids
-                 and times: the bound of ledgerq's single submit, with none of its Python.
+                 and times: the bound of ledgerq's single submit, with none of its Python;
+                 beside it the same statement sent from a pool thread (run_in_executor)
+                 and from the event loop on an asyncio connection (ledgerq's way since
+                 session 19)
                  submit bulk: no statement at all, only the Python submit_many runs per
                  row before its statements (each application validated, its row built
                  and checked against the spec, its creation fact encoded): a bound on
@@ -179,25 +182,27 @@ def _capture_submit(dsn: str) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
     from ledgerq.store.postgres.tx import PostgresTx
 
     seen: dict[str, Any] = {}
-    real_insert, real_alone = PostgresTx.insert_entities_with_facts, PostgresTx.run_alone
+    real_insert, real_take = PostgresTx.insert_entities_with_facts, PostgresTx.take_alone
 
     def insert(self: Any, policy: Any, columns: Any, rows: Any, stored: Any) -> None:
         seen.update(row=dict(zip(columns, rows[0][0], strict=True)), fact=tuple(rows[0][1]))
         real_insert(self, policy, columns, rows, stored)
 
-    def alone(self: Any, sql: str, params: Any) -> None:
-        seen["sql"] = sql
-        real_alone(self, sql, params)
+    def take(self: Any) -> tuple[str, Any] | None:
+        held: tuple[str, Any] | None = real_take(self)
+        if held is not None:
+            seen["sql"] = held[0]
+        return held
 
     async def one() -> None:
         async with StateDB(dsn) as db:
             await submit_task(db, _ledgerq_app())
 
-    PostgresTx.insert_entities_with_facts, PostgresTx.run_alone = insert, alone  # type: ignore[method-assign]
+    PostgresTx.insert_entities_with_facts, PostgresTx.take_alone = insert, take  # type: ignore[method-assign]
     try:
         asyncio.run(one())
     finally:
-        PostgresTx.insert_entities_with_facts, PostgresTx.run_alone = real_insert, real_alone  # type: ignore[method-assign]
+        PostgresTx.insert_entities_with_facts, PostgresTx.take_alone = real_insert, real_take  # type: ignore[method-assign]
     if "sql" not in seen:
         raise RuntimeError("a plain submit did not run as one statement of its own")
     return seen["sql"], seen["row"], seen["fact"]
@@ -225,24 +230,39 @@ def run_ledgerq_sql(scratch: Scratch, n: int) -> dict[str, float]:
                 conn.execute(sql, params())
             seconds = time.perf_counter() - t0
             hop = asyncio.run(_from_a_thread(conn, sql, params, n))
+        looped = asyncio.run(_from_the_loop(dsn, sql, params, n))
         print(f"  {'ledgerq-sql':<14} {'submit single':<14} {n / seconds:9.0f} /s  "
-              f"({seconds:.2f} s); sent from a pool thread {n / hop:9.0f} /s ({hop:.2f} s)",
-              flush=True)
+              f"({seconds:.2f} s); sent from a pool thread {n / hop:9.0f} /s ({hop:.2f} s); "
+              f"from the loop {n / looped:9.0f} /s ({looped:.2f} s)", flush=True)
         bulk = _ledgerq_rows_alone(n)
         print(f"  {'ledgerq-sql':<14} {'submit bulk':<14} {n / bulk:9.0f} /s  "
               f"({bulk:.2f} s, no database)", flush=True)
         return {"submit single": n / seconds, "submit bulk": n / bulk,
-                "submit single, from a thread": n / hop}
+                "submit single, from a thread": n / hop,
+                "submit single, from the loop": n / looped}
     finally:
         scratch.drop(name)
+
+
+async def _from_the_loop(dsn: str, sql: str, params: Callable[[], list[Any]],
+                         n: int) -> float:
+    """Seconds for ``n`` of the statement, each sent from the event loop on an asyncio
+    connection (psycopg's ``AsyncConnection``, autocommit), as ledgerq's PostgreSQL store
+    sends a unit of one unread statement (``write(alone=True)``: a plain submit): the
+    asyncio driver's cost, and nothing of ledgerq's own."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await conn.execute(sql, params())
+        return time.perf_counter() - t0
 
 
 async def _from_a_thread(conn: psycopg.Connection[Any], sql: str,
                          params: Callable[[], list[Any]], n: int) -> float:
     """Seconds for ``n`` of the statement, each sent from a worker thread while the event
-    loop awaits it, as ledgerq's PostgreSQL store sends every unit
-    (``run_in_executor`` on its pool's threads): the hop there and back, and nothing
-    of ledgerq's own."""
+    loop awaits it, as ledgerq's PostgreSQL store sends every unit but those of one
+    unread statement (``run_in_executor`` on its pool's threads): the hop there and
+    back, and nothing of ledgerq's own."""
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(max_workers=1) as executor:
         t0 = time.perf_counter()
@@ -413,16 +433,21 @@ def print_target(results: dict[str, dict[str, float]], workers: int) -> None:
         return f"\n      bound: {what} / PgQueuer = {value:.2f}x, {reach}"
 
     units = "ledgerq's units alone (no event loop, thread hops or pool)"
-    hopped = results.get("ledgerq-sql", {}).get("submit single, from a thread")
     peer = results.get("pgqueuer", {}).get("submit single")
-    hop = None if hopped is None or peer is None else hopped / peer
+
+    def over_peer(figure: str) -> float | None:
+        mine = results.get("ledgerq-sql", {}).get(figure)
+        return None if mine is None or peer is None else mine / peer
+
     print("issue 13, target 5 (ledgerq >= 1.0x PgQueuer; >= 0.7x the plain-psycopg floor):")
     print("  submit single, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", "submit single"), 1.0)
           + bound(ratio("ledgerq-sql", "pgqueuer", "submit single"),
                   "ledgerq's own statement alone (plain psycopg, no Python around it)")
-          + bound(hop, "the same statement sent from a pool thread, as ledgerq sends each "
-                  "unit")
+          + bound(over_peer("submit single, from the loop"), "the same statement sent "
+                  "from the event loop on an asyncio connection, as ledgerq sends it")
+          + bound(over_peer("submit single, from a thread"), "the same statement sent from "
+                  "a pool thread, as ledgerq sent it before session 19")
           + bound(ratio("ledgerq-units", "pgqueuer", "submit single"), units))
     print(f"  drain {workers}, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", "drain W"), 1.0)
