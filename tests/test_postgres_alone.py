@@ -5,6 +5,7 @@ hop to a pool thread; anything else still runs in a pool thread."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from ledgerq import StateDB
 from ledgerq.queue import TaskApplication, submit_task
+from ledgerq.store.postgres.backend import ALONE_POOL_SIZE
 
 
 @pytest.fixture
@@ -75,3 +77,31 @@ async def test_a_cancelled_caller_leaves_its_statement_to_commit(
         await asyncio.sleep(0.01)
     row = await pgdb.fetch_one("SELECT count(*) AS n FROM status_transitions")
     assert row is not None and row["n"] == 1
+
+
+async def test_while_its_asyncio_connections_are_busy_a_submit_goes_to_a_pool_thread(
+        pgdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend: Any = pgdb._backend
+    send = backend._send_alone
+    release = asyncio.Event()
+    started: list[int] = []
+
+    async def held_back(*args: Any) -> bool:
+        started.append(1)
+        await release.wait()
+        return bool(await send(*args))
+
+    monkeypatch.setattr(backend, "_send_alone", held_back)
+    sent = hops(pgdb, monkeypatch)
+    # (a given time: each its own unit, not joined with the others)
+    busy = [asyncio.create_task(submit_task(pgdb, app(i), now=time.time()))
+            for i in range(ALONE_POOL_SIZE)]
+    while len(started) < ALONE_POOL_SIZE:
+        await asyncio.sleep(0.01)
+    # Every asyncio connection is taken: the next one does not wait for them.
+    await asyncio.wait_for(submit_task(pgdb, app(99)), 10)
+    assert sent == [1] and len(started) == ALONE_POOL_SIZE
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*busy), 10)
+    row = await pgdb.fetch_one("SELECT count(*) AS n FROM schedule_runs")
+    assert row is not None and row["n"] == ALONE_POOL_SIZE + 1

@@ -62,7 +62,8 @@ T = TypeVar("T")
 POOL_SIZE = 8
 #: Asyncio connections per handle for units sent alone, at most: single statements, each
 #: over in one round trip, and concurrent submits share one already (ledgerq.queue.joined).
-#: None is kept open while no unit is sent alone (a worker's handle sends none).
+#: None is kept open while no unit is sent alone (a worker's handle sends none). While
+#: this many are in flight, the next unit goes to a pool thread, as every unit did.
 ALONE_POOL_SIZE = 2
 CONNECT_TIMEOUT = 10.0
 #: Tries of a unit whose connection died before it committed, or that the server
@@ -98,6 +99,8 @@ class PostgresBackend:
         #: The asyncio connections units sent alone use (none on a read-only handle).
         self._alone_pool: psycopg_pool.AsyncConnectionPool[
             psycopg.AsyncConnection[tuple[Any, ...]]] | None = None
+        #: Units being sent alone now (at most ALONE_POOL_SIZE).
+        self._alone_sending = 0
         self._executor: ThreadPoolExecutor | None = None
         self._listeners = 0
         self._listen_thread: threading.Thread | None = None
@@ -309,7 +312,8 @@ class PostgresBackend:
         if self.readonly:
             raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
                                 "writes refused")
-        if alone and not bulk and self._alone_pool is not None and not self._closing:
+        if alone and not bulk and self._alone_pool is not None and not self._closing \
+                and self._alone_sending < ALONE_POOL_SIZE:
             tx = PostgresTx(_NO_CONNECTION, hold_first=True)
             try:
                 value = fn(tx)
@@ -321,8 +325,11 @@ class PostgresBackend:
                     return value  # it wrote nothing
                 # Shielded: a caller cancelled meanwhile leaves the statement to finish,
                 # as a unit in a pool thread would.
-                sent = await asyncio.shield(asyncio.ensure_future(
-                    _settled(self._send_alone(self._alone_pool, *held))))
+                sending = asyncio.ensure_future(
+                    _settled(self._send_alone(self._alone_pool, *held)))
+                self._alone_sending += 1
+                sending.add_done_callback(self._sent_alone)
+                sent = await asyncio.shield(sending)
                 if isinstance(sent, Exception):
                     raise sent
                 if sent:
@@ -353,6 +360,9 @@ class PostgresBackend:
         except psycopg_pool.PoolTimeout as exc:
             raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
         return True
+
+    def _sent_alone(self, _: asyncio.Future[Any]) -> None:
+        self._alone_sending -= 1
 
     async def write_together(self, fn: Callable[[Tx], T]) -> T:
         """:meth:`write`, sharing one transaction with the units that arrive while a group
