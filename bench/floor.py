@@ -150,20 +150,29 @@ def _fact(rid: str, prev: str | None, status: str, code: str, summary: str, now:
             WORKER, now, "{}", version, dumps(patch), None)
 
 
+def _run_values(now: float, args: str, fingerprint: str) -> tuple[Any, ...]:
+    """A fresh run's row in RAW_RUN_INSERT's column order, as a plain submit makes it."""
+    return (new_id(), None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
+            None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
+            None, 1, "run.queued.submitted", "", "[]")
+
+
+def _creation_fact(names: Sequence[str], stored: Sequence[Any], now: float
+                   ) -> tuple[Any, ...]:
+    """The creation fact of a row as stored: its non-NULL columns as the patch."""
+    patch = {k: v for k, v in zip(names, stored, strict=True)
+             if v is not None and k not in ("status", "version")}
+    return _fact(patch["id"], None, "queued", "run.queued.submitted", "", now, 1, patch)
+
+
 def submit_row(x: Execute, args: str, fingerprint: str) -> str:
     """One row (INSERT ... RETURNING *) and its creation fact, in the caller's transaction;
     its id."""
     now = time.time()
-    rid = new_id()
-    values = (rid, None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
-              None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
-              None, 1, "run.queued.submitted", "", "[]")
+    values = _run_values(now, args, fingerprint)
     cur = x(RAW_RUN_INSERT + " RETURNING *", values)
-    names = [d[0] for d in cur.description]
-    patch = {k: v for k, v in zip(names, cur.fetchone(), strict=True)
-             if v is not None and k not in ("status", "version")}
-    x(RAW_FACT_INSERT, _fact(rid, None, "queued", "run.queued.submitted", "", now, 1, patch))
-    return rid
+    x(RAW_FACT_INSERT, _creation_fact([d[0] for d in cur.description], cur.fetchone(), now))
+    return str(values[0])
 
 
 def submit_rows(conn: sqlite3.Connection, args: str, fingerprint: str, count: int
@@ -173,21 +182,14 @@ def submit_rows(conn: sqlite3.Connection, args: str, fingerprint: str, count: in
     ``create_entities``): one ``executemany`` of the rows, one read-back of them by id
     (the stored rows, for the facts), one ``executemany`` of the facts; their ids."""
     now = time.time()
-    rows = [(new_id(), None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
-             None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
-             None, 1, "run.queued.submitted", "", "[]") for _ in range(count)]
+    rows = [_run_values(now, args, fingerprint) for _ in range(count)]
     conn.executemany(RAW_RUN_INSERT, rows)
-    ids = [r[0] for r in rows]
+    ids = [str(r[0]) for r in rows]
     cur = conn.execute(f"SELECT * FROM schedule_runs WHERE id IN ({', '.join('?' * count)})",
                        ids)
     names = [d[0] for d in cur.description]
-    facts = []
-    for stored in cur.fetchall():
-        patch = {k: v for k, v in zip(names, stored, strict=True)
-                 if v is not None and k not in ("status", "version")}
-        facts.append(_fact(patch["id"], None, "queued", "run.queued.submitted", "", now, 1,
-                           patch))
-    conn.executemany(RAW_FACT_INSERT, facts)
+    conn.executemany(RAW_FACT_INSERT, [_creation_fact(names, stored, now)
+                                       for stored in cur.fetchall()])
     return ids
 
 
