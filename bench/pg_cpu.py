@@ -38,7 +38,7 @@ sys.path.append(_HERE)
 from pg_peers import harness  # importable only after the line above
 from postgres import DEFAULT_DSN, _ledgerq_peer, _peer_for
 
-SYSTEMS = ["floor+log/batch", "ledgerq-units", "pgqueuer", "ledgerq"]
+SYSTEMS = ["floor+log/batch", "schema-floor", "ledgerq-units", "pgqueuer", "ledgerq"]
 #: Seconds between completion counts (see the docstring).
 POLL = 0.05
 

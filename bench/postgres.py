@@ -31,6 +31,15 @@ Systems:
                  plus one multi-row log INSERT in one transaction, then completed the
                  same way in a second; B = BATCH (25), the batch PgQueuer and ledgerq
                  take here too. Drains and end to end only (its submits are floor+log's)
+  schema-floor   ledgerq's own rows and facts (its schema: the 42-column run row with its
+                 indexes, a fact with its patch per move), written by the fewest
+                 statements plain psycopg can write them with: per pass of up to B, the
+                 claims with their facts as one statement, then the terminal writes with
+                 theirs as another (two transactions; no choice read, heartbeat or
+                 dependents check). Drains only; its fill is ledgerq's submit_many. What a
+                 drain of ledgerq's rows and facts can reach here, whatever the runtime
+                 (bench/pg_peers/schema_floor.py; tests/test_bench_schema_floor.py checks
+                 it writes what a Worker writes)
   ledgerq-sql    submit single: the one statement ledgerq sends for a plain submit (its
                  row and creation fact; captured from ledgerq itself), run by plain
                  psycopg on ledgerq's schema as a transaction of its own, with fresh ids
@@ -91,8 +100,8 @@ sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for pg_peers
 from pg_peers import floor  # importable only after the line above
 from pg_peers.harness import BATCH, SCENARIOS, Peer, Scratch, measure
 
-SYSTEMS = ["floor", "floor+log", "floor+log/batch", "ledgerq-sql", "ledgerq-units",
-           "pgqueuer", "procrastinate", "ledgerq"]
+SYSTEMS = ["floor", "floor+log", "floor+log/batch", "schema-floor", "ledgerq-sql",
+           "ledgerq-units", "pgqueuer", "procrastinate", "ledgerq"]
 #: The scenarios the batched floor runs: its submits are floor+log's.
 BATCHED_SCENARIOS = ["drain 1", "drain W", "end to end"]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -344,6 +353,9 @@ def _peer_for(system: str) -> Peer:
         return floor.peer(log=True)
     if system == "floor+log/batch":
         return floor.peer(log=True, batch=BATCH)
+    if system == "schema-floor":
+        from pg_peers import schema_floor
+        return schema_floor.peer()
     if system == "ledgerq-units":
         from pg_peers import ledgerq_units
         return ledgerq_units.peer()
@@ -384,6 +396,7 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
     line("-" * (label_w - 2), ["-" * (width - 2)] * len(cols))
     names = {"floor": "floor (psycopg)", "floor+log": "floor + log row",
              "floor+log/batch": f"batched floor + log, {BATCH}",
+             "schema-floor": f"ledgerq's schema floor, {BATCH}",
              "ledgerq-sql": "ledgerq's statement",
              "ledgerq-units": "ledgerq's units alone",
              "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "ledgerq": "ledgerq"}
@@ -395,6 +408,8 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
               ("its statement / PgQueuer", "ledgerq-sql", "pgqueuer"),
               ("ledgerq / its units alone", "ledgerq", "ledgerq-units"),
               ("its units alone / PgQueuer", "ledgerq-units", "pgqueuer"),
+              ("ledgerq / its schema floor", "ledgerq", "schema-floor"),
+              ("its schema floor / PgQueuer", "schema-floor", "pgqueuer"),
               ("ledgerq / batched floor", "ledgerq", "floor+log/batch"),
               ("ledgerq / floor + log", "ledgerq", "floor+log"),
               ("ledgerq / floor", "ledgerq", "floor"),
@@ -451,13 +466,19 @@ def print_target(results: dict[str, dict[str, float]], workers: int) -> None:
           + bound(ratio("ledgerq-units", "pgqueuer", "submit single"), units))
     print(f"  drain {workers}, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", "drain W"), 1.0)
-          + bound(ratio("floor+log/batch", "pgqueuer", "drain W"),
-                  f"the batched floor + log, {BATCH} at a time")
-          + bound(ratio("ledgerq-units", "pgqueuer", "drain W"), units))
-    print(f"  drain {workers}, ledgerq / batched floor + log = "
-          + judged(ratio("ledgerq", "floor+log/batch", "drain W"), 0.7)
+          + bound(ratio("schema-floor", "pgqueuer", "drain W"),
+                  f"ledgerq's schema floor (its rows and facts, {BATCH} at a time, "
+                  "two statements a pass)")
+          + bound(ratio("ledgerq-units", "pgqueuer", "drain W"), units)
+          + f"\n      beside: the batched floor + log ({BATCH} at a time, a narrow row "
+          "and log) / PgQueuer = " + _fmt(ratio("floor+log/batch", "pgqueuer", "drain W"),
+                                          ratio=True))
+    print(f"  drain {workers}, ledgerq / its schema floor = "
+          + judged(ratio("ledgerq", "schema-floor", "drain W"), 0.7)
+          + "\n      beside: / batched floor + log = "
+          + _fmt(ratio("ledgerq", "floor+log/batch", "drain W"), ratio=True)
           + "; / floor (one task a transaction) = "
-          + judged(ratio("ledgerq", "floor", "drain W"), 0.7))
+          + _fmt(ratio("ledgerq", "floor", "drain W"), ratio=True))
     print()
 
 
@@ -505,6 +526,10 @@ def main() -> None:
                 from pg_peers import ledgerq_units
                 results[system] = measure(_peer_for(system), scratch, args.n, args.workers,
                                           ledgerq_units.SCENARIOS)
+            elif system == "schema-floor":
+                from pg_peers import schema_floor
+                results[system] = measure(_peer_for(system), scratch, args.n, args.workers,
+                                          schema_floor.SCENARIOS)
             else:
                 results[system] = measure(
                     _peer_for(system), scratch, args.n, args.workers,

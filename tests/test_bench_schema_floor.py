@@ -1,0 +1,80 @@
+"""bench/pg_peers/schema_floor.py writes what a ledgerq Worker writes.
+
+The schema floor bounds issue 13's PostgreSQL drain target only if it does the same work
+as ledgerq: the same run rows and the same facts (columns, values, patch documents), so
+that the log still folds to every row. Here a ledgerq pass and a floor pass each claim
+and complete two of four submitted runs; their rows and facts must match but for ids,
+times and lease tokens, and ``verify`` (projection == fold(log)) must pass.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from ledgerq import StateDB
+from ledgerq.projections import verify
+from ledgerq.queue import TaskApplication, claim_and_execute, submit_many
+
+# Appended, never first: bench/queue.py must not shadow the standard library's queue.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))
+from pg_peers import schema_floor
+
+WORKER = "w1"
+#: Values that differ between any two runs whoever writes them.
+VOLATILE_COLUMNS = {"id", "entity_id", "created_at", "updated_at", "ended_at",
+                    "lease_expires_at", "lease_token"}
+TOKEN = re.compile(r"^[0-9a-f]{32}$")
+
+
+async def _noop(run: dict[str, Any]) -> tuple[int, str]:
+    return 0, ""
+
+
+def _masked(values: dict[str, Any]) -> dict[str, Any]:
+    out = {k: "<varies>" if k in VOLATILE_COLUMNS and v is not None else v
+           for k, v in values.items()}
+    if isinstance(out.get("patch"), dict):
+        out["patch"] = _masked(out["patch"])
+    return out
+
+
+def _written(conn: psycopg.Connection[dict[str, Any]], run_id: str
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    row = conn.execute("SELECT * FROM schedule_runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None
+    facts = conn.execute("SELECT * FROM status_transitions WHERE entity_id = %s "
+                         "ORDER BY entity_version", (run_id,)).fetchall()
+    return row, facts
+
+
+async def test_the_schema_floor_writes_the_rows_and_facts_a_worker_writes(
+        pg_target: str) -> None:
+    app = TaskApplication("command", {"argv": ["true"]}, "host")
+    async with StateDB(pg_target) as db:
+        ids = await submit_many(db, [app] * 4)
+        assert await claim_and_execute(db, worker_id=WORKER, execute=_noop, limit=2) == 2
+        with psycopg.connect(pg_target, autocommit=True, row_factory=dict_row) as conn:
+            completed = "SELECT id FROM schedule_runs WHERE status = 'completed' ORDER BY id"
+            ledgerq_ids = [r["id"] for r in conn.execute(completed)]
+            with psycopg.connect(pg_target, autocommit=True) as floor_conn:
+                assert schema_floor.run_pass(floor_conn, WORKER, 2,
+                                               schema_floor.Cursor()) == 2
+            assert [r["id"] for r in conn.execute(completed)] == sorted(ids)
+            floor_ids = [i for i in ids if i not in ledgerq_ids]
+            assert len(ledgerq_ids) == len(floor_ids) == 2
+            reference_row, reference_facts = _written(conn, ledgerq_ids[0])
+            assert [f["status"] for f in reference_facts] == ["queued", "running", "completed"]
+            for run_id in [ledgerq_ids[1], *floor_ids]:
+                row, facts = _written(conn, run_id)
+                assert TOKEN.match(row["lease_token"])
+                assert _masked(row) == _masked(reference_row)
+                assert [_masked(f) for f in facts] == [_masked(f) for f in reference_facts]
+        report = await verify(db)
+        assert report.ok, report.drift
+        assert report.rows == 4 and report.facts == 12
