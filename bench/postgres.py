@@ -62,10 +62,14 @@ Systems:
                  Worker(capacity=BATCH, claim_limit=BATCH)
 
 Ratios are per scenario: ledgerq over PgQueuer and over the floors (when ledgerq ran),
-PgQueuer over the floors.
+PgQueuer over the floors. With --rounds R every system runs once a round, in turn, so a
+slow spell of the machine hits both sides of a ratio alike: the table shows each
+figure's median, and every ratio is the median of the rounds' own ratios (issue 13's
+target 5 is judged on those, with their spread).
 
-    .venv/bin/python bench/postgres.py                  # all systems, N=2000 (~100 s)
-    .venv/bin/python bench/postgres.py --only pgqueuer --n 500
+    .venv/bin/python bench/postgres.py                  # all systems, N=2000 (~60 s)
+    .venv/bin/python bench/postgres.py --rounds 3       # interleaved rounds, medians
+    .venv/bin/python bench/postgres.py --only pgqueuer ledgerq --n 500
 """
 
 # ruff: noqa: E402  (the imports below must follow the sys.path fix)
@@ -84,6 +88,7 @@ import argparse
 import asyncio
 import math
 import platform
+import statistics
 import tempfile
 import time
 import uuid
@@ -99,6 +104,8 @@ import psycopg
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for pg_peers
 from pg_peers import floor  # importable only after the line above
 from pg_peers.harness import BATCH, SCENARIOS, Peer, Scratch, measure
+from rounds import Ratio
+from rounds import ratio as rounds_ratio
 
 SYSTEMS = ["floor", "floor+log", "floor+log/batch", "schema-floor", "ledgerq-sql",
            "ledgerq-units", "pgqueuer", "procrastinate", "ledgerq"]
@@ -383,7 +390,30 @@ def _fmt(x: float | None, ratio: bool = False) -> str:
     return f"{x:.2f}x" if ratio else f"{x:,.0f}"
 
 
-def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
+#: Per round, per system, per figure: what that round measured.
+Rounds = list[dict[str, dict[str, float]]]
+
+
+def _figure(rounds: Rounds, system: str, figure: str) -> float | None:
+    """The median over the rounds that measured it (NaN where every one failed)."""
+    got = [r[system][figure] for r in rounds if figure in r.get(system, {})]
+    finite = [x for x in got if not math.isnan(x)]
+    return statistics.median(finite) if finite else (math.nan if got else None)
+
+
+def _ratio(rounds: Rounds, a: str, fa: str, b: str, fb: str) -> Ratio | None:
+    """``a``'s figure ``fa`` over ``b``'s ``fb``: the median of each round's own ratio
+    (rounds where either failed left out)."""
+    tops, bottoms = [], []
+    for r in rounds:
+        x, y = r.get(a, {}).get(fa), r.get(b, {}).get(fb)
+        if x is not None and y is not None and not math.isnan(x) and not math.isnan(y):
+            tops.append(x)
+            bottoms.append(y)
+    return rounds_ratio(tops, bottoms) if tops else None
+
+
+def print_table(rounds: Rounds, workers: int) -> None:
     cols = [c.replace(" W", f" {workers}") for c in SCENARIOS]
     width = max(len(c) for c in cols) + 2
     label_w = 26
@@ -392,7 +422,8 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
         print(f"{label:<{label_w}}" + "".join(f"{c:>{width}}" for c in cells))
 
     print()
-    line("tasks or lifecycles /s", cols)
+    line("tasks or lifecycles /s" + (f", median of {len(rounds)}" if len(rounds) > 1 else ""),
+         cols)
     line("-" * (label_w - 2), ["-" * (width - 2)] * len(cols))
     names = {"floor": "floor (psycopg)", "floor+log": "floor + log row",
              "floor+log/batch": f"batched floor + log, {BATCH}",
@@ -400,8 +431,9 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
              "ledgerq-sql": "ledgerq's statement",
              "ledgerq-units": "ledgerq's units alone",
              "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "ledgerq": "ledgerq"}
-    for system, row in results.items():
-        line(names[system], [_fmt(row.get(s)) for s in SCENARIOS])
+    systems = [s for s in SYSTEMS if any(s in r for r in rounds)]
+    for system in systems:
+        line(names[system], [_fmt(_figure(rounds, system, s)) for s in SCENARIOS])
 
     ratios = [("ledgerq / PgQueuer", "ledgerq", "pgqueuer"),
               ("ledgerq / its statement", "ledgerq", "ledgerq-sql"),
@@ -418,52 +450,50 @@ def print_table(results: dict[str, dict[str, float]], workers: int) -> None:
               ("PgQueuer / floor", "pgqueuer", "floor")]
     printed = False
     for label, a, b in ratios:
-        if not results.get(a) or not results.get(b):
+        cells = [_ratio(rounds, a, s, b, s) for s in SCENARIOS]
+        if not any(cells):
             continue
         if not printed:
             print()
             printed = True
-        line(label, [_fmt(results[a][s] / results[b][s], ratio=True)
-                     if s in results[a] and s in results[b] else "-" for s in SCENARIOS])
+        line(label, [f"{c.median:.2f}x" if c else "-" for c in cells])
     print()
-    print_target(results, workers)
+    print_target(rounds, workers)
 
 
-def print_target(results: dict[str, dict[str, float]], workers: int) -> None:
-    """Issue 13's target 5, judged on this run: each ratio, and beside it the bound that a
-    floor measured in the same run puts on it (a bound under 1.0x: out of reach)."""
-    def ratio(a: str, b: str, scenario: str) -> float | None:
-        x, y = results.get(a, {}).get(scenario), results.get(b, {}).get(scenario)
-        return None if x is None or y is None or math.isnan(x) or math.isnan(y) else x / y
+def print_target(rounds: Rounds, workers: int) -> None:
+    """Issue 13's target 5, judged on this run: each ratio (the median of the rounds'
+    own, with their spread), and beside it the bound a floor measured in the same rounds
+    puts on it (a bound under 1.0x: out of reach)."""
+    def ratio(a: str, b: str, scenario: str, fa: str | None = None) -> Ratio | None:
+        return _ratio(rounds, a, fa or scenario, b, scenario)
 
-    def judged(value: float | None, target: float) -> str:
+    def judged(value: Ratio | None, target: float) -> str:
         if value is None:
             return "not measured"
-        return f"{value:.2f}x (>= {target:.1f}x: {'met' if value >= target else 'NOT met'})"
+        return f"{value} (>= {target:.1f}x: {'met' if value.median >= target else 'NOT met'})"
 
-    def bound(value: float | None, what: str) -> str:
+    def bound(value: Ratio | None, what: str) -> str:
         if value is None:
             return ""
-        reach = "out of reach for any system that runs it" if value < 1.0 else "within reach"
-        return f"\n      bound: {what} / PgQueuer = {value:.2f}x, {reach}"
+        reach = ("out of reach for any system that runs it" if value.median < 1.0
+                 else "within reach")
+        return f"\n      bound: {what} / PgQueuer = {value}, {reach}"
 
     units = "ledgerq's units alone (no event loop, thread hops or pool)"
-    peer = results.get("pgqueuer", {}).get("submit single")
-
-    def over_peer(figure: str) -> float | None:
-        mine = results.get("ledgerq-sql", {}).get(figure)
-        return None if mine is None or peer is None else mine / peer
-
+    single = "submit single"
     print("issue 13, target 5 (ledgerq >= 1.0x PgQueuer; >= 0.7x the plain-psycopg floor):")
     print("  submit single, ledgerq / PgQueuer = "
-          + judged(ratio("ledgerq", "pgqueuer", "submit single"), 1.0)
-          + bound(ratio("ledgerq-sql", "pgqueuer", "submit single"),
+          + judged(ratio("ledgerq", "pgqueuer", single), 1.0)
+          + bound(ratio("ledgerq-sql", "pgqueuer", single),
                   "ledgerq's own statement alone (plain psycopg, no Python around it)")
-          + bound(over_peer("submit single, from the loop"), "the same statement sent "
-                  "from the event loop on an asyncio connection, as ledgerq sends it")
-          + bound(over_peer("submit single, from a thread"), "the same statement sent from "
-                  "a pool thread, as ledgerq sent it before session 19")
-          + bound(ratio("ledgerq-units", "pgqueuer", "submit single"), units))
+          + bound(ratio("ledgerq-sql", "pgqueuer", single, f"{single}, from the loop"),
+                  "the same statement sent from the event loop on an asyncio connection, "
+                  "as ledgerq sends it")
+          + bound(ratio("ledgerq-sql", "pgqueuer", single, f"{single}, from a thread"),
+                  "the same statement sent from a pool thread, as ledgerq sent it before "
+                  "session 19")
+          + bound(ratio("ledgerq-units", "pgqueuer", single), units))
     print(f"  drain {workers}, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", "drain W"), 1.0)
           + bound(ratio("schema-floor", "pgqueuer", "drain W"),
@@ -471,15 +501,40 @@ def print_target(results: dict[str, dict[str, float]], workers: int) -> None:
                   "two statements a pass)")
           + bound(ratio("ledgerq-units", "pgqueuer", "drain W"), units)
           + f"\n      beside: the batched floor + log ({BATCH} at a time, a narrow row "
-          "and log) / PgQueuer = " + _fmt(ratio("floor+log/batch", "pgqueuer", "drain W"),
-                                          ratio=True))
+          "and log) / PgQueuer = " + str(ratio("floor+log/batch", "pgqueuer", "drain W")))
     print(f"  drain {workers}, ledgerq / its schema floor = "
           + judged(ratio("ledgerq", "schema-floor", "drain W"), 0.7)
           + "\n      beside: / batched floor + log = "
-          + _fmt(ratio("ledgerq", "floor+log/batch", "drain W"), ratio=True)
+          + str(ratio("ledgerq", "floor+log/batch", "drain W"))
           + "; / floor (one task a transaction) = "
-          + _fmt(ratio("ledgerq", "floor", "drain W"), ratio=True))
+          + str(ratio("ledgerq", "floor", "drain W")))
     print()
+
+
+def run_round(systems: list[str], args: argparse.Namespace,
+              scratch: Scratch) -> dict[str, dict[str, float]]:
+    """Every system once: per system, its figure for each scenario it runs."""
+    results: dict[str, dict[str, float]] = {}
+    for system in systems:
+        if system == "ledgerq":
+            row = run_ledgerq(args.dsn, args.n, args.workers, scratch)
+            if row:
+                results[system] = row
+        elif system == "ledgerq-sql":
+            results[system] = run_ledgerq_sql(scratch, args.n)
+        elif system == "ledgerq-units":
+            from pg_peers import ledgerq_units
+            results[system] = measure(_peer_for(system), scratch, args.n, args.workers,
+                                      ledgerq_units.SCENARIOS)
+        elif system == "schema-floor":
+            from pg_peers import schema_floor
+            results[system] = measure(_peer_for(system), scratch, args.n, args.workers,
+                                      schema_floor.SCENARIOS)
+        else:
+            results[system] = measure(
+                _peer_for(system), scratch, args.n, args.workers,
+                BATCHED_SCENARIOS if system.startswith("floor+log/") else SCENARIOS)
+    return results
 
 
 def main() -> None:
@@ -487,9 +542,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2000, help="tasks per scenario (default 2000)")
     ap.add_argument("--dsn", default=DEFAULT_DSN,
                     help="admin DSN, used only to CREATE/DROP the scratch databases")
-    ap.add_argument("--only", choices=SYSTEMS, help="run one system")
+    ap.add_argument("--only", nargs="+", choices=SYSTEMS, help="run only these systems")
     ap.add_argument("--workers", type=int, default=4,
                     help="worker processes for 'drain W' and 'end to end' (default 4)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="interleaved rounds: every system once a round; the table shows "
+                         "medians, the ratios the median of each round's own (default 1)")
     args = ap.parse_args()
 
     with psycopg.connect(args.dsn, autocommit=True) as conn:
@@ -506,7 +564,7 @@ def main() -> None:
         "procrastinate", "ledgerq")))
 
     scratch = Scratch(args.dsn)
-    results: dict[str, dict[str, float]] = {}
+    rounds: Rounds = []
     t0 = time.perf_counter()
     try:
         # Untimed warm-up (connections, the server's caches, the WAL files): the first
@@ -515,28 +573,13 @@ def main() -> None:
         floor.install(dsn)
         floor.submit_single(dsn, min(args.n, 500), log=True)
         scratch.drop(name)
-        for system in [args.only] if args.only else SYSTEMS:
-            if system == "ledgerq":
-                row = run_ledgerq(args.dsn, args.n, args.workers, scratch)
-                if row:
-                    results[system] = row
-            elif system == "ledgerq-sql":
-                results[system] = run_ledgerq_sql(scratch, args.n)
-            elif system == "ledgerq-units":
-                from pg_peers import ledgerq_units
-                results[system] = measure(_peer_for(system), scratch, args.n, args.workers,
-                                          ledgerq_units.SCENARIOS)
-            elif system == "schema-floor":
-                from pg_peers import schema_floor
-                results[system] = measure(_peer_for(system), scratch, args.n, args.workers,
-                                          schema_floor.SCENARIOS)
-            else:
-                results[system] = measure(
-                    _peer_for(system), scratch, args.n, args.workers,
-                    BATCHED_SCENARIOS if system.startswith("floor+log/") else SCENARIOS)
+        for k in range(args.rounds):
+            if args.rounds > 1:
+                print(f"round {k + 1} of {args.rounds}", flush=True)
+            rounds.append(run_round(args.only or SYSTEMS, args, scratch))
     finally:
         scratch.drop_all()
-    print_table(results, args.workers)
+    print_table(rounds, args.workers)
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 

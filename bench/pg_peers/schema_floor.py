@@ -33,6 +33,9 @@ from multiprocessing.synchronize import Barrier, Event
 
 import psycopg
 
+# At import, not in run_pass: a worker process imports this module before it waits on the
+# harness's barrier, so ledgerq's import (~0.1 s) is not timed.
+from ledgerq.lifecycle.engine import new_id
 from pg_peers import ledgerq_units
 from pg_peers.harness import BATCH, Peer
 
@@ -119,8 +122,6 @@ class Cursor:
 def run_pass(conn: psycopg.Connection[tuple[object, ...]], me: str, batch: int,
              cursor: Cursor) -> int:
     """One pass: up to ``batch`` claimed, then completed (two transactions); how many."""
-    from ledgerq.lifecycle.engine import new_id
-
     now = time.time()
     with conn.transaction():
         claimed = conn.execute(CLAIM, {
