@@ -480,6 +480,9 @@ def print_target(rounds: Rounds, workers: int) -> None:
                  else "within reach")
         return f"\n      bound: {what} / PgQueuer = {value}, {reach}"
 
+    def shown(value: Ratio | None) -> str:
+        return "not measured" if value is None else str(value)
+
     units = "ledgerq's units alone (no event loop, thread hops or pool)"
     single = "submit single"
     print("issue 13, target 5 (ledgerq >= 1.0x PgQueuer; >= 0.7x the plain-psycopg floor):")
@@ -501,13 +504,13 @@ def print_target(rounds: Rounds, workers: int) -> None:
                   "two statements a pass)")
           + bound(ratio("ledgerq-units", "pgqueuer", "drain W"), units)
           + f"\n      beside: the batched floor + log ({BATCH} at a time, a narrow row "
-          "and log) / PgQueuer = " + str(ratio("floor+log/batch", "pgqueuer", "drain W")))
+          "and log) / PgQueuer = " + shown(ratio("floor+log/batch", "pgqueuer", "drain W")))
     print(f"  drain {workers}, ledgerq / its schema floor = "
           + judged(ratio("ledgerq", "schema-floor", "drain W"), 0.7)
           + "\n      beside: / batched floor + log = "
-          + str(ratio("ledgerq", "floor+log/batch", "drain W"))
+          + shown(ratio("ledgerq", "floor+log/batch", "drain W"))
           + "; / floor (one task a transaction) = "
-          + str(ratio("ledgerq", "floor", "drain W")))
+          + shown(ratio("ledgerq", "floor", "drain W")))
     print()
 
 

@@ -22,6 +22,7 @@ from ledgerq.lifecycle.engine import new_id
 from ledgerq.operations import (
     CANDIDATE_COLUMNS,
     STUCK_KINDS,
+    ClaimFacts,
     SentMove,
     Tx,
     expired_columns,
@@ -41,8 +42,10 @@ DIALECTS = ("ledgerq.store.sqlite", "ledgerq.store.postgres")
 POSTGRES_ONLY = {"notify_claimable", "listen", "lock_key", "schema_lock", "lock_for_migration",
                  "tables_present",
                  "durability", "record_schema_version", "forget_prepared", "lock_archives",
-                 # A pass's claims in one statement (SQLite: one swap per row).
-                 "claim_entities", "guard_join", "assign_from_doc", "guard_from_doc",
+                 # A pass's claims in one statement (SQLite: one swap per row), and
+                 # their facts in it too (SQLite: an executemany after).
+                 "claim_entities", "claim_pick", "claim_swap", "claim_entities_with_facts",
+                 "guard_join", "assign_from_doc", "guard_from_doc",
                  # A move and its fact in one statement (SQLite: two).
                  "update_entity_with_fact",
                  # Several moves and their facts in one statement (SQLite: two a move).
@@ -733,6 +736,46 @@ async def test_claim_entities_swaps_in_order_until_the_limit(db: StateDB) -> Non
     again = await db.write(lambda tx: tx.claim_entities(
         policy, rows, observed="queued", to_state="running", changes={}, limit=5))
     assert [r["id"] for r in again] == [rids[3]]  # moved on, or guards no longer match
+
+
+async def test_claim_entities_with_facts_writes_a_fact_for_each_row_claimed(
+        db: StateDB) -> None:
+    """The claims as claim_entities makes them, and each claimed row's fact: the shared
+    fields and patch, its own id, row, new version and stored values; none for a row
+    that was not claimed."""
+    policy = await policy_of(db)
+    rids = [await new_run(db) for _ in range(4)]
+    await db.write(lambda tx: tx.update_entity(  # the second no longer matches its guard
+        policy, rids[1], observed="queued", version=None, to_state=None,
+        changes={"lease_attempts": 5}, guards={}, returning=("version",)))
+    rows = [(rid, {"lease_attempts": 0, "leased_by": None},
+             {"leased_by": "w1", "lease_token": f"t{i}", "lease_attempts": 1})
+            for i, rid in enumerate(rids)]
+    ids = [new_id(), new_id()]
+    fields = ("", RUN, "", "queued", "running", "run.started.ok", "claimed", '["e"]',
+              "system", "w1", 2.0, '{"m": 1}', 0, "{}", None)
+    facts = ClaimFacts(ids, fields, {"updated_at": 2.0, "lease_expires_at": 7.5},
+                       ("lease_token", "lease_attempts", "status_evidence_refs"))
+    got = await db.write(lambda tx: tx.claim_entities_with_facts(
+        policy, rows, observed="queued", to_state="running",
+        changes={"updated_at": 2.0, "status_evidence_refs": '["e"]'}, limit=2, facts=facts))
+    assert [(r["id"], r["version"], r["lease_token"]) for r in got] == [
+        (rids[0], 2, "t0"), (rids[2], 2, "t2")]
+    written = await db.read(lambda tx: tx.facts_of(RUN, rids[0]) + tx.facts_of(RUN, rids[1])
+                            + tx.facts_of(RUN, rids[2]) + tx.facts_of(RUN, rids[3]))
+    claims = [f for f in written if f["status"] == "running"]
+    assert sorted(f["id"] for f in claims) == sorted(ids)
+    by_run = {f["entity_id"]: f for f in claims}
+    assert sorted(by_run) == sorted([rids[0], rids[2]])
+    for i in (0, 2):
+        f = by_run[rids[i]]
+        assert (f["previous_status"], f["reason_code"], f["reason_summary"], f["actor"],
+                f["created_at"], f["entity_version"], f["idempotency_key"]) == (
+            "queued", "run.started.ok", "claimed", "w1", 2.0, 2, None)
+        assert loads(f["evidence_refs"]) == ["e"] and loads(f["metadata"]) == {"m": 1}
+        assert loads(f["patch"]) == {"updated_at": 2.0, "lease_expires_at": 7.5,
+                                     "lease_token": f"t{i}", "lease_attempts": 1,
+                                     "status_evidence_refs": '["e"]'}
 
 
 async def test_claim_entities_takes_each_rows_values_by_column_name(db: StateDB) -> None:

@@ -77,6 +77,21 @@ class SentMove(NamedTuple):
     fact: Sequence[Any]
 
 
+class ClaimFacts(NamedTuple):
+    """The facts of claims written with them (:meth:`Tx.claim_entities_with_facts`).
+
+    Each claimed row's fact is ``fields`` (a fact in :data:`FACT_COLUMNS` order, its id,
+    entity id, version and patch left to fill) with the next of ``ids``, the row's id and
+    new version, and as its patch ``common`` (what every row's patch holds alike) with
+    the row's stored values of the ``stored`` columns (JSON columns as their text).
+    """
+
+    ids: Sequence[str]
+    fields: Sequence[Any]
+    common: Row
+    stored: tuple[str, ...]
+
+
 class Tx(abc.ABC):
     """One transaction's named operations (see the module docstring)."""
 
@@ -155,6 +170,15 @@ class Tx(abc.ABC):
         ``skip_locked``). Every row gives the same guard and patch columns, none of them
         JSON. Returns the whole rows as stored, in the given order: the first ``limit``
         rows that matched (rows after the ``limit``-th match are not tried)."""
+
+    @abc.abstractmethod
+    def claim_entities_with_facts(self, policy: EntityPolicy,
+                                  rows: Sequence[tuple[str, Row, Row]], *, observed: str,
+                                  to_state: str, changes: Row, limit: int,
+                                  facts: ClaimFacts) -> list[Row]:
+        """:meth:`claim_entities`, and a fact for each row it claimed (``facts``), in the
+        same transaction; where the dialect can, in the same statement. ``facts.ids``
+        holds at least ``limit`` ids (or one a row, if fewer rows are given)."""
 
     @abc.abstractmethod
     def fact_by_idempotency_key(self, entity_type: str, entity_id: str,

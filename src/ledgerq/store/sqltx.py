@@ -23,6 +23,7 @@ from ledgerq.operations import (
     PRIORITY_COLUMN,
     QUEUE_COLUMN,
     SLOT_COLUMN,
+    ClaimFacts,
     Row,
     SentMove,
     Tx,
@@ -211,6 +212,21 @@ class SqlTx(Tx):
             self.append_facts(((*m.fact[:12], new_version, *m.fact[13:]),))
             out.append(new_version)
         return out
+
+    def claim_entities_with_facts(self, policy: EntityPolicy,
+                                  rows: Sequence[tuple[str, Row, Row]], *, observed: str,
+                                  to_state: str, changes: Row, limit: int,
+                                  facts: ClaimFacts) -> list[Row]:
+        # The claims, then their facts from the rows as stored (a dialect that can do
+        # both in one statement overrides this).
+        stored = self.claim_entities(policy, rows, observed=observed, to_state=to_state,
+                                     changes=changes, limit=limit)
+        fields = facts.fields
+        self.append_facts([
+            (fact_id, fields[1], after["id"], *fields[3:12], after["version"],
+             dumps({**facts.common, **{c: after[c] for c in facts.stored}}), fields[14])
+            for fact_id, after in zip(facts.ids, stored, strict=False)])
+        return stored
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:

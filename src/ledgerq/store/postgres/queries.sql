@@ -101,20 +101,44 @@ jsonb_build_object({pairs})
 -- the table was small, the whole table for every pass.
 -- Parameters: given, observed, limit, to_state, the changes, patches (when the rows
 -- patch a column: assign_from_doc), observed, guards (guard_from_doc).
-WITH pick AS (
-  SELECT l.id
-  FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) WITH ORDINALITY AS c
-  CROSS JOIN LATERAL (
-    SELECT t.id FROM {table} AS t WHERE t.id = c.id AND t.status = %s {pick_guards}
-    OFFSET 0
-  ) AS l
-  ORDER BY c.ordinality LIMIT %s
-  FOR UPDATE OF l SKIP LOCKED
-)
+WITH pick AS ({pick})
+{swap}
+
+-- name: claim_pick
+-- claim_entities' pick: the candidates locked in order, up to the LIMIT.
+SELECT l.id
+FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) WITH ORDINALITY AS c
+CROSS JOIN LATERAL (
+  SELECT t.id FROM {table} AS t WHERE t.id = c.id AND t.status = %s {pick_guards}
+  OFFSET 0
+) AS l
+ORDER BY c.ordinality LIMIT %s
+FOR UPDATE OF l SKIP LOCKED
+
+-- name: claim_swap
+-- claim_entities' swap of the picked rows.
 UPDATE {table} AS t SET version = t.version + 1, status = %s, {assignments}
 WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.status IS NOT DISTINCT FROM %s
   AND {guard}
 RETURNING t.*
+
+-- name: claim_entities_with_facts
+-- claim_entities, and the fact of each row it claimed, in one statement. The facts share
+-- their fields but their id, the row's id, its new version and the patch's {stored}
+-- part (stored_object's: the columns whose values differ from row to row, read from the
+-- row as stored); the ids go to the claimed rows in any order (each is fresh).
+-- Parameters: claim_entities', then the fact ids (an array), entity_type,
+-- previous_status, status, reason_code, reason_summary, evidence_refs, source, actor,
+-- created_at, metadata, the patch every fact shares, idempotency_key.
+WITH pick AS ({pick}), s AS ({swap}), f AS (
+  INSERT INTO status_transitions (
+    id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+    evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+  ) SELECT (%s::text[])[row_number() OVER ()], %s, r.id, %s, %s, %s, %s, %s::jsonb, %s, %s,
+           %s::double precision, %s::jsonb, r.version, %s::jsonb || {stored}, %s
+  FROM s AS r
+)
+SELECT * FROM s
 
 -- name: update_entities_with_facts
 -- Several moves of one shape in one statement, each still its own guarded swap with its

@@ -23,7 +23,7 @@ import psycopg
 from ledgerq.codec import dumps
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Row, SentMove
+from ledgerq.operations import ClaimFacts, Row, SentMove
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
 
@@ -323,6 +323,15 @@ class PostgresTx(SqlTx):
                                                                 update=update)
         return sql
 
+    def _stored_object(self, policy: EntityPolicy, stored: tuple[str, ...]) -> str:
+        """A JSON object of the stored values of ``stored`` of row ``r`` (JSON columns as
+        their text), as a fact's patch records them."""
+        json = set(policy.json_columns)
+        pairs = [self.q("stored_json_text" if c in json else "stored_value",
+                        key=c, column=quote(c)) for c in stored]
+        return " || ".join(self.q("stored_object", pairs=", ".join(pairs[i:i + 50]))
+                           for i in range(0, max(len(pairs), 1), 50))
+
     def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
                                    rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
                                    stored: tuple[str, ...]) -> None:
@@ -331,14 +340,10 @@ class PostgresTx(SqlTx):
         key = ("insert+fact", policy.table, columns, stored, policy.json_columns)
         sql = self._texts.get(key)
         if sql is None:
-            json = set(policy.json_columns)
-            pairs = [self.q("stored_json_text" if c in json else "stored_value",
-                            key=c, column=quote(c)) for c in stored]
             sql = self._texts[key] = self.q(
                 "insert_entities_with_facts", table=self.table(policy),
                 columns=", ".join(quote(c) for c in columns), marks=self.marks(len(columns)),
-                stored=" || ".join(self.q("stored_object", pairs=", ".join(pairs[i:i + 50]))
-                                   for i in range(0, max(len(pairs), 1), 50)))
+                stored=self._stored_object(policy, stored))
         if len(rows) == 1:
             self._execute_unread(sql, [*rows[0][0], *rows[0][1]])
         else:
@@ -354,32 +359,67 @@ class PostgresTx(SqlTx):
         # object keyed by id.
         if not rows:
             return []
-        table = self.table(policy)
+        sql = self._claim_text(policy, rows, changes, None)
+        return self._claimed(rows, self.execute(sql, self._claim_params(
+            rows, observed, to_state, changes, limit)))
+
+    def claim_entities_with_facts(self, policy: EntityPolicy,
+                                  rows: Sequence[tuple[str, Row, Row]], *, observed: str,
+                                  to_state: str, changes: Row, limit: int,
+                                  facts: ClaimFacts) -> list[Row]:
+        # claim_entities' statement with each claimed row's fact inserted from what it
+        # returned: one statement and one round trip, where the facts were a second.
+        if not rows:
+            return []
+        fields = facts.fields
+        sql = self._claim_text(policy, rows, changes, facts.stored)
+        return self._claimed(rows, self.execute(sql, [
+            *self._claim_params(rows, observed, to_state, changes, limit), list(facts.ids),
+            fields[1], *fields[3:12], dumps(facts.common), fields[14]]))
+
+    def _claim_text(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]],
+                    changes: Row, stored: tuple[str, ...] | None) -> str:
+        """claim_entities' text for this shape of rows (with its facts: claim_entities_
+        with_facts', the columns each fact reads from its row ``stored``)."""
         guard_cols = tuple(rows[0][1])
         patch_cols = tuple(rows[0][2])
         change_cols = tuple(changes)
-        key = ("claim", policy.table, guard_cols, patch_cols, change_cols)
+        key = ("claim", policy.table, guard_cols, patch_cols, change_cols, stored,
+               policy.json_columns)
         sql = self._texts.get(key)
         if sql is None:
+            table = self.table(policy)
             assignments = [self.q("assign", column=quote(c)) for c in change_cols]
             if patch_cols:
                 assignments.append(self._assign_from_doc(table, patch_cols))
-            sql = self._texts[key] = self.q(
-                "claim_entities", table=table,
-                pick_guards=" ".join(self.q("guard_join", column=quote(c), side="c")
-                                     for c in guard_cols),
-                guard=self._guard_from_doc(table, guard_cols),
-                assignments=", ".join(assignments))
-        ids = [r[0] for r in rows]
+            pick = self.q("claim_pick", table=table, pick_guards=" ".join(
+                self.q("guard_join", column=quote(c), side="c") for c in guard_cols))
+            swap = self.q("claim_swap", table=table, assignments=", ".join(assignments),
+                          guard=self._guard_from_doc(table, guard_cols))
+            if stored is None:
+                sql = self.q("claim_entities", pick=pick, swap=swap)
+            else:
+                sql = self.q("claim_entities_with_facts", pick=pick, swap=swap,
+                             stored=self._stored_object(policy, stored))
+            self._texts[key] = sql
+        return sql
+
+    @staticmethod
+    def _claim_params(rows: Sequence[tuple[str, Row, Row]], observed: str, to_state: str,
+                      changes: Row, limit: int) -> list[Any]:
+        """claim_entities' parameters, in its text's order."""
         given = dumps([{"id": i, **g} for i, g, _ in rows])
-        patches = [dumps({i: p for i, _, p in rows})] if patch_cols else []
+        patches = [dumps({i: p for i, _, p in rows})] if rows[0][2] else []
         guards = dumps({i: g for i, g, _ in rows})
-        cur = self.execute(sql, [given, observed, limit, to_state, *changes.values(),
-                                 *patches, observed, guards])
+        return [given, observed, limit, to_state, *changes.values(), *patches, observed,
+                guards]
+
+    def _claimed(self, rows: Sequence[tuple[str, Row, Row]], cur: Any) -> list[Row]:
+        """The claimed rows as stored, in the given rows' order."""
         names = self.names(cur)
         stored = {r["id"]: r for r in (dict(zip(names, t, strict=True))
                                        for t in cur.fetchall())}
-        return [stored[i] for i in ids if i in stored]
+        return [stored[i] for i, _, _ in rows if i in stored]
 
     def notify_claimable(self) -> None:
         self.execute(self.q("notify_claimable"))
