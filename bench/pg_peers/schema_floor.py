@@ -11,7 +11,8 @@ own schema, with none of ledgerq's Python and fewer statements than ledgerq send
 
   fill    ledgerq's own submit_many (untimed by the drains)
   drain   per pass, two transactions of one statement each: the claims of up to BATCH
-          queued rows as one guarded ``UPDATE ... RETURNING`` (in ledgerq's claim order,
+          queued rows as one guarded ``UPDATE ... RETURNING`` (the next rows of the claim
+          index's range after the worker's cursor, as ledgerq's claim_level reads them,
           ``FOR UPDATE SKIP LOCKED``, each row's lease token made by the server) with
           their facts inserted from its ``RETURNING`` in the same statement; then their
           terminal writes after exit 0, each row guarded by status, version and its own
@@ -50,9 +51,9 @@ _FACT_COLUMNS = ("id, entity_type, entity_id, previous_status, status, reason_co
                  "reason_summary, evidence_refs, source, actor, created_at, metadata, "
                  "entity_version, patch, idempotency_key")
 
-#: The claims and their facts. The order is the claim index's (queue, priority DESC,
-#: queued_at, id); fact ids are v7 UUIDs made here, paired with the claimed rows in id
-#: order (any pairing is a valid one: each id is fresh).
+#: The claims and their facts: the queue's and priority's range of the claim index, in
+#: its (queued_at, id) order, after the worker's cursor; fact ids are v7 UUIDs made here,
+#: paired with the claimed rows in id order (any pairing is a valid one: each is fresh).
 CLAIM = f"""
 WITH c AS (
   UPDATE schedule_runs r SET status = 'running', version = r.version + 1,
