@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from ledgerq import StateDB
-from ledgerq.codec import loads
 from ledgerq.queue import TaskApplication, submit_task
 from ledgerq.store.postgres.backend import ALONE_POOL_SIZE
 
@@ -132,44 +131,3 @@ async def test_units_sent_alone_keep_one_connection_out_of_the_pool(
     await pgdb.close()
     assert kept.closed and backend._kept is None
 
-
-async def test_claim_facts_written_with_the_claims_equal_those_written_after_them(
-        pgdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
-    """PostgreSQL writes a pass's claim facts in the claims' own statement, their patch
-    partly built by the server from the rows as stored: the facts must be the ones the
-    claims and a second statement wrote (compared with the dialect told it cannot)."""
-    from ledgerq.lifecycle import StateReason
-    from ledgerq.lifecycle.engine import apply_claims
-    from ledgerq.queue.runs import worker_actor
-    from ledgerq.store.postgres.tx import PostgresTx
-
-    ids = [await submit_task(pgdb, app(i)) for i in range(4)]
-    policy = pgdb.registry.entity("schedule_run")
-    reason = StateReason(code="run.started.ok", summary="claimed by w",
-                         evidence_refs=[{"kind": "lease", "n": 1}])
-    actor = worker_actor("w")
-
-    def claim(rid: str, token: str) -> Any:
-        return lambda tx: apply_claims(
-            tx, policy, [(rid, {"lease_attempts": 0, "leased_by": None},
-                          {"leased_by": "w", "lease_expires_at": 1300.25,
-                           "lease_token": token, "lease_attempts": 1})],
-            "queued", "running", reason, actor, limit=1, now=1000.0)
-
-    together = await pgdb.write(claim(ids[0], "t"))
-    monkeypatch.setattr(PostgresTx, "stores_as_sent", False)
-    after = await pgdb.write(claim(ids[1], "t"))
-    assert len(together) == len(after) == 1
-
-    async def fact(rid: str) -> dict[str, Any]:
-        rows = await pgdb.fetch_all(
-            "SELECT * FROM status_transitions WHERE entity_id = ? AND status = 'running'",
-            (rid,))
-        assert len(rows) == 1
-        return {k: (loads(v) if k in ("patch", "evidence_refs", "metadata") else v)
-                for k, v in rows[0].items() if k not in ("id", "entity_id")}
-
-    assert await fact(ids[0]) == await fact(ids[1])
-    patch = (await fact(ids[0]))["patch"]
-    assert patch["lease_expires_at"] == 1300.25 and patch["updated_at"] == 1000.0
-    assert loads(patch["status_evidence_refs"]) == [{"kind": "lease", "n": 1}]

@@ -778,6 +778,49 @@ async def test_claim_entities_with_facts_writes_a_fact_for_each_row_claimed(
                                      "status_evidence_refs": '["e"]'}
 
 
+async def test_claim_facts_written_with_the_claims_equal_those_written_after_them(
+        db: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL writes a pass's claim facts in the claims' own statement, their patch
+    partly built by the server from the rows as stored: the facts must be the ones the
+    claims and a second statement wrote (compared with the dialect told it cannot)."""
+    if db.dialect == "sqlite":
+        pytest.skip("SQLite writes a pass's claim facts after its claims: nothing to compare")
+    from ledgerq.lifecycle import StateReason
+    from ledgerq.lifecycle.engine import apply_claims
+    from ledgerq.queue.runs import worker_actor
+
+    ids = [await new_run(db) for _ in range(2)]
+    policy = await policy_of(db)
+    reason = StateReason(code="run.started.ok", summary="claimed by w",
+                         evidence_refs=[{"kind": "lease", "n": 1}])
+    actor = worker_actor("w")
+
+    def claim(rid: str, token: str) -> Any:
+        return lambda tx: apply_claims(
+            tx, policy, [(rid, {"lease_attempts": 0, "leased_by": None},
+                          {"leased_by": "w", "lease_expires_at": 1300.25,
+                           "lease_token": token, "lease_attempts": 1})],
+            "queued", "running", reason, actor, limit=1, now=1000.0)
+
+    together = await db.write(claim(ids[0], "t"))
+    monkeypatch.setattr(PostgresTx, "stores_as_sent", False)
+    after = await db.write(claim(ids[1], "t"))
+    assert len(together) == len(after) == 1
+
+    async def fact(rid: str) -> dict[str, Any]:
+        rows = await db.fetch_all(
+            "SELECT * FROM status_transitions WHERE entity_id = ? AND status = 'running'",
+            (rid,))
+        assert len(rows) == 1
+        return {k: (loads(v) if k in ("patch", "evidence_refs", "metadata") else v)
+                for k, v in rows[0].items() if k not in ("id", "entity_id")}
+
+    assert await fact(ids[0]) == await fact(ids[1])
+    patch = (await fact(ids[0]))["patch"]
+    assert patch["lease_expires_at"] == 1300.25 and patch["updated_at"] == 1000.0
+    assert loads(patch["status_evidence_refs"]) == [{"kind": "lease", "n": 1}]
+
+
 async def test_claim_entities_takes_each_rows_values_by_column_name(db: StateDB) -> None:
     """Rows give the same columns, not necessarily in the same order: each value goes to
     its own column, whichever order its row's guard and patch list them in."""
