@@ -518,9 +518,8 @@ async def test_running_key_is_rechecked_inside_the_claim_transaction(
 async def test_a_pass_over_rows_it_cannot_serve_takes_no_write_lock(
         qdb: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker facing a deep backlog it cannot serve scans it without holding writers up.
-    Where writers run one at a time it reads its first page in the transaction it would
-    have claimed in, which takes no lock until it writes, then the backlog from a
-    snapshot; it writes nothing."""
+    It reads its first page in the transaction it would have claimed in, which takes no
+    lock until it writes, then the backlog from a snapshot; it writes nothing."""
     await submit_many(qdb, [TaskApplication("command", {"argv": ["true"]}, "host",
                                             required_capabilities=[GPU])] * 120)
     facts = (await qdb.fetch_one("SELECT count(*) AS n FROM status_transitions") or {})["n"]
@@ -534,11 +533,12 @@ async def test_a_pass_over_rows_it_cannot_serve_takes_no_write_lock(
         return chosen
 
     monkeypatch.setattr(claim_mod, "_select", select)
-    locks = await count_write_locks(qdb)
+    locks = await count_write_locks(qdb, monkeypatch)
     got = await claim_runs(qdb, worker_id="cpu-only", now=NOW + 10, limit=20)
     assert got.scanned == 120 and got.claimed == [] and not got.capped
     assert locks == [], locks
-    first_page = [] if qdb.many_writers else [(20, 20, True)]
+    page = 20 * (claim_mod.CLAIM_SPARES if qdb.many_writers else 1)  # (spares: at once)
+    first_page = [(page, page, True)]
     assert choices == [*first_page, (claim_mod.SCAN_CAP, 120, False)], choices
     assert (await qdb.fetch_one("SELECT count(*) AS n FROM status_transitions")
             or {})["n"] == facts

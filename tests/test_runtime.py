@@ -412,7 +412,7 @@ async def test_without_a_wakeup_the_worker_finds_work_by_polling(rdb: StateDB, r
 
 
 async def test_an_idle_worker_polling_an_empty_queue_takes_no_write_lock(
-        rdb: StateDB, lock_dir: Path) -> None:
+        rdb: StateDB, lock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Polling must not hold other processes' writers up: an idle pass takes no write lock."""
     rec = Recorder()
     w = make_worker(rdb, lock_dir, poll_interval=0.02, execute=rec)
@@ -420,7 +420,7 @@ async def test_an_idle_worker_polling_an_empty_queue_takes_no_write_lock(
         await eventually(lambda: rdb.fetch_one(
             "SELECT 1 FROM workers WHERE worker_id = ?", (w.worker_id,)), what="first pass")
         await asyncio.sleep(0.1)
-        writes = await count_write_locks(rdb)
+        writes = await count_write_locks(rdb, monkeypatch)
         await asyncio.sleep(0.5)  # ~25 polls, with the reaper's and promoter's probes
         idle = list(writes)
         rid = await submit_task(rdb, task())  # then a submission still gets claimed

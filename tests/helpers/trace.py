@@ -56,13 +56,34 @@ def count_writes(db: Any) -> list[str]:
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
 
-async def count_write_locks(db: Any) -> list[str]:
-    """Record each statement that takes the write lock from now on: on SQLite a ``BEGIN
+async def count_write_locks(db: Any, monkeypatch: Any) -> list[str]:
+    """Record each statement that takes a write lock from now on: on SQLite a ``BEGIN
     IMMEDIATE``, or a write in a transaction begun without the lock (a unit that
-    ``reads_first``); on PostgreSQL, whose BEGIN takes no lock, each write unit."""
-    if db.dialect != "sqlite":
-        return count_writes(db)
+    ``reads_first``); on PostgreSQL, whose BEGIN takes no lock (nor does a write unit
+    that only reads), each statement that writes or locks rows or a key. PostgreSQL's
+    tracing is undone by ``monkeypatch`` at the test's end."""
     seen: list[str] = []
+    if db.dialect != "sqlite":
+        for name in ("execute", "executemany"):
+            real = getattr(PostgresTx, name)
+
+            def wrapped(self: Any, sql: str, *args: Any, _real: Any = real) -> Any:
+                upper = sql.upper()
+                if any(w in upper for w in _LOCKS):
+                    seen.append(sql)
+                return _real(self, sql, *args)
+
+            monkeypatch.setattr(PostgresTx, name, wrapped)
+        real_take = PostgresTx.take_alone
+
+        def take_alone(self: Any) -> Any:
+            held = real_take(self)  # a statement sent on its own (a write: a submit)
+            if held is not None:
+                seen.append(held[0])
+            return held
+
+        monkeypatch.setattr(PostgresTx, "take_alone", take_alone)
+        return seen
 
     def trace(sql: str) -> None:
         words = sql.split(None, 1)
@@ -73,3 +94,7 @@ async def count_write_locks(db: Any) -> list[str]:
 
     await db.run(lambda conn: conn.set_trace_callback(trace))
     return seen
+
+
+#: What in a PostgreSQL statement writes or takes a lock another writer could wait for.
+_LOCKS = ("INSERT ", "UPDATE ", "DELETE ", "FOR UPDATE", "FOR SHARE", "PG_ADVISORY")
