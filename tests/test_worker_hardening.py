@@ -661,11 +661,12 @@ async def test_a_pass_reads_all_it_can_use_in_one_page(db: StateDB) -> None:
     assert len(pages) == 1, pages
 
 
-async def test_a_single_writer_chooses_under_the_lock_it_claims_with(
+async def test_a_pass_chooses_in_the_transaction_it_claims_in(
         db: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Where writers run one at a time, a pass whose first page is enough reads it in the
-    # transaction that claims its rows: no snapshot of its own (no hop to the read
-    # connection's thread), the same rows. Where they run at once, from a snapshot.
+    # A pass whose first page is enough reads it in the transaction that claims its rows:
+    # no snapshot of its own (no hop to the read connection's or a pool thread), the same
+    # rows. Where writers run one at a time that transaction begins deferred (the first
+    # claim takes the lock); where they run at once it is READ COMMITTED.
     ids = await submit_many(db, [task()] * 30)
     reads: list[object] = []
     real_read = db.read
@@ -675,17 +676,25 @@ async def test_a_single_writer_chooses_under_the_lock_it_claims_with(
         return await real_read(fn)
 
     monkeypatch.setattr(db, "read", reading)
+    writes = count_writes(db)
     sent: list[str] = []
-    if not db.many_writers:
+    if db.many_writers:
+        sent = trace.start()
+    else:
         await db.run(lambda conn: conn.set_trace_callback(sent.append))
-    got = await claim_runs(db, worker_id="w1", limit=20, stuck=StuckRows())
+    try:
+        got = await claim_runs(db, worker_id="w1", limit=20, stuck=StuckRows())
+    finally:
+        if db.many_writers:
+            trace.stop()
     assert [r["id"] for r in got.claimed] == sorted(ids)[:20]
     assert got.scanned == (30 if db.many_writers else 20)  # (spares where writers run at once)
+    assert reads == [] and len(writes) == 1
     if db.many_writers:
-        assert len(reads) == 1
+        order = [q.split(None, 1)[0].upper() for q in sent]
+        assert order.index("SELECT") < order.index("WITH"), order  # the page, then claims
         return
     await db.run(lambda conn: conn.set_trace_callback(None))
-    assert reads == []
     sent = [q for q in sent if not q.startswith("PRAGMA")]  # (run()'s own)
     order = [q.split(None, 1)[0].upper() for q in sent]
     assert order[0] == "BEGIN" and order[-1] == "COMMIT" and order.count("BEGIN") == 1
