@@ -738,11 +738,13 @@ async def test_claim_entities_swaps_in_order_until_the_limit(db: StateDB) -> Non
     assert [r["id"] for r in again] == [rids[3]]  # moved on, or guards no longer match
 
 
+@pytest.mark.parametrize("exact", [False, True])
 async def test_claim_entities_with_facts_writes_a_fact_for_each_row_claimed(
-        db: StateDB) -> None:
+        db: StateDB, exact: bool) -> None:
     """The claims as claim_entities makes them, and each claimed row's fact: the shared
     fields and patch, its own id, row, new version and stored values; none for a row
-    that was not claimed."""
+    that was not claimed. The same whether the dialect may build the patches in the
+    claims' statement (``exact``) or builds them from the rows it got back."""
     policy = await policy_of(db)
     rids = [await new_run(db) for _ in range(4)]
     await db.write(lambda tx: tx.update_entity(  # the second no longer matches its guard
@@ -755,7 +757,7 @@ async def test_claim_entities_with_facts_writes_a_fact_for_each_row_claimed(
     fields = ("", RUN, "", "queued", "running", "run.started.ok", "claimed", '["e"]',
               "system", "w1", 2.0, '{"m": 1}', 0, "{}", None)
     facts = ClaimFacts(ids, fields, {"updated_at": 2.0, "lease_expires_at": 7.5},
-                       ("lease_token", "lease_attempts", "status_evidence_refs"))
+                       ("lease_token", "lease_attempts", "status_evidence_refs"), exact)
     got = await db.write(lambda tx: tx.claim_entities_with_facts(
         policy, rows, observed="queued", to_state="running",
         changes={"updated_at": 2.0, "status_evidence_refs": '["e"]'}, limit=2, facts=facts))

@@ -84,12 +84,16 @@ class ClaimFacts(NamedTuple):
     entity id, version and patch left to fill) with the next of ``ids``, the row's id and
     new version, and as its patch ``common`` (what every row's patch holds alike) with
     the row's stored values of the ``stored`` columns (JSON columns as their text).
+    ``exact``: the database gives back every ``stored`` column as its exact JSON, so a
+    dialect may build the patches in the claims' own statement; otherwise they are built
+    from the rows as returned.
     """
 
     ids: Sequence[str]
     fields: Sequence[Any]
     common: Row
     stored: tuple[str, ...]
+    exact: bool = False
 
 
 class Tx(abc.ABC):

@@ -368,26 +368,16 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
     patched = (*given[0][2], "status_evidence_refs")
     split = _claim_patch_split(policy, changes, patched, given) if tx.stores_as_sent \
         else None
-    if split is not None:
-        # Each fact can be written from what its claim sends and stores: in the claims'
-        # own statement, where the dialect can (one round trip, not two).
-        fields = _fact("", policy.name, "", from_state, to_state, reason, actor, ts, 0, {},
-                       None)
-        return tx.claim_entities_with_facts(
-            policy, given, observed=from_state, to_state=to_state, changes=changes,
-            limit=limit, facts=ClaimFacts([new_id() for _ in range(min(limit, len(given)))],
-                                          fields, *split))
-    stored = tx.claim_entities(policy, given, observed=from_state, to_state=to_state,
-                               changes=changes, limit=limit)
-    facts = []
-    for after in stored:
-        # The stored values, so the fact records exactly what the row holds.
-        row_changes = {**changes, **{k: after[k] for k in patched}}
-        facts.append(_fact(new_id(), policy.name, after["id"], from_state, to_state, reason,
-                           actor, ts, after["version"], row_changes, None))
-    if facts:
-        tx.append_facts(facts)
-    return stored
+    # Each fact records the values its row stores. Where the dialect stores what it is
+    # sent and the database gives back every per-row column as its exact JSON (``exact``),
+    # the facts may be written in the claims' own statement (one round trip, not two);
+    # else from the rows as stored, after the claims.
+    common, stored = split if split is not None else (dict(changes), patched)
+    return tx.claim_entities_with_facts(
+        policy, given, observed=from_state, to_state=to_state, changes=changes, limit=limit,
+        facts=ClaimFacts([new_id() for _ in range(min(limit, len(given)))],
+                         _fact("", policy.name, "", from_state, to_state, reason, actor, ts,
+                               0, {}, None), common, stored, exact=split is not None))
 
 
 def _claim_patch_split(policy: EntityPolicy, changes: dict[str, Any], patched: tuple[str, ...],

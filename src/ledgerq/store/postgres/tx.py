@@ -369,6 +369,10 @@ class PostgresTx(SqlTx):
                                   facts: ClaimFacts) -> list[Row]:
         # claim_entities' statement with each claimed row's fact inserted from what it
         # returned: one statement and one round trip, where the facts were a second.
+        if not facts.exact:
+            return super().claim_entities_with_facts(
+                policy, rows, observed=observed, to_state=to_state, changes=changes,
+                limit=limit, facts=facts)
         if not rows:
             return []
         fields = facts.fields
