@@ -261,6 +261,16 @@ async def test_apply_moves_reports_each_move_as_apply_move_would(db: StateDB) ->
         # nothing were then each taken again alone: their swap, then their read.
         assert len(statements) == 4 and statements[0] == statements[2], statements
         assert all("FOR UPDATE" in statements[i] for i in (1, 3)), statements
+    else:
+        # Each swap its own statement, nothing read first; the facts of the swaps that
+        # matched are appended together, and before a move that matched nothing is
+        # taken again alone (its swap, then its read): swap, swap, the first fact,
+        # swap, read, swap, the third fact, swap, read.
+        kinds = ["fact" if "status_transitions" in s else
+                 "swap" if s.lstrip().upper().startswith("UPDATE") else "read"
+                 for s in statements]
+        assert kinds == ["swap", "swap", "fact", "swap", "read", "swap", "swap", "fact",
+                         "swap", "read"], statements
 
 
 async def test_apply_moves_refuses_a_row_that_is_not_there(db: StateDB) -> None:

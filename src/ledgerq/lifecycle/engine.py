@@ -8,6 +8,7 @@ snapshot under the write lock and commit (or vanish) together.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -585,10 +586,14 @@ def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> lis
     instead of one per move (a pass's outcomes are ten or more). A swap that matched
     nothing is taken again by :func:`apply_move` alone, which tells a conflict from a
     row not found in D3's order. Anything else (a move the spec refuses from the state it
-    names, a value that would be stored converted) goes move by move.
+    names, a value that would be stored converted) goes move by move. Where the rows'
+    stored values must be read back (SQLite), each swap is its own statement and the
+    facts of the swaps that matched are appended together (:func:`_swaps_then_facts`).
     """
-    if not tx.stores_as_sent or len(moves) < 2:
+    if len(moves) < 2:
         return [_apply(tx, policy, m) for m in moves]
+    if not tx.stores_as_sent:
+        return _swaps_then_facts(tx, policy, moves)
     sent: list[SentMove] = []
     for m in moves:
         plan = _plan(tx, policy, m.from_state, m.to_state, m.reason, m.actor, m.guard,
@@ -607,6 +612,52 @@ def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> lis
     return [_apply(tx, policy, m) if version is None
             else Moved(True, m.from_state, m.to_state, s.fact[0], None)
             for m, s, version in zip(moves, sent, done, strict=True)]
+
+
+def _swaps_then_facts(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]
+                      ) -> list[Moved]:
+    """:func:`apply_move` for each of ``moves``, in order, each swap its own guarded
+    statement reading back what its row stores, and the facts of those that matched
+    appended together (one ``executemany``, not one statement a move), as a claim pass's
+    are. Nothing is read first: a swap that matches nothing, or a move the spec refuses
+    from the state it names, is taken again by :func:`apply_move` alone, which tells a
+    conflict from a row not found in D3's order (the facts so far appended first, so no
+    applied swap is ever without its fact, whatever it raises)."""
+    out: list[Moved] = []
+    facts: list[tuple[Any, ...]] = []
+    try:
+        for m in moves:
+            plan = _plan(tx, policy, m.from_state, m.to_state, m.reason, m.actor, m.guard,
+                         m.patch, False, False)
+            if m.guard:
+                check_values(policy, "guard", m.guard)
+            if m.patch:
+                check_values(policy, "patch", m.patch)
+            after = None
+            if plan.refusal is None:
+                ts = time.time() if m.now is None else m.now
+                changes, guards = _terms(plan, m.reason, ts, m.guard, m.patch)
+                after = tx.swap(plan.unread, m.entity_id, m.from_state, None,
+                                None if m.from_state == m.to_state else m.to_state,
+                                changes.values(), guards)
+            if after is None:
+                tx.append_facts(facts)
+                facts = []
+                out.append(_apply(tx, policy, m))
+                continue
+            for k in plan.patched:  # as stored (see _swap)
+                changes[k] = after[k]
+            fact_id = new_id()
+            facts.append(_fact(fact_id, policy.name, m.entity_id, m.from_state, m.to_state,
+                               m.reason, m.actor, ts, after["version"], changes, None))
+            out.append(Moved(True, m.from_state, m.to_state, fact_id, None))
+    except BaseException:
+        if facts:  # the swaps that matched keep their facts, even in a failing transaction
+            with contextlib.suppress(Exception):
+                tx.append_facts(facts)
+        raise
+    tx.append_facts(facts)
+    return out
 
 
 def _apply(tx: Tx, policy: EntityPolicy, m: MoveTerms) -> Moved:
