@@ -131,3 +131,34 @@ async def test_units_sent_alone_keep_one_connection_out_of_the_pool(
     await pgdb.close()
     assert kept.closed and backend._kept is None
 
+
+
+@pytest.mark.parametrize("branch", ["closed by the server", "stale plan", "sent"])
+async def test_a_connection_sent_alone_goes_back_to_the_pool_once(
+        pgdb: StateDB, monkeypatch: pytest.MonkeyPatch, branch: str) -> None:
+    """However a send ends (a connection the server closed, a plan to forget, a statement
+    sent), the connection it took is returned once, even when returning it fails: a
+    second return would hand the pool a connection it already holds."""
+    from ledgerq.store.postgres import backend as module
+
+    backend: Any = pgdb._backend
+    pool = backend._alone_pool
+    monkeypatch.setattr(pool, "max_lifetime", 0.0)  # every connection too old to keep
+    returned: list[Any] = []
+
+    async def failing_return(conn: Any) -> None:
+        returned.append(conn)
+        raise RuntimeError("the pool refused it")
+
+    monkeypatch.setattr(pool, "putconn", failing_return)
+    if branch == "closed by the server":
+        monkeypatch.setattr(module, "_received_nothing", lambda conn: False)
+        sql = "SELECT 1"
+    elif branch == "stale plan":
+        monkeypatch.setattr(module, "stale_plan", lambda exc: True)
+        sql = "SELECT 1/0"
+    else:
+        sql = "SELECT 1"
+    with pytest.raises(RuntimeError, match="refused"):
+        await backend._send_alone(pool, sql, ())
+    assert len(returned) == 1

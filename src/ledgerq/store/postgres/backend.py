@@ -367,31 +367,28 @@ class PostgresBackend:
                 self._kept_since = time.monotonic()
         except psycopg_pool.PoolTimeout as exc:
             raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
-        try:
+        keep = False
+        try:  # the connection is kept or goes back to the pool once, however this ends
             if not _received_nothing(conn):
                 await conn.close()  # (the pool replaces a closed connection)
-                await pool.putconn(conn)
                 return False
             try:
                 await cur.execute(sql, params or None)
             except psycopg.Error as exc:
                 if stale_plan(exc):
                     await conn.execute(QUERIES("forget_prepared"))
-                    await pool.putconn(conn)
                     return False
                 if isinstance(exc, psycopg.OperationalError) and exc.sqlstate in ROLLED_BACK:
-                    await pool.putconn(conn)
                     return False
                 raise _translate(exc) from exc
-        except BaseException:
-            await pool.putconn(conn)
-            raise
-        if self._kept is None and self._alone_pool is pool \
-                and time.monotonic() - self._kept_since < pool.max_lifetime:
-            self._kept, self._kept_cursor = conn, cur
-        else:
-            await pool.putconn(conn)
-        return True
+            keep = self._kept is None and self._alone_pool is pool \
+                and time.monotonic() - self._kept_since < pool.max_lifetime
+            return True
+        finally:
+            if keep:
+                self._kept, self._kept_cursor = conn, cur
+            else:
+                await pool.putconn(conn)
 
     def _sent_alone(self, _: asyncio.Future[Any]) -> None:
         self._alone_sending -= 1
