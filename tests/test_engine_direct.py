@@ -16,6 +16,7 @@ from a hand-written spec file, so a change of the spec format does not break the
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sqlite3
@@ -395,6 +396,50 @@ async def test_a_created_row_carries_its_reason(db: StateDB, via: str) -> None:
         stored = {k: v for k, v in row.items() if v is not None and k not in ("status",
                                                                              "version")}
         assert patch == stored
+    assert (await verify(db)).ok
+
+
+#: Values a column may store otherwise than sent: JSON text that reads as a number
+#: (SQLite's JSON columns have NUMERIC affinity), -0.0 (SQLite's REAL keeps 0.0), an int in
+#: a float column (stored as a float on both), JSON text PostgreSQL's jsonb normalizes.
+AWKWARD = [
+    {"trigger_context": "5"},
+    {"trigger_context": "1.50"},
+    {"trigger_context": ' {"b": 1,  "a": [1.0, 2]}'},
+    {"action_args": '"a string"'},
+    {"timeout_seconds": -0.0},
+    {"timeout_seconds": 5},
+    {"timeout_seconds": 2.5, "chain_depth": 3, "exit_code": None},
+]
+
+
+@pytest.mark.parametrize("via", CREATE_VIAS)
+async def test_a_creation_fact_records_each_value_as_its_row_stores_it(
+        db: StateDB, via: str) -> None:
+    """The creation fact is written from the values sent where the column stores them as
+    they are, and from the row read back where it may not (the defaults, and the values
+    above): either way its patch is the row as stored, value for value (JSON text never a
+    number; on SQLite -0.0's sign included: PostgreSQL's jsonb log has no negative zero),
+    so folding the log rebuilds the row exactly."""
+    values = [run_values(**extra) for extra in AWKWARD]
+    # Each alone, and all at once (one value the dialect would convert sends the whole
+    # batch the way that reads every row back).
+    ids = [rid for v in values for rid in await db.write(create_unit(via, RUN, [v],
+                                                                      RICH_REASON))]
+    ids += await db.write(create_unit(via, RUN, values, RICH_REASON))
+    for rid in ids:
+        row = await stored_run(db, rid)
+        [fact] = await facts_of(db, rid)
+        patch = loads(fact["patch"])
+        stored = {k: v for k, v in row.items()
+                  if (v is not None or k in RUN.defaulted) and k not in ("status", "version")}
+        assert patch == stored
+        for k, v in stored.items():
+            # JSON text stays text, a number a number (an integral float may read back
+            # from SQLite's RETURNING as an int: equal, as a fold compares it).
+            assert isinstance(patch[k], str) == isinstance(v, str), (k, patch[k], v)
+            if isinstance(v, float) and db.dialect == "sqlite":  # (jsonb has no -0)
+                assert math.copysign(1.0, patch[k]) == math.copysign(1.0, v), (k, v)
     assert (await verify(db)).ok
 
 

@@ -20,8 +20,9 @@ JSON text (decode with :func:`ledgerq.codec.loads`), on both backends.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -105,6 +106,10 @@ class Tx(abc.ABC):
     #: not SQLite, whose type affinity may convert it): a move's fact can then be written
     #: from the values sent, in the swap's own statement (:meth:`update_entities_with_facts`).
     stores_as_sent: bool = False
+    #: Per logical column type, the one Python type whose values the dialect's column
+    #: stores exactly (reads back equal, of the same type; a JSON column's text, if it
+    #: begins as an object, array or string does); a type absent converts them.
+    exact_types: Mapping[str, type] = MappingProxyType({})
 
     # ------------------------------------------------------------ the engine
 
@@ -194,8 +199,10 @@ class Tx(abc.ABC):
         """Append facts to the log, each a row in :data:`FACT_COLUMNS` order."""
 
     @abc.abstractmethod
-    def insert_entity(self, policy: EntityPolicy, row: dict[str, Any]) -> Row:
-        """Insert one projection row; returns it as stored (defaults included)."""
+    def insert_entity(self, policy: EntityPolicy, row: dict[str, Any], *,
+                      returning: tuple[str, ...] | None = None) -> Row:
+        """Insert one projection row; returns it as stored (defaults included), or only
+        its ``returning`` columns ({} for none: nothing is read back)."""
 
     @abc.abstractmethod
     def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
@@ -216,8 +223,10 @@ class Tx(abc.ABC):
         """Insert many projection rows that name the same columns."""
 
     @abc.abstractmethod
-    def entities_by_id(self, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
-        """Whole rows of the given ids (any order; missing ids are absent)."""
+    def entities_by_id(self, policy: EntityPolicy, ids: Sequence[str], *,
+                       columns: tuple[str, ...] | None = None) -> list[Row]:
+        """Whole rows of the given ids (any order; missing ids are absent), or only their
+        ``columns``."""
 
     @abc.abstractmethod
     def entity_row(self, policy: EntityPolicy, entity_id: str) -> Row | None:

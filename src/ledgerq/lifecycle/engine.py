@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ledgerq.codec import CONTAINERS, dumps, loads, to_sql
+from ledgerq.codec import CONTAINERS, dumps, loads
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
@@ -31,10 +31,15 @@ def new_id() -> str:
     page instead of a random one, so a group commit writes a few index pages, not one
     per row. Cheaper to make than ``str(uuid.uuid4())``, too.
     """
-    n = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
-    n = n & ~(0xF000 << 64 | 0xC000 << 48) | (0x7000 << 64 | 0x8000 << 48)
-    h = f"{n:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    h = ((time.time_ns() // 1_000_000).to_bytes(6, "big") + os.urandom(10)).hex()
+    # The version digit (7) replaces the 13th digit; the variant's bits (10) the top two
+    # of the 17th. Hex digits are sliced, not an integer masked: a third cheaper.
+    return f"{h[:8]}-{h[8:12]}-7{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
+#: A random hex digit -> the same digit with its top two bits set to the RFC 9562
+#: variant (10): its two low bits stay random.
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 
 
 def new_token() -> str:
@@ -548,9 +553,11 @@ def _terms(plan: _Plan, reason: StateReason, ts: float, guard: dict[str, Any],
     changes = _stamp(reason, ts)
     for c in plan.fresh:
         changes[c] = new_token()
+    # (to_sql inline: a move's every value passes here, and few are containers)
     for k, v in patch.items():
-        changes[k] = to_sql(v)
-    return changes, [to_sql(guard[c]) for c in plan.guard_cols]
+        changes[k] = dumps(v) if isinstance(v, CONTAINERS) else v
+    return changes, [dumps(v) if isinstance(v := guard[c], CONTAINERS) else v
+                     for c in plan.guard_cols]
 
 
 def _sent(policy: EntityPolicy, plan: _Plan, entity_id: str, observed: str, to_state: str,
@@ -745,14 +752,23 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
     """
     ts = time.time() if now is None else now
     row = _creation_row(policy, values, reason, ts)
-    sent = _sent_patch(policy, row) if tx.stores_as_sent else None
+    sent = _sent_patch(tx, policy, row)
     if sent is not None:
-        # The patch is known but for what only the database knows: one statement.
-        _create_with_facts(tx, policy, [row], [sent], reason, actor, ts, idempotency_key)
+        if tx.stores_as_sent:
+            # The patch is known but for what only the database knows: one statement.
+            _create_with_facts(tx, policy, [row], [sent], reason, actor, ts,
+                               idempotency_key)
+            return str(row["id"])
+        # The patch is known but for the columns the row is read back for (defaults the
+        # database fills in, JSON text it may convert): the row reads back only those.
+        patch, stored = sent
+        patch.update(tx.insert_entity(policy, row, returning=stored))
+        _append_fact(tx, new_id(), policy.name, row["id"], None, row["status"], reason,
+                     actor, ts, 1, patch, idempotency_key)
         return str(row["id"])
-    stored = tx.insert_entity(policy, row)
+    stored_row = tx.insert_entity(policy, row)
     _append_fact(tx, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
-                 ts, 1, _initial_patch(stored, policy), idempotency_key)
+                 ts, 1, _initial_patch(stored_row, policy), idempotency_key)
     return str(row["id"])
 
 
@@ -763,34 +779,82 @@ _NOT_IN_PATCH = ("status", "version")
 _DEFAULT_AS_JSON = frozenset({"text", "integer", "boolean", "json"})
 
 
-def _sent_patch(policy: EntityPolicy, row: dict[str, Any]
-                ) -> tuple[dict[str, Any], tuple[str, ...]] | None:
-    """:func:`_initial_patch` of ``row`` before it is stored, where the values sent are
-    what the row will store: the patch of the sent values, and the columns whose stored
-    value only the database knows (JSON columns, which it normalizes, and defaults it
-    fills in). None where a value would be converted (an int sent to a float column)."""
+class _SentPlan(NamedTuple):
+    """What every creation of one shape (the columns it sends) on one dialect shares."""
+
+    #: Each sent column the patch takes: (name, the type whose values the dialect stores
+    #: exactly, or None; whether it is JSON; whether it has a default).
+    sent: tuple[tuple[str, type | None, bool, bool], ...]
+    #: The unsent columns the database fills with their defaults.
+    defaulted: tuple[str, ...]
+
+
+#: Plans per policy (held, as in :func:`_plain_types`), dialect and shape.
+_SENT_PLANS: dict[int, tuple[EntityPolicy, dict[tuple[Any, ...], _SentPlan | None]]] = {}
+#: How a JSON text the dialect stores as sent begins: an object, an array or a string
+#: (SQLite's JSON columns would convert text that reads as a number).
+_JSON_KEPT = ("{", "[", '"')
+
+
+def _sent_plan(tx: Tx, policy: EntityPolicy, columns: tuple[str, ...]) -> _SentPlan | None:
+    entry = _SENT_PLANS.get(id(policy))
+    if entry is None:
+        entry = _SENT_PLANS[id(policy)] = (policy, {})
+    plans = entry[1]
+    key = (type(tx), columns)
+    if key in plans:
+        return plans[key]
+    if len(plans) >= _PLAN_LIMIT:
+        plans.clear()
+    exact = tx.exact_types
     defaults = policy.defaulted
-    patch: dict[str, Any] = {}
-    stored: list[str] = []
+    given = set(columns)
+    sent: list[tuple[str, type | None, bool, bool]] = []
+    defaulted: list[str] = []
+    plan: _SentPlan | None = None
     for col, column in policy.columns.items():
         if col in _NOT_IN_PATCH:
             continue
-        if col in row:
-            value = row[col]
-            if value is None:
-                if col in defaults:
-                    patch[col] = None
-            elif column.type == "json":
-                stored.append(col)
-            elif type(value) is _EXACT.get(column.type):
-                patch[col] = value
-            else:
-                return None
+        if col in given:
+            sent.append((col, exact.get(column.type), column.type == "json", col in defaults))
         elif col in defaults:
-            if column.type not in _DEFAULT_AS_JSON:
-                return None
-            stored.append(col)
-    return patch, tuple(stored)
+            if tx.stores_as_sent and column.type not in _DEFAULT_AS_JSON:
+                break  # (None: see _sent_patch)
+            defaulted.append(col)
+    else:
+        plan = _SentPlan(tuple(sent), tuple(defaulted))
+    plans[key] = plan
+    return plan
+
+
+def _sent_patch(tx: Tx, policy: EntityPolicy, row: dict[str, Any]
+                ) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+    """:func:`_initial_patch` of ``row`` before it is stored, where the values sent are
+    what the row will store: the patch of the sent values, and the columns whose stored
+    value only the database knows (defaults it fills in; JSON text it normalizes, as
+    PostgreSQL's jsonb does, or may convert, as SQLite's affinity does text that reads as
+    a number). None where a value would be converted otherwise (an int sent to a float
+    column, a bool to SQLite's integer, -0.0 to SQLite's REAL, which keeps 0.0), or
+    where PostgreSQL would give a default as JSON other than a read would."""
+    plan = _sent_plan(tx, policy, tuple(row))
+    if plan is None:
+        return None
+    patch: dict[str, Any] = {}
+    stored = plan.defaulted
+    for col, exact, json, defaulted in plan.sent:
+        value = row[col]
+        kind = type(value)
+        if value is None:
+            if defaulted:
+                patch[col] = None
+        elif kind is exact and (not json or value[:1] in _JSON_KEPT) and (
+                kind is not float or value or math.copysign(1.0, value) > 0):
+            patch[col] = value
+        elif json:
+            stored = (*stored, col)
+        else:
+            return None
+    return patch, stored
 
 
 def _initial_patch(stored: dict[str, Any], policy: EntityPolicy) -> dict[str, Any]:
@@ -859,9 +923,10 @@ def create_entities(tx: Tx, policy: EntityPolicy,
     """
     ts = time.time() if now is None else now
     rows = [_creation_row(policy, v, reason, ts) for v in values]
-    sent = [_sent_patch(policy, r) for r in rows] if tx.stores_as_sent else []
+    sent = [_sent_patch(tx, policy, r) for r in rows]
     plans = [s for s in sent if s is not None]
-    if rows and len(plans) == len(rows):
+    exact = bool(rows) and len(plans) == len(rows)
+    if exact and tx.stores_as_sent:
         _create_with_facts(tx, policy, rows, plans, reason, actor, ts)
         return [str(r["id"]) for r in rows]
     start = 0
@@ -877,12 +942,23 @@ def create_entities(tx: Tx, policy: EntityPolicy,
     facts: list[tuple[Any, ...]] = []
     for i in range(0, len(rows), _READBACK_CHUNK):
         part = rows[i:i + _READBACK_CHUNK]
-        stored = {r["id"]: r for r in tx.entities_by_id(policy, [r["id"] for r in part])}
-        for row in part:
-            rid = row["id"]
-            facts.append((new_id(), policy.name, rid, None, row["status"], reason.code,
+        ids = [r["id"] for r in part]
+        if exact:
+            # Each patch is known but for its row's columns to read back (see
+            # create_entity): only those are read, of the rows that have any.
+            wanted = {c: None for _, read in plans[i:i + _READBACK_CHUNK] for c in read}
+            stored = {r["id"]: r for r in tx.entities_by_id(
+                policy, ids, columns=("id", *wanted))} if wanted else {}
+            patches = [{**patch, **{c: stored[row["id"]][c] for c in read}}
+                       for row, (patch, read) in zip(part, plans[i:i + _READBACK_CHUNK],
+                                                     strict=True)]
+        else:
+            stored = {r["id"]: r for r in tx.entities_by_id(policy, ids)}
+            patches = [_initial_patch(stored[row["id"]], policy) for row in part]
+        for row, patch in zip(part, patches, strict=True):
+            facts.append((new_id(), policy.name, row["id"], None, row["status"], reason.code,
                           reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
-                          dumps(_initial_patch(stored[rid], policy)), None))
+                          dumps(patch), None))
     tx.append_facts(facts)
     return [str(r["id"]) for r in rows]
 

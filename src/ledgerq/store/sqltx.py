@@ -269,15 +269,21 @@ class SqlTx(Tx):
         elif facts:
             self.executemany(self.q("append_fact"), facts)
 
-    def insert_entity(self, policy: EntityPolicy, row: dict[str, Any]) -> Row:
+    def insert_entity(self, policy: EntityPolicy, row: dict[str, Any], *,
+                      returning: tuple[str, ...] | None = None) -> Row:
         cols = tuple(row)
-        key = ("insert1", policy.table, cols)
+        key = ("insert1", policy.table, cols, returning)
         sql = self._texts.get(key)
         if sql is None:
             sql = self._texts[key] = self.q(
                 "insert_entity", table=self.table(policy),
-                columns=", ".join(quote(c) for c in cols), marks=self.marks(len(cols)))
-        return self.dicts(self.execute(sql, list(row.values())))[0]
+                columns=", ".join(quote(c) for c in cols), marks=self.marks(len(cols)),
+                returning=" RETURNING *" if returning is None else
+                " RETURNING " + ", ".join(quote(c) for c in returning) if returning else "")
+        cur = self.execute(sql, list(row.values()))
+        if returning is None:
+            return self.dicts(cur)[0]
+        return dict(zip(returning, cur.fetchone(), strict=True)) if returning else {}
 
     def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
                                    rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
@@ -295,8 +301,10 @@ class SqlTx(Tx):
                      marks=self.marks(len(columns)))
         self.executemany(sql, rows)
 
-    def entities_by_id(self, policy: EntityPolicy, ids: Sequence[str]) -> list[Row]:
-        return self._chunked_rows("entities_by_id", policy, ids)
+    def entities_by_id(self, policy: EntityPolicy, ids: Sequence[str], *,
+                       columns: tuple[str, ...] | None = None) -> list[Row]:
+        return self._chunked_rows("entities_by_id", policy, ids, columns="*" if columns is None
+                                  else ", ".join(quote(c) for c in columns))
 
     def entity_row(self, policy: EntityPolicy, entity_id: str) -> Row | None:
         rows = self.dicts(self.execute(self.q("entity_row", table=self.table(policy)),

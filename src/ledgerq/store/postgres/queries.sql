@@ -206,13 +206,13 @@ f->>0, f->>1, f->>2, f->>3, f->>4, f->>5, f->>6, (f->>7)::jsonb, f->>8, f->>9,
 (f->>10)::double precision, (f->>11)::jsonb, {version}, (f->>13)::jsonb, f->>14
 
 -- name: insert_entity
-INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING *
+INSERT INTO {table} ({columns}) VALUES ({marks}){returning}
 
 -- name: insert_entities
 INSERT INTO {table} ({columns}) VALUES ({marks})
 
 -- name: entities_by_id
-SELECT * FROM {table} WHERE id IN ({marks})
+SELECT {columns} FROM {table} WHERE id IN ({marks})
 
 -- name: entity_row
 SELECT * FROM {table} WHERE id = %s

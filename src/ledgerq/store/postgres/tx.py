@@ -15,6 +15,7 @@ import math
 import operator
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import msgspec
@@ -218,6 +219,9 @@ class PostgresTx(SqlTx):
         return isinstance(exc, psycopg.OperationalError) or stale_plan(exc)
 
     stores_as_sent = True
+    # Typed columns keep what they are sent; jsonb normalizes JSON text (none here).
+    exact_types = MappingProxyType({"text": str, "integer": int, "float": float,
+                                    "timestamp": float, "boolean": bool})
 
     def update_entities_with_facts(self, policy: EntityPolicy, moves: Sequence[SentMove]
                                    ) -> list[int | None]:

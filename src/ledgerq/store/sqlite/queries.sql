@@ -59,13 +59,13 @@ INSERT INTO status_transitions (
 ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- name: insert_entity
-INSERT INTO {table} ({columns}) VALUES ({marks}) RETURNING *
+INSERT INTO {table} ({columns}) VALUES ({marks}){returning}
 
 -- name: insert_entities
 INSERT INTO {table} ({columns}) VALUES ({marks})
 
 -- name: entities_by_id
-SELECT * FROM {table} WHERE id IN ({marks})
+SELECT {columns} FROM {table} WHERE id IN ({marks})
 
 -- name: entity_row
 SELECT * FROM {table} WHERE id = ?

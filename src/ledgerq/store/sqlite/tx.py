@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from ledgerq.lifecycle.registry import EntityPolicy, IndexPolicy, sql_literal
@@ -24,6 +25,11 @@ class SqliteTx(SqlTx):
     queries = QUERIES
     mark = "?"
     no_limit = -1
+    # By type affinity: TEXT keeps a str, INTEGER an int, REAL a float (but -0.0, kept as
+    # 0.0), JSON (NUMERIC affinity) text that does not read as a number; a bool is
+    # stored as 1 or 0.
+    exact_types = MappingProxyType({"text": str, "integer": int, "float": float,
+                                    "timestamp": float, "json": str})
     _texts: ClassVar[dict[tuple[Any, ...], str]] = {}
 
     conn: sqlite3.Connection
