@@ -2,7 +2,8 @@
 
 Not a system but a ceiling for the benchmarks: the same schema and pragmas as a StateDB,
 and per task the statements any implementation of ledgerq's schema runs: the row
-(INSERT ... RETURNING *) and its creation fact, the guarded claim (UPDATE ... RETURNING *)
+(INSERT ... RETURNING the defaults it does not send) and its creation fact (the values
+sent and those defaults), the guarded claim (UPDATE ... RETURNING *)
 and its fact, the guarded terminal write and its fact, committed as ledgerq commits them.
 No asyncio, no thread hop, no validation, no savepoints, no selection logic, no
 dependents lookup, so nothing built on this schema runs these lifecycles faster.
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ledgerq.codec import dumps
-from ledgerq.lifecycle import Registry
+from ledgerq.lifecycle import Registry, default_registry
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.queue import TaskApplication
 from ledgerq.queue.application import digest
@@ -29,6 +30,8 @@ from ledgerq.store.sqlite.schema import schema_ddl
 from ledgerq.store.sqlite.tx import SqliteTx
 
 WORKER = "bench-worker"
+#: The actor of a submit's creation fact (ledgerq.queue.submit.SUBMITTER's id).
+SUBMITTER = "ledgerq.submit"
 #: A connection's execute, which the per-row functions below take.
 Execute = Callable[..., sqlite3.Cursor]
 APP = TaskApplication("command", {"argv": ["true"]}, "host")
@@ -51,7 +54,13 @@ RUN_COLUMNS = (
     "required_capabilities", "execution_target", "library_ref", "library_content_hash",
     "idempotency_key", "application_digest", "retry_policy", "timeout_seconds", "depends_on",
     "version", "status_reason_code", "status_reason_summary", "status_evidence_refs",
+    "priority", "queue",
 )
+#: The columns a creation reads back, as ledgerq's does: those it leaves to their defaults.
+_POLICY = default_registry().entity("schedule_run")
+READ_BACK = tuple(c for c in _POLICY.columns if c in _POLICY.defaulted and c not in RUN_COLUMNS)
+#: A creation fact's patch leaves these out (its own fields record them).
+_NOT_IN_PATCH = ("status", "version")
 RAW_RUN_INSERT = (f"INSERT INTO schedule_runs ({', '.join(RUN_COLUMNS)}) "
                   f"VALUES ({', '.join('?' * len(RUN_COLUMNS))})")
 RAW_FACT_INSERT = """
@@ -72,9 +81,9 @@ FLOOR_END = (
     "UPDATE schedule_runs SET status = 'completed', version = ?, updated_at = ?, "
     "status_reason_code = 'run.completed.ok', status_reason_summary = '', "
     "status_evidence_refs = '[]', ended_at = ?, exit_code = ?, error_detail = ?, "
-    "run_attempts = ? WHERE id = ? AND status = 'running' AND leased_by IS ? "
-    "AND lease_expires_at IS ? AND lease_token IS ? "
-    "RETURNING ended_at, exit_code, error_detail, run_attempts")
+    "run_attempts = ?, stdout_tail = ?, stderr_tail = ? WHERE id = ? AND status = 'running' "
+    "AND leased_by IS ? AND lease_expires_at IS ? AND lease_token IS ? "
+    "RETURNING ended_at, exit_code, error_detail, run_attempts, stdout_tail, stderr_tail")
 #: The next page of queued rows, as ledgerq's claim reads the default queue: its range of
 #: the claim order's index (the index's WHERE, as the dialect adds it), in index order.
 FLOOR_PAGE = ("SELECT id, lease_attempts, version FROM schedule_runs WHERE {claim_index} "
@@ -101,11 +110,12 @@ BATCH_END = (
     "UPDATE schedule_runs SET status = 'completed', version = schedule_runs.version + 1, "
     "updated_at = ?, status_reason_code = 'run.completed.ok', status_reason_summary = '', "
     "status_evidence_refs = '[]', ended_at = ?, exit_code = 0, error_detail = NULL, "
-    "run_attempts = 1 FROM g "
+    "run_attempts = 1, stdout_tail = NULL, stderr_tail = NULL FROM g "
     "WHERE schedule_runs.id = g.id AND status = 'running' "
     "AND schedule_runs.leased_by IS g.leased_by AND lease_expires_at IS g.expires "
     "AND lease_token IS g.token "
-    "RETURNING schedule_runs.id, version, ended_at, exit_code, error_detail, run_attempts")
+    "RETURNING schedule_runs.id, version, ended_at, exit_code, error_detail, run_attempts, "
+    "stdout_tail, stderr_tail")
 
 
 def claim_page(registry: Registry) -> str:
@@ -119,7 +129,7 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
                  submit_group: int = 1, batched: bool = False) -> dict[str, float]:
     """ledgerq's own statements in plain sqlite3, ledgerq's commits: a ceiling, not a system.
 
-    Per task the row (INSERT ... RETURNING *) and its creation fact, or ``submit_group``
+    Per task the row (INSERT ... RETURNING its defaults) and its creation fact, or ``submit_group``
     submits per commit, written together as ledgerq writes submits joined in one turn
     (:func:`submit_rows`); then passes of ``limit``: the guarded claims with their facts in
     one commit, the guarded terminal writes with theirs in another. ``batched``: each
@@ -144,34 +154,37 @@ def schema_floor(path: str, registry: Registry, sync: str, n: int, limit: int,
 
 
 def _fact(rid: str, prev: str | None, status: str, code: str, summary: str, now: float,
-          version: int, patch: dict[str, Any]) -> tuple[Any, ...]:
+          version: int, patch: dict[str, Any], actor: str = WORKER) -> tuple[Any, ...]:
     """A fact row in RAW_FACT_INSERT's column order, as the engine makes it."""
     return (new_id(), "schedule_run", rid, prev, status, code, summary, "[]", "system",
-            WORKER, now, "{}", version, dumps(patch), None)
+            actor, now, "{}", version, dumps(patch), None)
 
 
 def _run_values(now: float, args: str, fingerprint: str) -> tuple[Any, ...]:
     """A fresh run's row in RAW_RUN_INSERT's column order, as a plain submit makes it."""
     return (new_id(), None, None, "{}", APP.action_kind, args, "queued", 0, now, now, now,
             None, "[]", APP.execution_target, None, None, None, fingerprint, None, None,
-            None, 1, "run.queued.submitted", "", "[]")
+            None, 1, "run.queued.submitted", "", "[]", 0, "default")
 
 
-def _creation_fact(names: Sequence[str], stored: Sequence[Any], now: float
+def _creation_fact(values: Sequence[Any], read: Sequence[Any], now: float
                    ) -> tuple[Any, ...]:
-    """The creation fact of a row as stored: its non-NULL columns as the patch."""
-    patch = {k: v for k, v in zip(names, stored, strict=True)
-             if v is not None and k not in ("status", "version")}
-    return _fact(patch["id"], None, "queued", "run.queued.submitted", "", now, 1, patch)
+    """The creation fact of a row from the values sent and the defaults read back: its
+    non-NULL columns as the patch."""
+    patch = {k: v for k, v in zip(RUN_COLUMNS, values, strict=True)
+             if v is not None and k not in _NOT_IN_PATCH}
+    patch.update(zip(READ_BACK, read, strict=True))
+    return _fact(patch["id"], None, "queued", "run.queued.submitted", "", now, 1, patch,
+                 SUBMITTER)
 
 
 def submit_row(x: Execute, args: str, fingerprint: str) -> str:
-    """One row (INSERT ... RETURNING *) and its creation fact, in the caller's transaction;
-    its id."""
+    """One row (INSERT ... RETURNING its defaults) and its creation fact, in the caller's
+    transaction; its id."""
     now = time.time()
     values = _run_values(now, args, fingerprint)
-    cur = x(RAW_RUN_INSERT + " RETURNING *", values)
-    x(RAW_FACT_INSERT, _creation_fact([d[0] for d in cur.description], cur.fetchone(), now))
+    cur = x(RAW_RUN_INSERT + f" RETURNING {', '.join(READ_BACK)}", values)
+    x(RAW_FACT_INSERT, _creation_fact(values, cur.fetchone(), now))
     return str(values[0])
 
 
@@ -179,17 +192,16 @@ def submit_rows(conn: sqlite3.Connection, args: str, fingerprint: str, count: in
                 ) -> list[str]:
     """``count`` rows and their creation facts in the caller's transaction, as ledgerq
     writes submits joined in one turn of its loop (ledgerq.queue.joined, through
-    ``create_entities``): one ``executemany`` of the rows, one read-back of them by id
-    (the stored rows, for the facts), one ``executemany`` of the facts; their ids."""
+    ``create_entities``): one ``executemany`` of the rows, one read-back of their
+    defaults by id, one ``executemany`` of the facts; their ids."""
     now = time.time()
     rows = [_run_values(now, args, fingerprint) for _ in range(count)]
     conn.executemany(RAW_RUN_INSERT, rows)
     ids = [str(r[0]) for r in rows]
-    cur = conn.execute(f"SELECT * FROM schedule_runs WHERE id IN ({', '.join('?' * count)})",
-                       ids)
-    names = [d[0] for d in cur.description]
-    conn.executemany(RAW_FACT_INSERT, [_creation_fact(names, stored, now)
-                                       for stored in cur.fetchall()])
+    read = {r[0]: r[1:] for r in conn.execute(
+        f"SELECT id, {', '.join(READ_BACK)} FROM schedule_runs "
+        f"WHERE id IN ({', '.join('?' * count)})", ids)}
+    conn.executemany(RAW_FACT_INSERT, [_creation_fact(r, read[r[0]], now) for r in rows])
     return ids
 
 
@@ -217,11 +229,15 @@ def _claim_patch(now: float, summary: str, row: dict[str, Any]) -> dict[str, Any
             "lease_token": row["lease_token"], "lease_attempts": row["lease_attempts"]}
 
 
+#: What a terminal write returns of its row: the columns its fact's patch records.
+END_RETURNS = ("ended_at", "exit_code", "error_detail", "run_attempts", "stdout_tail",
+               "stderr_tail")
+
+
 def _end_patch(now: float, stored: Sequence[Any]) -> dict[str, Any]:
     return {"updated_at": now, "status_reason_code": "run.completed.ok",
             "status_reason_summary": "", "status_evidence_refs": "[]",
-            **dict(zip(("ended_at", "exit_code", "error_detail", "run_attempts"), stored,
-                       strict=True))}
+            **dict(zip(END_RETURNS, stored, strict=True))}
 
 
 def claim_rows(x: Execute, page: str, limit: int) -> list[dict[str, Any]]:
@@ -244,8 +260,8 @@ def end_row(x: Execute, row: dict[str, Any]) -> None:
     """A claimed row's terminal write after exit 0, guarded on its lease, and its fact."""
     now = time.time()
     version = row["version"] + 1
-    cur = x(FLOOR_END, (version, now, now, 0, None, 1, row["id"], row["leased_by"],
-                        row["lease_expires_at"], row["lease_token"]))
+    cur = x(FLOOR_END, (version, now, now, 0, None, 1, None, None, row["id"],
+                        row["leased_by"], row["lease_expires_at"], row["lease_token"]))
     x(RAW_FACT_INSERT, _fact(row["id"], "running", "completed", "run.completed.ok", "", now,
                              version, _end_patch(now, cur.fetchone())))
 

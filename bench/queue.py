@@ -19,8 +19,9 @@ database file (WAL, the chosen ``synchronous``), so the figures share one disk:
                    in the same process: its claims and terminal writes share the
                    submitter's commits; lifecycles/s = N / (first submit to last completion)
   schema floor     a ceiling, not a system: ledgerq's own statements in plain sqlite3
-                   with ledgerq's commits: per task the row (INSERT ... RETURNING *) and its
-                   creation fact, one commit each; then passes of L: the guarded claims
+                   with ledgerq's commits: per task the row (INSERT ... RETURNING the
+                   defaults it leaves) and its creation fact, one commit each; then
+                   passes of L: the guarded claims
                    (UPDATE ... RETURNING *) with their facts in one commit, the guarded
                    terminal writes with theirs in another. No asyncio, thread hop,
                    validation, savepoints or selection logic. Every ledgerq lifecycle in

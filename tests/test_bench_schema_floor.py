@@ -18,6 +18,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ledgerq import StateDB
+from ledgerq.codec import loads
 from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, claim_and_execute, submit_many
 
@@ -27,8 +28,10 @@ from pg_peers import schema_floor
 
 WORKER = "w1"
 #: Values that differ between any two runs whoever writes them.
-VOLATILE_COLUMNS = {"id", "entity_id", "created_at", "updated_at", "ended_at",
-                    "lease_expires_at", "lease_token"}
+VOLATILE_COLUMNS = frozenset({"id", "entity_id", "created_at", "updated_at", "ended_at",
+                              "lease_expires_at", "lease_token"})
+#: And when each run is submitted on its own.
+SUBMITTED_AT = VOLATILE_COLUMNS | {"fired_at", "queued_at"}
 TOKEN = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -36,11 +39,12 @@ async def _noop(run: dict[str, Any]) -> tuple[int, str]:
     return 0, ""
 
 
-def _masked(values: dict[str, Any]) -> dict[str, Any]:
-    out = {k: "<varies>" if k in VOLATILE_COLUMNS and v is not None else v
+def _masked(values: dict[str, Any], volatile: frozenset[str] = VOLATILE_COLUMNS
+            ) -> dict[str, Any]:
+    out = {k: "<varies>" if k in volatile and v is not None else v
            for k, v in values.items()}
     if isinstance(out.get("patch"), dict):
-        out["patch"] = _masked(out["patch"])
+        out["patch"] = _masked(out["patch"], volatile)
     return out
 
 
@@ -74,7 +78,54 @@ async def test_the_schema_floor_writes_the_rows_and_facts_a_worker_writes(
                 row, facts = _written(conn, run_id)
                 assert TOKEN.match(row["lease_token"])
                 assert _masked(row) == _masked(reference_row)
-                assert [_masked(f) for f in facts] == [_masked(f) for f in reference_facts]
+                assert [_masked(f, SUBMITTED_AT) for f in facts] == \
+                [_masked(f, SUBMITTED_AT) for f in reference_facts]
         report = await verify(db)
         assert report.ok, report.drift
         assert report.rows == 4 and report.facts == 12
+
+
+# ------------------------------------------------------------ SQLite (bench/floor.py)
+
+
+async def test_the_sqlite_schema_floor_writes_the_rows_and_facts_ledgerq_writes(
+        tmp_path: Path) -> None:
+    """bench/floor.py bounds the SQLite targets only if its statements write what
+    ledgerq's do: one submit and one pass each, alone and joined, the same rows and facts
+    but for ids, times and tokens, and the log still folds to every row."""
+    import floor  # bench/floor.py (on the path above)
+
+    path = str(tmp_path / "floor.db")
+    app = floor.APP
+    async with StateDB(path) as db:
+        alone = await submit_many(db, [app])
+        joined = await submit_many(db, [app] * 2)
+        conn = floor.connect(path, "NORMAL")
+        try:
+            floor._submit_all(conn, 1, 1)  # submit_row
+            floor._submit_all(conn, 2, 2)  # submit_rows
+            assert await claim_and_execute(db, worker_id=floor.WORKER, execute=_noop,
+                                           limit=3) == 3
+            assert floor._passes(conn, floor.claim_page(db.registry), 3) == 3
+        finally:
+            conn.close()
+        rows = {r["id"]: r for r in await db.fetch_all("SELECT * FROM schedule_runs")}
+        assert len(rows) == 6 and {r["status"] for r in rows.values()} == {"completed"}
+        floor_ids = [i for i in rows if i not in {*alone, *joined}]
+
+        async def written(run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+            facts = await db.fetch_all("SELECT * FROM status_transitions WHERE entity_id = ? "
+                                       "ORDER BY entity_version", (run_id,))
+            for f in facts:
+                f["patch"] = loads(f["patch"])
+            return rows[run_id], facts
+
+        reference_row, reference_facts = await written(alone[0])
+        assert [f["status"] for f in reference_facts] == ["queued", "running", "completed"]
+        for run_id in [*joined, *floor_ids]:
+            row, facts = await written(run_id)
+            assert _masked(row, SUBMITTED_AT) == _masked(reference_row, SUBMITTED_AT)
+            assert [_masked(f, SUBMITTED_AT) for f in facts] == \
+                [_masked(f, SUBMITTED_AT) for f in reference_facts]
+        report = await verify(db)
+        assert report.ok, report.drift
