@@ -747,8 +747,10 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
                   idempotency_key: str | None = None) -> str:
     """Insert a projection row in an initial state plus its creation fact (in-transaction).
 
-    The fact carries the row as stored (``RETURNING *``: after type affinity, database
-    defaults included), so folding the log recreates the row exactly.
+    The fact carries the row as stored (after type affinity, database defaults
+    included), so folding the log recreates the row exactly: the values sent where the
+    column keeps them as sent (``Tx.exact_types``), the rest read back (or, on
+    PostgreSQL, taken by the server in the same statement).
     """
     ts = time.time() if now is None else now
     row = _creation_row(policy, values, reason, ts)
