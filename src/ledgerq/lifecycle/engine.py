@@ -372,7 +372,7 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
     given = [(rid, g, {**{c: new_token() for c in fresh}, **p} if fresh else p)
              for rid, g, p in rows]
     patched = (*given[0][2], "status_evidence_refs")
-    split = _claim_patch_split(policy, changes, patched, given) if tx.stores_as_sent \
+    split = _claim_patch_split(tx, policy, changes, patched, given) if tx.stores_as_sent \
         else None
     # Each fact records the values its row stores. Where the dialect stores what it is
     # sent and the database gives back every per-row column as its exact JSON (``exact``),
@@ -386,7 +386,8 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
                                0, {}, None), common, stored, exact=split is not None))
 
 
-def _claim_patch_split(policy: EntityPolicy, changes: dict[str, Any], patched: tuple[str, ...],
+def _claim_patch_split(tx: Tx, policy: EntityPolicy, changes: dict[str, Any],
+                       patched: tuple[str, ...],
                        rows: list[tuple[str, dict[str, Any], dict[str, Any]]]
                        ) -> tuple[dict[str, Any], tuple[str, ...]] | None:
     """A claim fact's patch as :class:`~ledgerq.operations.ClaimFacts` takes it: what
@@ -409,7 +410,7 @@ def _claim_patch_split(policy: EntityPolicy, changes: dict[str, Any], patched: t
         if len(values) != 1:
             return None
         (value,) = values
-        if value is not None and type(value) is not _EXACT.get(column.type):
+        if value is not None and type(value) is not tx.exact_types.get(column.type):
             return None
         common[col] = value
     return common, tuple(stored)
@@ -521,7 +522,8 @@ def _swap(tx: Tx, policy: EntityPolicy, plan: _Plan, entity_id: str, observed: s
     ts = time.time() if now is None else now
     changes, guards = _terms(plan, reason, ts, guard, patch)
     moved_to = None if observed == to_state else to_state
-    if tx.stores_as_sent and not whole_row and _stored_as_sent(policy, plan.patched, changes):
+    if tx.stores_as_sent and not whole_row and _stored_as_sent(tx, policy, plan.patched,
+                                                               changes):
         # What the row will store is what is sent: the fact can be written from it, in
         # the swap's own statement (inserted only if the swap matched).
         sent = _sent(policy, plan, entity_id, observed, to_state, reason, actor, ts, changes,
@@ -603,15 +605,10 @@ def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> lis
         return _swaps_then_facts(tx, policy, moves)
     sent: list[SentMove] = []
     for m in moves:
-        plan = _plan(tx, policy, m.from_state, m.to_state, m.reason, m.actor, m.guard,
-                     m.patch, False, False)
-        if m.guard:
-            check_values(policy, "guard", m.guard)
-        if m.patch:
-            check_values(policy, "patch", m.patch)
+        plan = _checked_plan(tx, policy, m)
         ts = time.time() if m.now is None else m.now
         changes, guards = _terms(plan, m.reason, ts, m.guard, m.patch)
-        if plan.refusal is not None or not _stored_as_sent(policy, plan.patched, changes):
+        if plan.refusal is not None or not _stored_as_sent(tx, policy, plan.patched, changes):
             return [_apply(tx, policy, each) for each in moves]
         sent.append(_sent(policy, plan, m.entity_id, m.from_state, m.to_state, m.reason,
                           m.actor, ts, changes, guards, "", None, False))
@@ -619,6 +616,18 @@ def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> lis
     return [_apply(tx, policy, m) if version is None
             else Moved(True, m.from_state, m.to_state, s.fact[0], None)
             for m, s, version in zip(moves, sent, done, strict=True)]
+
+
+def _checked_plan(tx: Tx, policy: EntityPolicy, m: MoveTerms) -> _Plan:
+    """The plan of a move that names the state it expects, its values checked: what
+    :func:`apply_move` checks before its swap, in the same order."""
+    plan = _plan(tx, policy, m.from_state, m.to_state, m.reason, m.actor, m.guard, m.patch,
+                 False, False)
+    if m.guard:
+        check_values(policy, "guard", m.guard)
+    if m.patch:
+        check_values(policy, "patch", m.patch)
+    return plan
 
 
 def _swaps_then_facts(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]
@@ -634,12 +643,7 @@ def _swaps_then_facts(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]
     facts: list[tuple[Any, ...]] = []
     try:
         for m in moves:
-            plan = _plan(tx, policy, m.from_state, m.to_state, m.reason, m.actor, m.guard,
-                         m.patch, False, False)
-            if m.guard:
-                check_values(policy, "guard", m.guard)
-            if m.patch:
-                check_values(policy, "patch", m.patch)
+            plan = _checked_plan(tx, policy, m)
             after = None
             if plan.refusal is None:
                 ts = time.time() if m.now is None else m.now
@@ -672,21 +676,18 @@ def _apply(tx: Tx, policy: EntityPolicy, m: MoveTerms) -> Moved:
                       guard=m.guard, patch=m.patch, now=m.now)
 
 
-#: Per logical column type, the one Python type a value must have to be stored as sent.
-_EXACT = {"text": str, "integer": int, "float": float, "timestamp": float, "boolean": bool}
-
-
-def _stored_as_sent(policy: EntityPolicy, patched: tuple[str, ...],
+def _stored_as_sent(tx: Tx, policy: EntityPolicy, patched: tuple[str, ...],
                     changes: dict[str, Any]) -> bool:
     """Whether every patched value reads back from its column as the same value of the
-    same type (no JSON column, no int sent to a float column): the fact's patch is then
-    exactly what a read-back would have given."""
+    same type (``Tx.exact_types``; no JSON column, no int sent to a float column): the
+    fact's patch is then exactly what a read-back would have given."""
     for col in patched:
         value = changes[col]
         if value is None:
             continue
         column = policy.columns.get(col)
-        if column is None or type(value) is not _EXACT.get(column.type):
+        if column is None or column.type == "json" or \
+                type(value) is not tx.exact_types.get(column.type):
             return False
     return True
 
