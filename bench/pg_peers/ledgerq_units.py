@@ -11,8 +11,9 @@ SQLite.)
 
   submit single  an application validated, then its row and creation fact, one
                  statement as a transaction of its own (as StateDB sends a plain submit)
-  drain          per pass: the choice read (REPEATABLE READ, READ ONLY), the claims of up
-                 to BATCH rows (one transaction), their outcomes after exit 0 (another)
+  drain          per pass: the choice read and the claims of up to BATCH rows (one READ
+                 COMMITTED transaction, as a Worker's pass since session 20), their
+                 outcomes after exit 0 (another)
 """
 
 from __future__ import annotations
@@ -113,17 +114,18 @@ def worker(dsn: str, idx: int, barrier: Barrier, stop: Event) -> None:
         barrier.wait()
         while not stop.is_set():
             now = time.time()
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            chosen = _select(PostgresTx(conn), policy, me, now, HEARTBEAT_TTL, [], [],
-                             {"host"}, ["default"], BATCH * CLAIM_SPARES, ClaimPass())
+            # The choice and its claims in one READ COMMITTED transaction, as a Worker's
+            # pass makes them (claim_pass, _choose_and_claim).
+            conn.execute("BEGIN READ WRITE")
+            tx = PostgresTx(conn)
+            chosen = _select(tx, policy, me, now, HEARTBEAT_TTL, [], [], {"host"},
+                             ["default"], BATCH * CLAIM_SPARES, ClaimPass())
+            got = _claim_together(tx, policy, chosen, BATCH, me, now, LEASE_TTL) \
+                if chosen else []
             conn.execute("COMMIT")
             if not chosen:
                 time.sleep(IDLE_SLEEP)
                 continue
-            conn.execute("BEGIN READ WRITE")
-            got = _claim_together(PostgresTx(conn), policy, chosen, BATCH, me, now,
-                                  LEASE_TTL)
-            conn.execute("COMMIT")
             claimed = [g for g in got if isinstance(g, dict)]
             if not claimed:
                 continue
