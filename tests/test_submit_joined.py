@@ -153,6 +153,19 @@ async def test_a_cancelled_caller_leaves_the_others_write_alone(db: StateDB) -> 
                ((i, g) for i, g in enumerate(got) if isinstance(g, str)))
 
 
+
+async def test_a_joint_whose_unit_gives_too_few_values_fails_its_callers(db: StateDB) -> None:
+    """Every caller of a joint waits on its own future: one the unit gave no value for is
+    told so (an IndexError), never left waiting."""
+    def too_few(tx: Any, items: Any, now: float) -> list[str]:
+        return [f"v{i}" for i in items][:-1]
+
+    got = await asyncio.wait_for(asyncio.gather(
+        *(joined.write_joined(db, "k", i, too_few) for i in range(3)),
+        return_exceptions=True), 10)
+    assert got[:2] == ["v0", "v1"] and isinstance(got[2], IndexError), got
+
+
 _examples = itertools.count()
 
 

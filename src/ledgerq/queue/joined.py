@@ -127,6 +127,10 @@ async def _write(db: StateDB, joints: dict[Hashable, _Joint[Item, Value]], key: 
         for waiting in joint.waiting:
             waiting.cancel()
         raise
-    for waiting, value in zip(joint.waiting, values, strict=True):
-        if not waiting.done():
-            waiting.set_result(value)
+    for i, waiting in enumerate(joint.waiting):
+        if waiting.done():  # (a cancelled caller's)
+            continue
+        if i < len(values):
+            waiting.set_result(values[i])
+        else:  # write_all broke its contract: its caller is told, not left waiting
+            waiting.set_exception(IndexError(f"the joint's unit gave no value for item {i}"))
