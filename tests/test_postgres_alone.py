@@ -132,7 +132,6 @@ async def test_units_sent_alone_keep_one_connection_out_of_the_pool(
     assert kept.closed and backend._kept is None
 
 
-
 @pytest.mark.parametrize("branch", ["closed by the server", "stale plan", "sent"])
 async def test_a_connection_sent_alone_goes_back_to_the_pool_once(
         pgdb: StateDB, monkeypatch: pytest.MonkeyPatch, branch: str) -> None:

@@ -153,7 +153,6 @@ async def test_a_cancelled_caller_leaves_the_others_write_alone(db: StateDB) -> 
                ((i, g) for i, g in enumerate(got) if isinstance(g, str)))
 
 
-
 async def test_a_joint_whose_unit_gives_too_few_values_fails_its_callers(db: StateDB) -> None:
     """Every caller of a joint waits on its own future: one the unit gave no value for is
     told so (an IndexError), never left waiting."""
