@@ -119,6 +119,21 @@ def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Seque
     too: everything yielded so far is then exactly the head of the claim order.
     """
     scans = [_QueueScan(tx, policy, excluded_kinds, q, first_page) for q in queues]
+    if len(scans) == 1:
+        # One queue (most workers): its pages are already in claim order, nothing to
+        # merge; the same rows, the same reads and the same cap as the merge below.
+        scan = scans[0]
+        while True:
+            if not scan.buffer:
+                if scan.done:
+                    return
+                if result.scanned >= cap:
+                    result.capped = True
+                    return
+                result.scanned += scan.fill(cap - result.scanned)
+                if not scan.buffer:
+                    return
+            yield scan.buffer.pop()
     heads: list[tuple[tuple[int, float, str], int]] = []
 
     def refill(i: int) -> bool:
