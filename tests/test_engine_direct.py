@@ -324,6 +324,19 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     (run_values("retry_wait"), "retry_wait"),         # the same, non-terminal
     (run_values("paused"), "paused"),                 # not a state at all
     ({k: v for k, v in run_values().items() if k != "status"}, "None"),
+    # Values the log cannot hold exactly, in rows whose JSON is given as text (the shape a
+    # submit sends, whose values are looked at once, as its fact's patch is made): each
+    # refused by name as in any other row.
+    *((run_values(**{"trigger_context": "{}", "action_args": "[]", **bad}), named)
+      for bad, named in (
+        ({"error_detail": "a\x00b"}, "NUL"),
+        ({"error_detail": "\ud800"}, "UTF-8"),
+        ({"exit_code": 2**63}, "64 bits"),
+        ({"timeout_seconds": float("nan")}, "finite"),
+        ({"chain_depth": "3"}, "chain_depth"),
+        ({"chain_depth": 1.5}, "chain_depth"),
+        ({"trigger_context": b"{}"}, "trigger_context"),
+    )),
 ]
 
 
@@ -422,6 +435,9 @@ async def test_a_creation_fact_records_each_value_as_its_row_stores_it(
     number; on SQLite -0.0's sign included: PostgreSQL's jsonb log has no negative zero),
     so folding the log rebuilds the row exactly."""
     values = [run_values(**extra) for extra in AWKWARD]
+    # The same with JSON given as text (as a submit's rows are), and text beyond ASCII.
+    values += [run_values(**{"trigger_context": "{}", "action_args": '["echo"]', **extra})
+               for extra in [*AWKWARD, {"error_detail": "é\u2028 ok"}]]
     # Each alone, and all at once (one value the dialect would convert sends the whole
     # batch the way that reads every row back).
     ids = [rid for v in values for rid in await db.write(create_unit(via, RUN, [v],

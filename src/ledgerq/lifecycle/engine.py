@@ -754,8 +754,7 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
     PostgreSQL, taken by the server in the same statement).
     """
     ts = time.time() if now is None else now
-    row = _creation_row(policy, values, reason, ts)
-    sent = _sent_patch(tx, policy, row)
+    row, sent = _creation(tx, policy, values, reason, ts)
     if sent is not None:
         if tx.stores_as_sent:
             # The patch is known but for what only the database knows: one statement.
@@ -830,7 +829,11 @@ def _sent_plan(tx: Tx, policy: EntityPolicy, columns: tuple[str, ...]) -> _SentP
     return plan
 
 
-def _sent_patch(tx: Tx, policy: EntityPolicy, row: dict[str, Any]
+#: What :func:`_sent_patch` gives when a value needs :func:`check_values`' full look.
+_UNCHECKED: Any = object()
+
+
+def _sent_patch(tx: Tx, policy: EntityPolicy, row: dict[str, Any], *, checked: bool = False
                 ) -> tuple[dict[str, Any], tuple[str, ...]] | None:
     """:func:`_initial_patch` of ``row`` before it is stored, where the values sent are
     what the row will store: the patch of the sent values, and the columns whose stored
@@ -838,19 +841,34 @@ def _sent_patch(tx: Tx, policy: EntityPolicy, row: dict[str, Any]
     PostgreSQL's jsonb does, or may convert, as SQLite's affinity does text that reads as
     a number). None where a value would be converted otherwise (an int sent to a float
     column, a bool to SQLite's integer, -0.0 to SQLite's REAL, which keeps 0.0), or
-    where PostgreSQL would give a default as JSON other than a read would."""
+    where PostgreSQL would give a default as JSON other than a read would.
+
+    Unless ``checked`` (the row's values passed :func:`check_values`), it looks at every
+    value as check_values' quick path would, in the same loop (a creation's values are
+    then looked at once, not twice), and gives :data:`_UNCHECKED` for any value that
+    quick look does not vouch for: the caller then runs the full checks, which name
+    what is wrong, and asks again.
+    """
     plan = _sent_plan(tx, policy, tuple(row))
     if plan is None:
-        return None
+        return None if checked else _UNCHECKED
     patch: dict[str, Any] = {}
     stored = plan.defaulted
     for col, exact, json, defaulted in plan.sent:
         value = row[col]
-        kind = type(value)
         if value is None:
             if defaulted:
                 patch[col] = None
-        elif kind is exact and (not json or value[:1] in _JSON_KEPT) and (
+            continue
+        kind = type(value)
+        if not checked and not (
+                (kind is exact or (json and kind is str)) and (
+                    value.isascii() and "\x00" not in value if kind is str
+                    else _isfinite(value) if kind is float
+                    else _INT64_MIN <= value <= _INT64_MAX if kind is int
+                    else kind is bool)):
+            return _UNCHECKED
+        if kind is exact and (not json or value[:1] in _JSON_KEPT) and (
                 kind is not float or value or math.copysign(1.0, value) > 0):
             patch[col] = value
         elif json:
@@ -874,9 +892,23 @@ def _initial_patch(stored: dict[str, Any], policy: EntityPolicy) -> dict[str, An
             if (v is not None or k in defaults) and k not in _NOT_IN_PATCH}
 
 
+def _creation(tx: Tx, policy: EntityPolicy, values: dict[str, Any], reason: StateReason,
+              ts: float) -> tuple[dict[str, Any], tuple[dict[str, Any], tuple[str, ...]] | None]:
+    """The INSERT's column -> value map for a new row, and its creation fact's patch as
+    sent (:func:`_sent_patch`); ValueError before anything is written."""
+    row = _creation_row(policy, values, reason, ts)
+    sent = _sent_patch(tx, policy, row)
+    if sent is _UNCHECKED:
+        for col in check_values(policy, "creation", values, json_text=True):
+            row[col] = dumps(row[col])  # (to_sql, only where it converts)
+        sent = _sent_patch(tx, policy, row, checked=True)
+    return row, sent
+
+
 def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateReason,
                   ts: float) -> dict[str, Any]:
-    """The INSERT's column -> value map for a new row; ValueError before anything is written."""
+    """The INSERT's column -> value map for a new row, its values not yet looked at (see
+    :func:`_creation`); ValueError before anything is written."""
     status = values.get("status")
     if status not in policy.initial:
         raise ValueError(
@@ -893,8 +925,6 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
         raise InvalidInput(f"{policy.name} column(s) {', '.join(maintained)} are maintained "
                            "by the engine and cannot be given at creation")
     row = dict(values)
-    for col in check_values(policy, "creation", values, json_text=True):
-        row[col] = dumps(row[col])  # (to_sql, only where it converts)
     if "id" not in row:  # (setdefault would make an id every time)
         row["id"] = new_id()
     row.setdefault("created_at", ts)
@@ -925,8 +955,9 @@ def create_entities(tx: Tx, policy: EntityPolicy,
     is written.
     """
     ts = time.time() if now is None else now
-    rows = [_creation_row(policy, v, reason, ts) for v in values]
-    sent = [_sent_patch(tx, policy, r) for r in rows]
+    made = [_creation(tx, policy, v, reason, ts) for v in values]
+    rows = [row for row, _ in made]
+    sent = [patch for _, patch in made]
     plans = [s for s in sent if s is not None]
     exact = bool(rows) and len(plans) == len(rows)
     if exact and tx.stores_as_sent:
