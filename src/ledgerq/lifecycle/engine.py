@@ -829,8 +829,9 @@ def _sent_plan(tx: Tx, policy: EntityPolicy, columns: tuple[str, ...]) -> _SentP
     return plan
 
 
-#: What :func:`_sent_patch` gives when a value needs :func:`check_values`' full look.
-_UNCHECKED: Any = object()
+#: What :func:`_sent_patch` gives when a value needs :func:`check_values`' full look
+#: (told by identity: a patch of its shape, never one :func:`_sent_patch` makes).
+_UNCHECKED: tuple[dict[str, Any], tuple[str, ...]] = ({}, ())
 
 
 def _sent_patch(tx: Tx, policy: EntityPolicy, row: dict[str, Any], *, checked: bool = False
