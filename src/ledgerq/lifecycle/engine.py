@@ -93,7 +93,8 @@ def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any], *,
     plain = _plain_types(policy, json_text)
     containers: list[str] = []
     for col, value in given.items():
-        # The common values first, each with the one test its type needs.
+        # The common values first, each with the one test its type needs. (A creation's
+        # values get these same tests in _sent_patch's loop first: change both.)
         if value is None:
             continue
         vtype = type(value)
