@@ -17,7 +17,21 @@ differences are the submits' and the passes' instructions; divided by N, per lif
 Ratios to the floor are what target 3 (CPU per lifecycle <= 1.5x the floor's) asks,
 counted instead of timed. Needs valgrind (apt-get install valgrind); takes ~4 minutes.
 
+``--submitters`` counts target 2's scenario instead (bench/runtime.py's 64 concurrent
+submitters and one Worker with passes of 64, at ``synchronous=OFF``) against its floors:
+
+  schema floor   the floor's statements, 64 submits per commit, passes of 64
+  asyncio floor  the same statements under 64 submitter coroutines and a worker that
+                 runs each task as a task (bench/asyncio_floor.py)
+  ledgerq        bench/runtime.py's concurrent_submitters
+
+Each runs with 64 x 2 and 64 x (2 + n/64) lifecycles; the difference, per lifecycle, is
+what a lifecycle costs once the scenario runs (start-up, schema and warm-up cancel out).
+Target 2 is timed at FULL, where the rate follows the CPU (the commits are the floor's:
+one per group of 64), so the counted ratio is its deterministic twin. ~4 minutes.
+
     .venv/bin/python bench/instructions.py [--n 500] [--limit 20]
+    .venv/bin/python bench/instructions.py --submitters [--n 512]
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ import subprocess
 import tempfile
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from ledgerq import StateDB
@@ -46,9 +61,15 @@ from ledgerq.queue import claim_and_execute, submit_task
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins
 import floor
+from asyncio_floor import asyncio_floor
+from runtime import concurrent_submitters
 from units import Units
 
 SYSTEMS = ("schema floor", "units alone", "ledgerq")
+#: Target 2's systems (``--submitters``).
+SUBMITTER_SYSTEMS = ("schema floor", "asyncio floor", "ledgerq")
+#: Lifecycles a submitter makes in the smaller of the two runs that are subtracted.
+BASE_PER = 2
 
 
 async def _noop(run: dict[str, Any]) -> tuple[int, str]:
@@ -100,7 +121,19 @@ def child(system: str, n: int, limit: int, passes: bool, path: str) -> None:
         asyncio.run(scenario())
 
 
-def instructions(system: str, n: int, limit: int, passes: bool) -> int:
+def submitters_child(system: str, per: int, path: str) -> None:
+    """Target 2's scenario, 64 submitters making ``per`` lifecycles each, at OFF."""
+    registry = default_registry()
+    if system == "schema floor":
+        floor.schema_floor(path, registry, "OFF", 64 * per, limit=64, submit_group=64)
+    elif system == "asyncio floor":
+        asyncio.run(asyncio_floor(path, registry, "OFF", 64, per))
+    else:
+        asyncio.run(concurrent_submitters(Path(path), per, synchronous="OFF"))
+
+
+def instructions(system: str, n: int, limit: int, passes: bool,
+                 submitters: bool = False) -> int:
     """Instructions (every thread's) of one child scenario under callgrind."""
     with tempfile.TemporaryDirectory(prefix="ledgerq-ir-") as work:
         out = os.path.join(work, "callgrind.out")
@@ -108,6 +141,7 @@ def instructions(system: str, n: int, limit: int, passes: bool) -> int:
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
              sys.executable, os.path.abspath(__file__), "--child", system, "--n", str(n),
              "--limit", str(limit), *(["--passes"] if passes else []),
+             *(["--submitters"] if submitters else []),
              "--path", os.path.join(work, "state.db")],
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(out) as fh:
@@ -121,15 +155,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=500, help="lifecycles per scenario")
     ap.add_argument("--limit", type=int, default=20, help="claims per pass")
-    ap.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--submitters", action="store_true",
+                    help="count target 2's scenario (64 submitters, one Worker) instead")
+    ap.add_argument("--child", choices=(*SYSTEMS, *SUBMITTER_SYSTEMS), help=argparse.SUPPRESS)
     ap.add_argument("--passes", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child and args.submitters:
+        submitters_child(args.child, args.n, args.path)
+        return
     if args.child:
         child(args.child, args.n, args.limit, args.passes, args.path)
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    if args.submitters:
+        count_submitters(max(1, args.n // 64))
+        return
     print(f"instructions per lifecycle under callgrind (thousands), n={args.n}, "
           f"limit={args.limit}, synchronous=OFF")
     print(f"{'system':<14}{'submit':>10}{'passes':>10}{'total':>10}{'x floor':>10}")
@@ -147,6 +189,25 @@ def main() -> None:
           f"{totals['ledgerq'] / totals['schema floor']:.2f}x (target <= 1.5x); "
           f"units alone / schema floor = "
           f"{totals['units alone'] / totals['schema floor']:.2f}x")
+
+
+def count_submitters(more: int) -> None:
+    """Target 2's scenario counted: each system at 64 x BASE_PER and 64 x (BASE_PER +
+    ``more``) lifecycles; the difference per lifecycle."""
+    n = 64 * more
+    print(f"target 2's scenario under callgrind: instructions per lifecycle (thousands), "
+          f"the difference of 64 x {BASE_PER + more} and 64 x {BASE_PER} lifecycles, "
+          "synchronous=OFF")
+    totals: dict[str, float] = {}
+    for system in SUBMITTER_SYSTEMS:
+        small = instructions(system, BASE_PER, 64, True, submitters=True)
+        large = instructions(system, BASE_PER + more, 64, True, submitters=True)
+        totals[system] = (large - small) / n
+        print(f"{system:<14}{totals[system] / 1e3:>10.0f}"
+              f"{totals[system] / totals[SUBMITTER_SYSTEMS[0]]:>9.2f}x", flush=True)
+    floor_, asyncio_, ledgerq = (totals[s] for s in SUBMITTER_SYSTEMS)
+    print(f"target 2, counted: schema floor / ledgerq = {floor_ / ledgerq:.2f}x (timed "
+          f"target >= 0.8x); asyncio floor / ledgerq = {asyncio_ / ledgerq:.2f}x")
 
 
 if __name__ == "__main__":

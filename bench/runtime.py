@@ -122,7 +122,8 @@ async def throughput(path: Path, n: int, capacity: int, task_seconds: float,
     return n / elapsed
 
 
-async def concurrent_submitters(path: Path, per: int, submitters: int = 64) -> float:
+async def concurrent_submitters(path: Path, per: int, submitters: int = 64,
+                                synchronous: str = "FULL") -> float:
     """Lifecycles/s from the first submit to the last terminal write's commit.
 
     The end is found as the floors find theirs, to within a millisecond: the executor
@@ -141,7 +142,7 @@ async def concurrent_submitters(path: Path, per: int, submitters: int = 64) -> f
             all_executed.set()
         return 0, ""
 
-    async with StateDB(path, synchronous="FULL") as db:
+    async with StateDB(path, synchronous=synchronous) as db:  # type: ignore[arg-type]
         worker = Worker(db, capacity=64, execute=noop, handle_signals=False,
                         claim_limit=64, poll_interval=0.05)
         task = asyncio.create_task(worker.run())
