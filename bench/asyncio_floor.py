@@ -33,8 +33,42 @@ from floor import (
 )
 from ledgerq.codec import dumps
 from ledgerq.lifecycle import Registry
-from ledgerq.queue.application import digest
+from ledgerq.lifecycle.engine import check_values
+from ledgerq.queue.application import digest, validate_encoded
+from ledgerq.queue.moves import LEASE
 from ledgerq.store.sqlite.schema import schema_ddl
+
+
+class Checks:
+    """The checks ledgerq's contract makes on every lifecycle, and nothing around them: a
+    submit's application validated and fingerprinted (``validate_encoded``, ``digest``),
+    and each claim's and terminal write's guard and patch values checked against their
+    columns (``check_values``). With them the asyncio floor bounds target 2 for any
+    implementation of ledgerq's contract on the floor's statements. A claim's values are
+    checked once the floor's ``claim_rows`` has made them: the cost, not the place."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.policy = registry.entity("schedule_run")
+        self.lease = self.policy.column_group(LEASE)
+
+    def submit(self) -> tuple[str, str]:
+        valid, text = validate_encoded(APP)
+        return text, digest(valid, text)
+
+    def claimed(self, row: dict[str, Any]) -> None:
+        """A claim's guard and patch, as ledgerq's claim gives them (queue/claim.py's
+        ``_lease_terms``)."""
+        check_values(self.policy, "guard", {"lease_attempts": row["lease_attempts"] - 1,
+                                            "leased_by": None})
+        check_values(self.policy, "patch", {
+            **{c: row[c] for c in self.lease}, "lease_attempts": row["lease_attempts"]})
+
+    def ending(self, row: dict[str, Any]) -> None:
+        """A terminal write's guard (the lease) and patch after exit 0."""
+        check_values(self.policy, "guard", {c: row[c] for c in self.lease})
+        check_values(self.policy, "patch", {
+            "ended_at": time.time(), "exit_code": 0, "error_detail": None,
+            "run_attempts": 1, "stdout_tail": None, "stderr_tail": None})
 
 
 class GroupCommit:
@@ -64,8 +98,11 @@ class GroupCommit:
         self.units.append(unit)
         return (await group)[0][index]
 
-    async def submit(self) -> str:
-        """One submit, written with the others of its turn; its id."""
+    async def submit(self, checked: tuple[str, str] | None = None) -> str:
+        """One submit, written with the others of its turn; its id. ``checked``: its
+        application's args and fingerprint as :class:`Checks` made them (what is written)."""
+        if checked is not None:
+            assert checked == (self.args, self.fingerprint), checked
         group = self._group()
         index = self.submits
         self.submits += 1
@@ -85,7 +122,7 @@ class GroupCommit:
 
 
 async def _scenario(conn: sqlite3.Connection, page: str, submitters: int, per: int,
-                    capacity: int) -> None:
+                    capacity: int, checks: Checks | None) -> None:
     commits = GroupCommit(conn, dumps(APP.args), digest(APP))
     queued = asyncio.Event()
     total = submitters * per
@@ -95,7 +132,7 @@ async def _scenario(conn: sqlite3.Connection, page: str, submitters: int, per: i
 
     async def submitter() -> None:
         for _ in range(per):
-            await commits.submit()
+            await commits.submit(None if checks is None else checks.submit())
             queued.set()
 
     async def noop(run: dict[str, Any]) -> tuple[int, str]:
@@ -105,6 +142,8 @@ async def _scenario(conn: sqlite3.Connection, page: str, submitters: int, per: i
         nonlocal finished, running
         code, _ = await noop(row)
         assert code == 0
+        if checks is not None:
+            checks.ending(row)
         await commits.run(lambda x: end_row(x, row))
         finished += 1
         running -= 1
@@ -122,6 +161,8 @@ async def _scenario(conn: sqlite3.Connection, page: str, submitters: int, per: i
             queued.clear()
             rows = await commits.run(lambda x, free=free: claim_rows(x, page, free))
             for row in rows:
+                if checks is not None:
+                    checks.claimed(row)
                 running += 1
                 task = asyncio.create_task(execute(row))
                 tasks.add(task)
@@ -137,15 +178,17 @@ async def _scenario(conn: sqlite3.Connection, page: str, submitters: int, per: i
 
 
 async def asyncio_floor(path: str, registry: Registry, sync: str, submitters: int, per: int,
-                  capacity: int = 64) -> dict[str, float]:
+                  capacity: int = 64, checked: bool = False) -> dict[str, float]:
     """``submitters`` coroutines submitting ``per`` tasks each while a worker of
     ``capacity`` runs them, all on the floor's statements; lifecycles/s and CPU per
-    lifecycle. Run in the caller's loop (the benchmarks' own)."""
+    lifecycle. ``checked``: with the checks of ledgerq's contract (:class:`Checks`). Run
+    in the caller's loop (the benchmarks' own)."""
     conn = connect(path, sync)
     conn.executescript(schema_ddl(registry))
     page = claim_page(registry)
     c0, t0 = time.process_time(), time.perf_counter()
-    await _scenario(conn, page, submitters, per, capacity)
+    await _scenario(conn, page, submitters, per, capacity,
+                    Checks(registry) if checked else None)
     t1, c1 = time.perf_counter(), time.process_time()
     n = submitters * per
     (facts,) = conn.execute("SELECT count(*) FROM status_transitions").fetchone()

@@ -23,6 +23,8 @@ submitters and one Worker with passes of 64, at ``synchronous=OFF``) against its
   schema floor   the floor's statements, 64 submits per commit, passes of 64
   asyncio floor  the same statements under 64 submitter coroutines and a worker that
                  runs each task as a task (bench/asyncio_floor.py)
+  checked floor  the asyncio floor with the checks ledgerq's contract makes on every
+                 lifecycle (bench/asyncio_floor.py's Checks)
   ledgerq        bench/runtime.py's concurrent_submitters
 
 Each runs with 64 x 2 and 64 x (2 + n/64) lifecycles; the difference, per lifecycle, is
@@ -67,7 +69,7 @@ from units import Units
 
 SYSTEMS = ("schema floor", "units alone", "ledgerq")
 #: Target 2's systems (``--submitters``).
-SUBMITTER_SYSTEMS = ("schema floor", "asyncio floor", "ledgerq")
+SUBMITTER_SYSTEMS = ("schema floor", "asyncio floor", "checked floor", "ledgerq")
 #: Lifecycles a submitter makes in the smaller of the two runs that are subtracted.
 BASE_PER = 2
 
@@ -126,8 +128,9 @@ def submitters_child(system: str, per: int, path: str) -> None:
     registry = default_registry()
     if system == "schema floor":
         floor.schema_floor(path, registry, "OFF", 64 * per, limit=64, submit_group=64)
-    elif system == "asyncio floor":
-        asyncio.run(asyncio_floor(path, registry, "OFF", 64, per))
+    elif system in ("asyncio floor", "checked floor"):
+        asyncio.run(asyncio_floor(path, registry, "OFF", 64, per,
+                                  checked=system == "checked floor"))
     else:
         asyncio.run(concurrent_submitters(Path(path), per, synchronous="OFF"))
 
@@ -205,9 +208,10 @@ def count_submitters(more: int) -> None:
         totals[system] = (large - small) / n
         print(f"{system:<14}{totals[system] / 1e3:>10.0f}"
               f"{totals[system] / totals[SUBMITTER_SYSTEMS[0]]:>9.2f}x", flush=True)
-    floor_, asyncio_, ledgerq = (totals[s] for s in SUBMITTER_SYSTEMS)
+    floor_, asyncio_, checked, ledgerq = (totals[s] for s in SUBMITTER_SYSTEMS)
     print(f"target 2, counted: schema floor / ledgerq = {floor_ / ledgerq:.2f}x (timed "
-          f"target >= 0.8x); asyncio floor / ledgerq = {asyncio_ / ledgerq:.2f}x")
+          f"target >= 0.8x); asyncio floor / ledgerq = {asyncio_ / ledgerq:.2f}x; "
+          f"checked floor / ledgerq = {checked / ledgerq:.2f}x")
 
 
 if __name__ == "__main__":

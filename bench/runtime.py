@@ -3,8 +3,9 @@
 the memory of a worker process after many tasks.
 
 Targets (issue 13): 64 submitters >= 0.8x the floor (bench/floor.py, 64 submits per
-commit, passes of 64; the batched floor and the asyncio floor printed beside); a
-worker's RSS grows by less than 10 MB from 1k to 1M tasks (``--memory-tasks 1000000``:
+commit, passes of 64; the batched floor, the asyncio floor and the asyncio floor with
+the contract's checks printed beside); a worker's RSS grows by less than 10 MB from 1k
+to 1M tasks (``--memory-tasks 1000000``:
 1k, 100k, 1M).
 
 Run: .venv/bin/python bench/runtime.py [--quick] [--only submitters --rounds 7]
@@ -241,7 +242,7 @@ async def submitters(d: Path, fs: float, per: int, rounds: int) -> None:
     ``rounds`` interleaved rounds (each system once a round, in turn, on fresh files);
     every ratio is the median of the rounds' own ratios, [min, max] beside it."""
     n = per * 64
-    names = ("ledgerq", "ceiling", "floor", "batched", "asyncio")
+    names = ("ledgerq", "ceiling", "floor", "batched", "asyncio", "checked")
     got: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         got["ledgerq"].append(await concurrent_submitters(d / f"c64-{r}.db", per))
@@ -253,6 +254,9 @@ async def submitters(d: Path, fs: float, per: int, rounds: int) -> None:
                                            batched=True)["lifecycle"])
         got["asyncio"].append((await asyncio_floor(
             str(d / f"asyncio-{r}.db"), default_registry(), "FULL", 64, per))["lifecycle"])
+        got["checked"].append((await asyncio_floor(
+            str(d / f"checked-{r}.db"), default_registry(), "FULL", 64, per,
+            checked=True))["lifecycle"])
 
     def rate(name: str) -> str:
         return f"{statistics.median(got[name]):,.0f} lifecycles/s"
@@ -272,13 +276,17 @@ async def submitters(d: Path, fs: float, per: int, rounds: int) -> None:
     print(f"  asyncio floor (bench/asyncio_floor.py: the floor's statements under 64 submitter "
           f"coroutines and a worker running each task as a task): {rate('asyncio')} = "
           f"{ratio('asyncio', 'floor')} the floor")
+    print(f"  checked floor (the asyncio floor with the checks ledgerq's contract makes on "
+          f"every lifecycle: validate_encoded, digest, check_values): {rate('checked')} = "
+          f"{ratio('checked', 'floor')} the floor")
     print(f"  ceiling / floor = {ratio('ceiling', 'floor')} (the units alone: what the "
           "runtime around them could reach at most)")
     judged = ratio("ledgerq", "floor")
     print(f"  ledgerq / floor = {judged} (target >= 0.8x: "
           f"{'met' if judged.median >= 0.8 else 'NOT met'}), "
           f"ledgerq / batched floor = {ratio('ledgerq', 'batched')}, "
-          f"ledgerq / asyncio floor = {ratio('ledgerq', 'asyncio')}")
+          f"ledgerq / asyncio floor = {ratio('ledgerq', 'asyncio')}, "
+          f"ledgerq / checked floor = {ratio('ledgerq', 'checked')}")
 
 
 async def main() -> None:

@@ -128,3 +128,32 @@ async def test_the_sqlite_schema_floor_writes_the_rows_and_facts_ledgerq_writes(
                 [_masked(f, SUBMITTED_AT) for f in reference_facts]
         report = await verify(db)
         assert report.ok, report.drift
+
+
+async def test_the_checked_asyncio_floor_makes_ledgerqs_checks(tmp_path: Path) -> None:
+    """bench/asyncio_floor.py's checked floor bounds target 2 for an implementation of
+    ledgerq's contract only if it makes the contract's checks: it runs its scenario to
+    the end, and its checks refuse what ledgerq refuses."""
+    import pytest
+
+    from asyncio_floor import Checks, asyncio_floor
+    from ledgerq.errors import InvalidInput
+    from ledgerq.lifecycle import default_registry
+
+    registry = default_registry()
+    got = await asyncio_floor(str(tmp_path / "checked.db"), registry, "OFF", 4, 2,
+                              checked=True)
+    assert got["lifecycle"] > 0
+    checks = Checks(registry)
+    lease = {"leased_by": "w", "lease_expires_at": 1.5, "lease_token": "ab",
+             "lease_attempts": 1}
+    checks.claimed(lease)
+    checks.ending(lease)
+    for bad in ({"lease_expires_at": float("nan")}, {"leased_by": "w\x00"},
+                {"lease_token": "\udc80"}):
+        with pytest.raises(InvalidInput):
+            checks.claimed({**lease, **bad})
+        with pytest.raises(InvalidInput):
+            checks.ending({**lease, **bad})
+    with pytest.raises(InvalidInput):  # a claim's attempts, which only its patch holds
+        checks.claimed({**lease, "lease_attempts": 2**63})
