@@ -4,7 +4,9 @@ The schema floor bounds issue 13's PostgreSQL drain target only if it does the s
 as ledgerq: the same run rows and the same facts (columns, values, patch documents), so
 that the log still folds to every row. Here a ledgerq pass and a floor pass each claim
 and complete two of four submitted runs; their rows and facts must match but for ids,
-times and lease tokens, and ``verify`` (projection == fold(log)) must pass.
+times and lease tokens, and ``verify`` (projection == fold(log)) must pass. The same
+holds for SQLite's schema floor (bench/floor.py); the asyncio floor with the contract's
+checks (bench/asyncio_floor.py) must make ledgerq's checks.
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from ledgerq import StateDB
 from ledgerq.codec import loads
+from ledgerq.errors import InvalidInput
+from ledgerq.lifecycle import default_registry
 from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, claim_and_execute, submit_many
 
 # Appended, never first: bench/queue.py must not shadow the standard library's queue.
 sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))
+from asyncio_floor import Checks, asyncio_floor
 from pg_peers import schema_floor
 
 WORKER = "w1"
@@ -130,16 +136,13 @@ async def test_the_sqlite_schema_floor_writes_the_rows_and_facts_ledgerq_writes(
         assert report.ok, report.drift
 
 
+# ------------------------------------------------------------ SQLite (bench/asyncio_floor.py)
+
+
 async def test_the_checked_asyncio_floor_makes_ledgerqs_checks(tmp_path: Path) -> None:
     """bench/asyncio_floor.py's checked floor bounds target 2 for an implementation of
     ledgerq's contract only if it makes the contract's checks: it runs its scenario to
     the end, and its checks refuse what ledgerq refuses."""
-    import pytest
-
-    from asyncio_floor import Checks, asyncio_floor
-    from ledgerq.errors import InvalidInput
-    from ledgerq.lifecycle import default_registry
-
     registry = default_registry()
     got = await asyncio_floor(str(tmp_path / "checked.db"), registry, "OFF", 4, 2,
                               checked=True)
