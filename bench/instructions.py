@@ -30,7 +30,7 @@ submitters and one Worker with passes of 64, at ``synchronous=OFF``) against its
 Each runs with 64 x 2 and 64 x (2 + n/64) lifecycles; the difference, per lifecycle, is
 what a lifecycle costs once the scenario runs (start-up, schema and warm-up cancel out).
 Target 2 is timed at FULL, where the rate follows the CPU (the commits are the floor's:
-one per group of 64), so the counted ratio is its deterministic twin. ~4 minutes.
+one per group of 64), so the counted ratio is its deterministic twin. ~6 minutes.
 
     .venv/bin/python bench/instructions.py [--n 500] [--limit 20]
     .venv/bin/python bench/instructions.py --submitters [--n 512]
