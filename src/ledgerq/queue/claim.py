@@ -119,33 +119,32 @@ def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Seque
     too: everything yielded so far is then exactly the head of the claim order.
     """
     scans = [_QueueScan(tx, policy, excluded_kinds, q, first_page) for q in queues]
-    if len(scans) == 1:
-        # One queue (most workers): its pages are already in claim order, nothing to
-        # merge; the same rows, the same reads and the same cap as the merge below.
-        scan = scans[0]
-        while True:
-            if not scan.buffer:
-                if scan.done:
-                    return
-                if result.scanned >= cap:
-                    result.capped = True
-                    return
-                result.scanned += scan.fill(cap - result.scanned)
-                if not scan.buffer:
-                    return
-            yield scan.buffer.pop()
-    heads: list[tuple[tuple[int, float, str], int]] = []
 
-    def refill(i: int) -> bool:
-        """Give scan ``i`` a head; False when the cap left it unread (the merge stops)."""
-        scan = scans[i]
+    def topped_up(scan: _QueueScan) -> bool:
+        """Read ``scan``'s next page if it has no row left; False when the cap left it
+        unread (the scan stops)."""
         if not scan.buffer and not scan.done:
             if result.scanned >= cap:
                 result.capped = True
                 return False
             result.scanned += scan.fill(cap - result.scanned)
-        if scan.buffer:
-            heapq.heappush(heads, (claim_order(scan.buffer[-1]), i))
+        return True
+
+    if len(scans) == 1:
+        # One queue (most workers): its pages are already in claim order, nothing to
+        # merge; the same rows, the same reads and the same cap as the merge below.
+        (scan,) = scans
+        while topped_up(scan) and scan.buffer:
+            yield scan.buffer.pop()
+        return
+    heads: list[tuple[tuple[int, float, str], int]] = []
+
+    def refill(i: int) -> bool:
+        """Give scan ``i`` a head; False when the cap left it unread (the merge stops)."""
+        if not topped_up(scans[i]):
+            return False
+        if scans[i].buffer:
+            heapq.heappush(heads, (claim_order(scans[i].buffer[-1]), i))
         return True
 
     for i in range(len(scans)):
