@@ -43,6 +43,19 @@ async def _wait_for(db: StateDB, ids: list[str], states: set[str]) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _registered(db: StateDB, ids: set[str],
+                      procs: dict[str, subprocess.Popen[bytes]], logs: dict[str, Path]) -> None:
+    """Return once every worker id in ``ids`` has registered in the workers table (its
+    signal handlers are in place by then); fail if any of ``procs`` dies first."""
+    deadline = time.monotonic() + TIMEOUT
+    while not ids <= {r["worker_id"] for r in await db.fetch_all(
+            "SELECT worker_id FROM workers")}:
+        for name, proc in procs.items():
+            assert proc.poll() is None, f"{name} worker died: {logs[name].read_text()}"
+        assert time.monotonic() < deadline, "the workers did not register"
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.slow
 async def test_old_and_new_workers_share_one_database(db_target: str, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
@@ -70,6 +83,10 @@ to = ["paused"]
         procs = {"old": _worker(db_target, older, "old:1", logs["old"]),
                  "new": _worker(db_target, newer.path, "new:1", logs["new"])}
         try:
+            # Both serve before the work arrives: on a loaded machine a worker still
+            # importing when the rest is done would serve nothing (and die of the SIGTERM
+            # that stops it, before it has a handler for it).
+            await _registered(db, {"old:1", "new:1"}, procs, logs)
             free = await submit_many(db, [task(f"free-{i}") for i in range(8)])
             await _wait_for(db, free, {"completed"})
             # The held runs were left alone by both (claims take queued rows only)...
