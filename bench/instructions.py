@@ -25,7 +25,12 @@ submitters and one Worker with passes of 64, at ``synchronous=OFF``) against its
                  runs each task as a task (bench/asyncio_floor.py)
   checked floor  the asyncio floor with the checks ledgerq's contract makes on every
                  lifecycle (bench/asyncio_floor.py's Checks)
+  units alone    ledgerq's units in the database thread, grouped as the scenario's commits
+                 are (bench/runtime.py's database_thread_ceiling): the runtime's ceiling
   ledgerq        bench/runtime.py's concurrent_submitters
+
+The units alone plus the asyncio shape's own cost (asyncio floor - schema floor) bound
+ledgerq with its units as they are: no runtime of this API costs less than that shape.
 
 Each runs with 64 x 2 and 64 x (2 + n/64) lifecycles; the difference, per lifecycle, is
 what a lifecycle costs once the scenario runs (start-up, schema and warm-up cancel out).
@@ -64,12 +69,12 @@ from ledgerq.queue import claim_and_execute, submit_task
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins
 import floor
 from asyncio_floor import asyncio_floor
-from runtime import concurrent_submitters
+from runtime import concurrent_submitters, database_thread_ceiling
 from units import Units
 
 SYSTEMS = ("schema floor", "units alone", "ledgerq")
 #: Target 2's systems (``--submitters``).
-SUBMITTER_SYSTEMS = ("schema floor", "asyncio floor", "checked floor", "ledgerq")
+SUBMITTER_SYSTEMS = ("schema floor", "asyncio floor", "checked floor", "units alone", "ledgerq")
 #: Lifecycles a submitter makes in the smaller of the two runs that are subtracted.
 BASE_PER = 2
 
@@ -128,6 +133,8 @@ def submitters_child(system: str, per: int, path: str) -> None:
     registry = default_registry()
     if system == "schema floor":
         floor.schema_floor(path, registry, "OFF", 64 * per, limit=64, submit_group=64)
+    elif system == "units alone":
+        database_thread_ceiling(Path(path), 64 * per, synchronous="OFF")
     elif system in ("asyncio floor", "checked floor"):
         asyncio.run(asyncio_floor(path, registry, "OFF", 64, per,
                                   checked=system == "checked floor"))
@@ -208,10 +215,12 @@ def count_submitters(more: int) -> None:
         totals[system] = (large - small) / n
         print(f"{system:<14}{totals[system] / 1e3:>10.0f}"
               f"{totals[system] / totals[SUBMITTER_SYSTEMS[0]]:>9.2f}x", flush=True)
-    floor_, asyncio_, checked, ledgerq = (totals[s] for s in SUBMITTER_SYSTEMS)
+    floor_, asyncio_, checked, units, ledgerq = (totals[s] for s in SUBMITTER_SYSTEMS)
     print(f"target 2, counted: schema floor / ledgerq = {floor_ / ledgerq:.2f}x (timed "
           f"target >= 0.8x); asyncio floor / ledgerq = {asyncio_ / ledgerq:.2f}x; "
-          f"checked floor / ledgerq = {checked / ledgerq:.2f}x")
+          f"checked floor / ledgerq = {checked / ledgerq:.2f}x; bound, the units alone "
+          f"plus the asyncio shape's cost: schema floor / (units alone + asyncio floor - "
+          f"schema floor) = {floor_ / (units + max(0.0, asyncio_ - floor_)):.2f}x")
 
 
 if __name__ == "__main__":
