@@ -194,7 +194,8 @@ def shaped_ceiling(ceiling: float, asyncio_floor: float, floor: float) -> float:
     The scenario's time is the CPU's (one group commit per 64 lifecycles in all three), so
     the shape's cost adds to the units' time as it adds to the floor's. Any runtime of
     this API pays at least that shape (bench/asyncio_floor.py), so no runtime lifts
-    ledgerq past this without cheaper units.
+    ledgerq past this without cheaper units. A round whose noise made the asyncio floor
+    the faster of the two adds no cost (never a negative one).
     """
     return 1 / (1 / ceiling + max(0.0, 1 / asyncio_floor - 1 / floor))
 
