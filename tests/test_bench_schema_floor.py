@@ -160,3 +160,23 @@ async def test_the_checked_asyncio_floor_makes_ledgerqs_checks(tmp_path: Path) -
             checks.ending({**lease, **bad})
     with pytest.raises(InvalidInput):  # a claim's attempts, which only its patch holds
         checks.claimed({**lease, "lease_attempts": 2**63})
+
+
+async def test_target_2s_bound_runs_ledgerqs_units_to_their_end(tmp_path: Path) -> None:
+    """bench/runtime.py's bound for ledgerq's units as they are (the units alone plus the
+    asyncio shape's cost) stands on a ceiling that ran every lifecycle to ``completed``,
+    its log folding to every row; a round's shape adds its own time, never less than
+    none."""
+    from runtime import database_thread_ceiling, shaped_ceiling
+
+    path = tmp_path / "ceiling.db"
+    assert database_thread_ceiling(path, 130, synchronous="OFF") > 0
+    async with StateDB(path) as db:
+        rows = await db.fetch_all("SELECT status, count(*) AS n FROM schedule_runs "
+                                  "GROUP BY status")
+        assert rows == [{"status": "completed", "n": 130}]
+        assert (await verify(db)).ok
+    # 2 ms a lifecycle for the units, and the shape's 0.25 ms (1.25 ms under the asyncio
+    # floor against 1 ms under the floor): 2.25 ms, 444/s.
+    assert shaped_ceiling(500.0, 800.0, 1000.0) == pytest.approx(1 / 0.00225)
+    assert shaped_ceiling(500.0, 1200.0, 1000.0) == 500.0
