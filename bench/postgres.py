@@ -88,6 +88,7 @@ import argparse
 import asyncio
 import math
 import platform
+import re
 import statistics
 import tempfile
 import time
@@ -247,15 +248,18 @@ def run_ledgerq_sql(scratch: Scratch, n: int) -> dict[str, float]:
             seconds = time.perf_counter() - t0
             hop = asyncio.run(_from_a_thread(conn, sql, params, n))
         looped = asyncio.run(_from_the_loop(dsn, sql, params, n))
+        on_asyncpg = asyncio.run(_from_the_loop_on_asyncpg(dsn, sql, params, n))
         print(f"  {'ledgerq-sql':<14} {'submit single':<14} {n / seconds:9.0f} /s  "
               f"({seconds:.2f} s); sent from a pool thread {n / hop:9.0f} /s ({hop:.2f} s); "
-              f"from the loop {n / looped:9.0f} /s ({looped:.2f} s)", flush=True)
+              f"from the loop {n / looped:9.0f} /s ({looped:.2f} s); from the loop on "
+              f"asyncpg {n / on_asyncpg:9.0f} /s ({on_asyncpg:.2f} s)", flush=True)
         bulk = _ledgerq_rows_alone(n)
         print(f"  {'ledgerq-sql':<14} {'submit bulk':<14} {n / bulk:9.0f} /s  "
               f"({bulk:.2f} s, no database)", flush=True)
         return {"submit single": n / seconds, "submit bulk": n / bulk,
                 "submit single, from a thread": n / hop,
-                "submit single, from the loop": n / looped}
+                "submit single, from the loop": n / looped,
+                "submit single, from the loop on asyncpg": n / on_asyncpg}
     finally:
         scratch.drop(name)
 
@@ -271,6 +275,25 @@ async def _from_the_loop(dsn: str, sql: str, params: Callable[[], list[Any]],
         for _ in range(n):
             await conn.execute(sql, params())
         return time.perf_counter() - t0
+
+
+async def _from_the_loop_on_asyncpg(dsn: str, sql: str, params: Callable[[], list[Any]],
+                                    n: int) -> float:
+    """:func:`_from_the_loop` on asyncpg, PgQueuer's driver (its placeholders ``$1``..):
+    whether psycopg's asyncio send is what holds ledgerq's single submit below PgQueuer's
+    (docs/decisions.md chose psycopg, whose units run the same code in a pool thread)."""
+    import asyncpg
+
+    numbered = iter(range(1, sql.count("%s") + 1))
+    text = re.sub(r"%s", lambda _: f"${next(numbered)}", sql)
+    conn = await asyncpg.connect(dsn)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await conn.execute(text, *params())
+        return time.perf_counter() - t0
+    finally:
+        await conn.close()
 
 
 async def _from_a_thread(conn: psycopg.Connection[Any], sql: str,
@@ -493,6 +516,9 @@ def print_target(rounds: Rounds, workers: int) -> None:
           + bound(ratio("ledgerq-sql", "pgqueuer", single, f"{single}, from the loop"),
                   "the same statement sent from the event loop on an asyncio connection, "
                   "as ledgerq sends it")
+          + bound(ratio("ledgerq-sql", "pgqueuer", single,
+                        f"{single}, from the loop on asyncpg"),
+                  "the same statement sent from the event loop on asyncpg, PgQueuer's driver")
           + bound(ratio("ledgerq-sql", "pgqueuer", single, f"{single}, from a thread"),
                   "the same statement sent from a pool thread, as ledgerq sent it before "
                   "session 19")
