@@ -44,9 +44,9 @@ Systems:
                  row and creation fact; captured from ledgerq itself), run by plain
                  psycopg on ledgerq's schema as a transaction of its own, with fresh ids
                  and times: the bound of ledgerq's single submit, with none of its Python;
-                 beside it the same statement sent from a pool thread (run_in_executor)
-                 and from the event loop on an asyncio connection (ledgerq's way since
-                 session 19)
+                 beside it the same statement sent from a pool thread (run_in_executor),
+                 from the event loop on an asyncio connection (ledgerq's way since
+                 session 19), and from the event loop on asyncpg (PgQueuer's driver)
                  submit bulk: no statement at all, only the Python submit_many runs per
                  row before its statements (each application validated, its row built
                  and checked against the spec, its creation fact encoded): a bound on
