@@ -285,7 +285,7 @@ async def _from_the_loop_on_asyncpg(dsn: str, sql: str, params: Callable[[], lis
     import asyncpg
 
     numbered = iter(range(1, sql.count("%s") + 1))
-    text = re.sub(r"%s", lambda _: f"${next(numbered)}", sql)
+    text = re.sub(r"%[s%]", lambda m: f"${next(numbered)}" if m[0] == "%s" else "%", sql)
     conn = await asyncpg.connect(dsn)
     try:
         t0 = time.perf_counter()

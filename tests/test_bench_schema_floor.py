@@ -165,8 +165,8 @@ async def test_the_checked_asyncio_floor_makes_ledgerqs_checks(tmp_path: Path) -
 async def test_target_2s_bound_runs_ledgerqs_units_to_their_end(tmp_path: Path) -> None:
     """bench/runtime.py's bound for ledgerq's units as they are (the units alone plus the
     asyncio shape's cost) stands on a ceiling that ran every lifecycle to ``completed``,
-    its log folding to every row; a round's shape adds its own time, never less than
-    none."""
+    its log folding to every row; a round's shape adds its own time, and never a
+    negative one."""
     from runtime import database_thread_ceiling, shaped_ceiling
 
     path = tmp_path / "ceiling.db"
