@@ -69,7 +69,7 @@ from ledgerq.queue import claim_and_execute, submit_task
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins
 import floor
 from asyncio_floor import asyncio_floor
-from runtime import concurrent_submitters, database_thread_ceiling
+from runtime import concurrent_submitters, database_thread_ceiling, shaped_ceiling
 from units import Units
 
 SYSTEMS = ("schema floor", "units alone", "ledgerq")
@@ -220,7 +220,7 @@ def count_submitters(more: int) -> None:
           f"target >= 0.8x); asyncio floor / ledgerq = {asyncio_ / ledgerq:.2f}x; "
           f"checked floor / ledgerq = {checked / ledgerq:.2f}x; bound, the units alone "
           f"plus the asyncio shape's cost: schema floor / (units alone + asyncio floor - "
-          f"schema floor) = {floor_ / (units + max(0.0, asyncio_ - floor_)):.2f}x")
+          f"schema floor) = {floor_ * shaped_ceiling(1 / units, 1 / asyncio_, 1 / floor_):.2f}x")
 
 
 if __name__ == "__main__":
