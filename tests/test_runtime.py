@@ -278,6 +278,14 @@ async def test_worker_refuses_bad_settings(rdb: StateDB, kw: dict[str, Any]) -> 
         Worker(rdb, **kw)
 
 
+async def test_worker_refuses_a_read_only_database(rdb: StateDB, rt_path: str) -> None:
+    """Refused when made, naming why: a read-only handle would fail every pass, logged
+    every poll, for as long as the worker lived."""
+    async with StateDB(rt_path, readonly=True) as ro:
+        with pytest.raises(ValueError, match=r"read-only \(readonly=True\)"):
+            Worker(ro, handle_signals=False)
+
+
 async def test_worker_refuses_to_run_twice(rdb: StateDB, lock_dir: Path) -> None:
     w = make_worker(rdb, lock_dir)
     async with serving(w):

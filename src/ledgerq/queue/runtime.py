@@ -112,6 +112,11 @@ class Worker:
             raise ValueError(f"claim_cooldown must be >= 0, not {claim_cooldown}")
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, not {poll_interval}")
+        if db.readonly:
+            # Every pass writes (heartbeat, claims, outcomes): refused here, not retried
+            # and logged every poll for as long as the process lives.
+            raise ValueError("a Worker writes heartbeats, claims and outcomes; its StateDB "
+                             "is open read-only (readonly=True)")
         # Refused here, naming what is missing, not at the first claim or exit code.
         moves.check(db.registry)
         #: Who this worker is and what it serves, as every pass and run reads it.
