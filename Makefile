@@ -19,6 +19,9 @@ demo: install
 test: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
+	@# Bytecode for src/, whatever PYTHONDONTWRITEBYTECODE says: the suite starts ~670
+	@# Python processes (~520 of them the CLI), and each would compile ledgerq anew.
+	$(BIN)/python -m compileall -q src
 	$(BIN)/pytest -q -n 2 -m "not serial"
 	$(BIN)/pytest -q -m serial
 
