@@ -33,9 +33,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import argparse
-import time
-
-import psycopg
 
 sys.path.append(_HERE)
 from pg_peers import harness  # importable only after the line above
@@ -44,9 +41,6 @@ from postgres import DEFAULT_DSN, _ledgerq_peer, _peer_for
 SYSTEMS = ["floor+log/batch", "schema-floor", "ledgerq-units", "pgqueuer", "ledgerq"]
 #: Seconds between completion counts (see the docstring).
 POLL = 0.05
-#: Seconds for the postmaster to reap :func:`settle`'s backend before the server's CPU
-#: is read (an exited backend's CPU shows in the postmaster's times once reaped).
-SETTLE = 0.3
 
 
 def server_cpu() -> float:
@@ -68,40 +62,12 @@ def server_cpu() -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def checkpoint(dsn: str) -> None:
-    """A checkpoint before the fill: the fill, not the drain, then pays the full-page
-    images that each page's first change after a checkpoint writes to the WAL (a task
-    submitted and drained within seconds rarely has a checkpoint between the two)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CHECKPOINT")
-
-
-def settle(dsn: str) -> None:
-    """Leave the server nothing of the fill's to do during the drain: vacuum and analyze
-    the freshly filled tables now, then give the postmaster a moment to reap this
-    connection's backend.
-
-    Without it (and :func:`checkpoint`), the server's figure for one system moved by
-    half between rounds (ledgerq 220-360 us, the schema floor 158-258, PgQueuer
-    128-136): the fill leaves thousands of new rows that autovacuum's insert threshold
-    sends a worker to, and a checkpoint may fall due, either landing inside a drain of a
-    second or two at random; the wider tables with more indexes paid for it more. Every
-    system gets the same treatment; the vacuum the drain's own dead rows call for is left
-    to after it, for all.
-    """
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE")
-    time.sleep(SETTLE)
-
-
 def drain(system: str, scratch: harness.Scratch, n: int, workers: int) -> str:
     peer = _ledgerq_peer() if system == "ledgerq" else _peer_for(system)
     name, dsn = scratch.create()
     try:
         peer.install(dsn)
-        checkpoint(dsn)
-        peer.submit_bulk(dsn, n)
-        settle(dsn)
+        harness.fill(peer, dsn, n)
         used: list[float] = []
         s0 = server_cpu()
         seconds = harness.run_workers(peer, dsn, workers, n, cpu=used, poll=POLL)

@@ -40,6 +40,8 @@ SCENARIOS = ["submit single", "submit bulk", "drain 1", "drain W", "end to end"]
 #: default is 10), ledgerq's Worker capacity (a claim pass's size), the batched floor's B.
 BATCH = 25
 POLL = 0.005
+#: Seconds for the postmaster to reap a backend after its connection closes (see fill).
+SETTLE = 0.3
 READY_TIMEOUT = 120.0
 
 #: A worker process target: (scratch dsn, worker index, barrier, stop event, *args).
@@ -163,6 +165,28 @@ def next_poll(poll: float, left: int, since: int, seconds: float) -> float:
     return min(max(poll, left * seconds / since / 2), MAX_POLL)
 
 
+def fill(peer: Peer, dsn: str, n: int) -> None:
+    """N tasks for a drain, then the server left with nothing of the fill's to do.
+
+    A checkpoint first, so the fill, not the drain, writes the full-page images each
+    page's first change after a checkpoint costs (a task submitted and drained within
+    seconds rarely has one between the two); after it VACUUM ANALYZE, the work
+    autovacuum's insert threshold would otherwise send a worker to do, and a moment for
+    the postmaster to reap this connection's backend (an exited backend's CPU shows in
+    the postmaster's times once reaped; bench/pg_cpu.py reads them). Without these, a
+    drain of a second or two caught either at random: ledgerq's server CPU a lifecycle
+    moved 220-360 us between rounds, the schema floor's 158-258, PgQueuer's (a narrow
+    table, one index) 128-136. Every system gets the same; the vacuum the drain's own
+    dead rows call for comes after it, for all.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+    peer.submit_bulk(dsn, n)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+    time.sleep(SETTLE)
+
+
 def run_workers(peer: Peer, dsn: str, workers: int, n: int,
                 during: Callable[[], object] | None = None,
                 timeout: float | None = None, cpu: list[float] | None = None,
@@ -254,7 +278,7 @@ def measure(peer: Peer, scratch: Scratch, n: int, workers: int,
 
     def drain(k: int) -> Callable[[str], float]:
         def fn(dsn: str) -> float:
-            peer.submit_bulk(dsn, n)  # the fill is not timed
+            fill(peer, dsn, n)  # not timed
             return run_workers(peer, dsn, k, n)
         return fn
 
