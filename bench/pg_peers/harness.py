@@ -175,9 +175,9 @@ def fill(peer: Peer, dsn: str, n: int) -> None:
     the postmaster to reap this connection's backend (an exited backend's CPU shows in
     the postmaster's times once reaped; bench/pg_cpu.py reads them). Without these, a
     drain of a second or two caught either at random: ledgerq's server CPU a lifecycle
-    moved 220-360 us between rounds, the schema floor's 158-258, PgQueuer's (a narrow
-    table, one index) 128-136. Every system gets the same; the vacuum the drain's own
-    dead rows call for comes after it, for all.
+    moved 220-360 us between rounds, the schema floor's 158-258, PgQueuer's 128-136.
+    Every system gets the same; the vacuum the drain's own dead rows call for comes
+    after it, for all.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CHECKPOINT")
