@@ -280,7 +280,8 @@ async def test_worker_refuses_bad_settings(rdb: StateDB, kw: dict[str, Any]) -> 
 
 async def test_worker_refuses_a_read_only_database(rdb: StateDB, rt_path: str) -> None:
     """Refused when made, naming why: a read-only handle would fail every pass, logged
-    every poll, for as long as the worker lived."""
+    every poll, for as long as the worker lived. (``rdb`` made the database: a read-only
+    open needs one.)"""
     async with StateDB(rt_path, readonly=True) as ro:
         with pytest.raises(ValueError, match=r"read-only \(readonly=True\)"):
             Worker(ro, handle_signals=False)
