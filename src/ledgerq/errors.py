@@ -1,12 +1,15 @@
 """The library's exception tree, rooted at :class:`LedgerqError`.
 
-Each class also derives from the built-in the architecture record specifies for its
-case (``ValueError`` for bad input, ``LookupError`` for a missing entity), so callers
-written against the record keep catching what they caught. This module imports
+Each class also derives from the built-in the ADR-0071 queue raises for its case
+(``ValueError`` for bad input, ``LookupError`` for a missing entity), so callers
+written against that queue keep catching what they caught. This module imports
 nothing from ledgerq: every package may raise these without an import cycle.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 
 class LedgerqError(Exception):
@@ -57,10 +60,23 @@ class IntegrityViolation(DatabaseError, ValueError):
     the log's append-only trigger); the unit was rolled back."""
 
 
+class SpecError(InvalidInput):
+    """A spec file (or a set of them) is invalid; ``problems`` lists every finding (each a
+    ``ledgerq.lifecycle.SpecProblem`` naming its file and item).
+
+    The message is one line per problem, so an error that reaches a log or a traceback
+    still names every file and item.
+    """
+
+    def __init__(self, problems: Iterable[Any]) -> None:
+        self.problems: list[Any] = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
 class MigrationRefused(LedgerqError, ValueError):
     """Specs conflict with the database in a way no version order explains."""
 
 
 __all__ = ["DatabaseDamaged", "DatabaseError", "DatabaseGone", "DatabaseUnavailable",
            "IdempotencyConflict", "IntegrityViolation", "InvalidInput", "LedgerqError",
-           "MigrationRefused", "NotFound", "SchemaMissing"]
+           "MigrationRefused", "NotFound", "SchemaMissing", "SpecError"]

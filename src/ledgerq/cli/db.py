@@ -90,8 +90,8 @@ def root_specs(ctx: typer.Context) -> Path | None:
 def load_specs(specs: Path | None) -> Registry:
     """The registry of ``specs`` (None: the packaged specs), refused like ``ledgerq specs
     check`` refuses it: also when it lacks a move the queue makes (queue/moves.py)."""
+    from ledgerq.errors import SpecError
     from ledgerq.lifecycle.registry import default_registry, load_registry
-    from ledgerq.lifecycle.spec import SpecError
     from ledgerq.queue.moves import check
 
     try:

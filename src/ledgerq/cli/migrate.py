@@ -137,9 +137,9 @@ def _classify(change: Any, old: Any, new: Any) -> str:
 
 def _spec_set(ctx: typer.Context, where: str) -> dict[str, Any]:
     """Normalized specs by entity: a spec directory's, or what a database records."""
+    from ledgerq.errors import SpecError
     from ledgerq.lifecycle import evolution
     from ledgerq.lifecycle.registry import load_registry
-    from ledgerq.lifecycle.spec import SpecError
     from ledgerq.store.db import is_postgres
 
     target = Path(where)

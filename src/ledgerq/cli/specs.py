@@ -35,8 +35,8 @@ def specs_check(
 ) -> None:
     """Validate spec files, and that they allow every move the queue makes; every problem
     on its own line as FILE: $.PATH: MESSAGE (exit 1)."""
+    from ledgerq.errors import SpecError
     from ledgerq.lifecycle.registry import load_registry, packaged_specs_dir
-    from ledgerq.lifecycle.spec import SpecError
     from ledgerq.queue.moves import check
 
     root = directory or specs or root_specs(ctx) or packaged_specs_dir()

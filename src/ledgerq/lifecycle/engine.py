@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ledgerq.codec import CONTAINERS, dumps, loads
+from ledgerq.codec import CONTAINERS, dumps
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
@@ -1028,17 +1028,7 @@ async def create(db: Database, entity_type: str, values: dict[str, Any], *, reas
                                                      actor=actor, now=now))
 
 
-def fold(facts: list[dict[str, Any]], policy: EntityPolicy) -> dict[str, Any]:
-    """The projection row a sequence of one entity's facts (in version order) implies."""
-    row: dict[str, Any] = {c: col.default for c, col in policy.columns.items()}
-    for fact in facts:
-        row.update(loads(fact["patch"]))
-        row["status"] = fact["status"]
-        row["version"] = fact["entity_version"]
-    return row
-
-
 __all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "MoveTerms", "Moved", "apply_move",
            "apply_moves", "apply_transition",
-           "create", "create_entities", "create_entity", "fold", "new_id", "new_token",
+           "create", "create_entities", "create_entity", "new_id", "new_token",
            "transition"]

@@ -30,7 +30,6 @@ from ledgerq.lifecycle.spec import ColumnSpec, EntitySpec, SpecError
 
 #: A normalized spec: ``msgspec.to_builtins`` of an :class:`EntitySpec`, canonicalized.
 Normal = dict[str, Any]
-Klass = Literal["additive", "removal", "refused", "unchanged-schema"]
 
 #: The version of ledgerq's own tables (status_transitions, workers, the metadata
 #: tables); recorded in ``ledgerq_schema`` beside the specs. 3: ``workers`` has

@@ -12,12 +12,13 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from ledgerq.errors import SpecError as SpecError
 
 #: msgspec puts the item after its message (``Expected `array`, got `str` - at `$.initial```)
 #: and says nothing when the item is the whole document.
@@ -56,18 +57,6 @@ class SpecProblem:
         if self.wording is not None:
             return self.wording
         return f"{self.file}: {self.path}: {self.message}"
-
-
-class SpecError(ValueError):
-    """A spec file (or a set of them) is invalid; ``problems`` lists every finding.
-
-    The message is one line per problem, so an error that reaches a log or a traceback
-    still names every file and item.
-    """
-
-    def __init__(self, problems: Iterable[SpecProblem]) -> None:
-        self.problems: list[SpecProblem] = list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
 
 
 class StateSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -1,6 +1,6 @@
-"""Worker functions (record D4): heartbeat, reap, claim and execute under leases.
+"""Worker functions: heartbeat, reap, claim and execute under leases.
 
-The record's function API, with the record's signatures and defaults; each call
+The ADR-0071 queue's function API, with its signatures and defaults; each call
 builds one :class:`~ledgerq.queue.config.WorkerConfig` and hands it to the modules
 that do the work (heartbeat, reaper, promotion, claim, supervision, outcomes). The
 names tests and callers import from here are re-exported from those modules.
@@ -61,7 +61,6 @@ __all__ = [
     "SCAN_CAP",
     "STUCK_RETRY_SECONDS",
     "SWEEP_CHUNK",
-    "TASK_WORKER_ENABLED",
     "TIMEOUT_EXIT_CODE",
     "Authorize",
     "ClaimPass",
@@ -84,15 +83,13 @@ __all__ = [
 
 log = logging.getLogger("ledgerq.worker")
 
-TASK_WORKER_ENABLED = True
-
-
 async def register_heartbeat(db: StateDB, *, worker_id: str,
                              advertised_capabilities: list[str] | None = None,
                              execution_targets: list[str] | None = None,
                              now: float | None = None) -> None:
     """Upsert this worker's row: what it serves and when it was last alive."""
-    # The record's heartbeat advertises no target when given none (a claim serves host).
+    # Given none, the heartbeat advertises no target (a claim then serves host), as in
+    # the ADR-0071 queue.
     await beat(db, WorkerConfig.build(worker_id=worker_id,
                                       advertised_capabilities=advertised_capabilities,
                                       execution_targets=execution_targets or []), now=now)
@@ -141,7 +138,7 @@ async def claim_and_execute(db: StateDB, *, worker_id: str, execute: ExecuteFn |
                             queues: Iterable[str] | None = None) -> int:
     """One claim pass, then run every claimed row concurrently to its end; returns claims.
 
-    Past the record: claimed rows run concurrently (not one after another), leases
+    Beyond the ADR-0071 queue: claimed rows run concurrently (not one after another), leases
     are renewed while they run, and terminal writes record ended_at/exit_code/error_detail.
     Leases are checked every :func:`check_interval_for` ``lease_ttl`` seconds.
     """
@@ -164,7 +161,7 @@ async def worker_tick(db: StateDB, *, worker_id: str, execute: ExecuteFn | None 
                       lock_dir: str | Path | None = None,
                       stuck: StuckRows | None = None,
                       queues: Iterable[str] | None = None) -> dict[str, int]:
-    """Heartbeat, reap, then claim and execute: the record's tick, in that order.
+    """Heartbeat, reap, then claim and execute: the ADR-0071 queue's tick, in that order.
 
     Rows a pass cannot move are skipped and reported through ``stuck`` (default: the
     process-wide tracker), so they never stop the tick's other rows.

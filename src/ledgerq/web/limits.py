@@ -18,10 +18,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ledgerq.errors import InvalidInput
 
 
-class BodyTooLarge(InvalidInput):
-    """The request body exceeds the server's limit."""
-
-
 async def _refuse(send: Send, limit: int) -> None:
     body = json.dumps({"detail": f"request body exceeds {limit:,} bytes"}).encode()
     await send({"type": "http.response.start", "status": 413, "headers": [

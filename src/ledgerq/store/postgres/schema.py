@@ -145,16 +145,6 @@ def projection_ddl(policy: EntityPolicy) -> str:
     return ddl.projection_ddl(policy, column_ddl)
 
 
-def schema_statements(registry: Registry) -> list[str]:
-    """The whole schema of a new database as statements (the migration creates it the
-    same way, entity by entity); workers come last (they reference the runs' table)."""
-    parts = [BASE_DDL, META_DDL, *(projection_ddl(p) for p in registry.policies())]
-    workers = ddl.runs_ddl(WORKERS_DDL + WAKEUP_DDL, registry)
-    if workers is not None:
-        parts.append(workers)
-    return parts
-
-
 def is_current(conn: psycopg.Connection[Any], registry: Registry) -> bool:
     """Whether opening needs no migration, found by reads alone: then it runs no DDL at
     all. ``CREATE ... IF NOT EXISTS`` and ``CREATE OR REPLACE TRIGGER`` take table locks
