@@ -221,7 +221,8 @@ async def transition(db: Database, request: TransitionRequest, *,
                      guard: dict[str, Any] | None = None,
                      patch: dict[str, Any] | None = None,
                      now: float | None = None) -> TransitionResult:
-    """Apply one guarded move, or report a conflict; see docs/queue.md for the exact order."""
+    """Apply one guarded move, or report a conflict; docs/specs.md ("What the engine does
+    with a spec") gives the exact order of its checks."""
     # Copies: the unit runs after this call yields, and what it writes is what was checked.
     guard = dict(guard) if guard else None
     patch = dict(patch) if patch else None
@@ -261,7 +262,7 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
                now: float | None = None, idempotency_key: str = "",
                whole_row: bool = False, skip_locked: bool = False,
                prepared: bool = False) -> Moved:
-    """One guarded move inside the caller's transaction, in D3's check order.
+    """One guarded move inside the caller's transaction, in :func:`transition`'s check order.
 
     ``reason`` and ``actor`` are trusted as built (the queue makes them with
     ``model_construct``); the reason code and the column allowlists are still checked
@@ -276,7 +277,7 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     guard = guard or {}
     patch = patch or {}
     # A move naming the state it expects has a plan, whose making checked the reason code
-    # and the allowlists (D3's first checks, once per shape); its values are its own.
+    # and the allowlists (the first checks, once per shape); its values are its own.
     plan = None if from_state is None else _plan(
         tx, policy, from_state, to_state, reason, actor, guard, patch, whole_row, skip_locked)
     if not prepared:
@@ -297,7 +298,7 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     if plan is not None and plan.refusal is None and from_state is not None:
         # The caller named the state it expects and the move is legal from there: the swap
         # itself is the read (status and guards in its WHERE). Only when it matches nothing
-        # is the row read, to tell not-found from a conflict in D3's order.
+        # is the row read, to tell not-found from a conflict in the checks' order.
         done = _swap(tx, policy, plan, entity_id, from_state, to_state, reason, actor, guard,
                      patch, now, idempotency_key, whole_row, skip_locked, None)
         if done is not None:
@@ -419,7 +420,7 @@ def _claim_patch_split(tx: Tx, policy: EntityPolicy, changes: dict[str, Any],
 
 def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,
              guard: dict[str, Any], patch: dict[str, Any]) -> str | None:
-    """Why the spec forbids this move from ``observed`` (D3's checks after the read), or
+    """Why the spec forbids this move from ``observed`` (the checks after the read), or
     None: the edge, its actor types, the guard and patch columns it requires."""
     if not policy.allows(observed, to_state):
         allowed = ", ".join(policy.targets(observed)) or "none (terminal)"
@@ -442,7 +443,7 @@ class _Plan(NamedTuple):
     guard and patch columns, whether its reason has evidence, what it returns): worked
     out once, so a move does only the work its values need."""
 
-    #: Why the spec forbids the move (D3's checks after the read); None: it may run, and
+    #: Why the spec forbids the move (the checks after the read); None: it may run, and
     #: the fields below are set.
     refusal: str | None
     #: Columns the edge wants a fresh token in that the patch does not give.
@@ -595,7 +596,7 @@ def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> lis
     guarded statement with its own fact, go to the database together: one round trip
     instead of one per move (a pass's outcomes are ten or more). A swap that matched
     nothing is taken again by :func:`apply_move` alone, which tells a conflict from a
-    row not found in D3's order. Anything else (a move the spec refuses from the state it
+    row not found in the checks' order. Anything else (a move the spec refuses from the state it
     names, a value that would be stored converted) goes move by move. Where the rows'
     stored values must be read back (SQLite), each swap is its own statement and the
     facts of the swaps that matched are appended together (:func:`_swaps_then_facts`).
@@ -638,7 +639,7 @@ def _swaps_then_facts(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]
     appended together (one ``executemany``, not one statement a move), as a claim pass's
     are. Nothing is read first: a swap that matches nothing, or a move the spec refuses
     from the state it names, is taken again by :func:`apply_move` alone, which tells a
-    conflict from a row not found in D3's order (the facts so far appended first, so no
+    conflict from a row not found in the checks' order (the facts so far appended first, so no
     applied swap is ever without its fact, whatever it raises)."""
     out: list[Moved] = []
     facts: list[tuple[Any, ...]] = []

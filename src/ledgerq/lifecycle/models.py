@@ -1,4 +1,4 @@
-"""The request and result shapes of a transition (record D3), validated by pydantic."""
+"""The request and result shapes of a transition (the ADR-0071 queue's), validated by pydantic."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ class EdgeSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     requires_guard: list[str] = []
     requires_patch: list[str] = []
     #: Patch columns the engine fills with a fresh random token when a request omits
-    #: them (a lease's fencing token: callers written against the record never set it).
+    #: them (a lease's fencing token: callers written against the ADR-0071 queue never set it).
     fresh_tokens: list[str] = []
     description: str = ""
 

@@ -1,4 +1,4 @@
-"""TaskApplication: the one submit shape, validated once before any transaction (record D1)."""
+"""TaskApplication: the one submit shape, validated once before any transaction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Capability labels route and order work; they never authorize it (record D5).
+"""Capability labels route and order work; they never authorize it.
 
 One declarative map says what each token means for placement, so no token name is
 branched on anywhere else in submit or worker code.

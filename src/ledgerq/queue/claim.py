@@ -1,4 +1,4 @@
-"""Which queued rows a worker takes, and the guarded move that gives it their leases (D4).
+"""Which queued rows a worker takes, and the guarded move that gives it their leases.
 
 The choice (scan of the worker's queues in claim order, capability and target filter,
 affinity order among equal priorities, one run per concurrency key) reads one
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ledgerq.worker")
 
-#: Candidates read per keyset page and rows scanned per pass (D4).
+#: Candidates read per keyset page and rows scanned per pass (the ADR-0071 queue's values).
 PAGE_SIZE = 50
 SCAN_CAP = 5000
 #: Where writers run at once: candidates chosen per slot, for the claims others win.
@@ -520,7 +520,7 @@ async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
                      excluded_kinds: Iterable[str] = ("workflow",),
                      stuck: StuckRows | None = None,
                      queues: Iterable[str] | None = None) -> ClaimPass:
-    """One claim pass (D4): scan, filter, order by affinity, claim up to ``limit`` rows.
+    """One claim pass: scan, filter, order by affinity, claim up to ``limit`` rows.
 
     Each claim is its own guarded queued -> running move; all of a pass's claims
     commit together. A concurrency key already running (checked inside the claim's

@@ -1,4 +1,4 @@
-"""What a worker is: one value the record's functions and the Worker service both pass on.
+"""What a worker is: one value the worker functions and the Worker service both pass on.
 
 The claim, the heartbeat and the supervision of runs each read part of it; built
 once (and checked once) per tick or per Worker, it cannot drift between them.
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ledgerq.queue.supervision import Authorize
 
 DEFAULT_LEASE_TTL_SECONDS = 300.0
-#: Claims attempted per pass (D4).
+#: Claims attempted per pass (the ADR-0071 queue's value).
 DEFAULT_CLAIM_LIMIT = 20
 #: How often an executing run checks that it still owns its lease (cancel / reap notice).
 LEASE_CHECK_SECONDS = 0.5

@@ -24,7 +24,8 @@ from ledgerq.queue import orphans
 
 ExecuteFn = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
 
-#: The command that runs the record's action kinds (``li agent ...``); override per worker.
+#: The command that runs the ADR-0071 queue's action kinds (``li agent ...``); override
+#: per worker.
 DEFAULT_COMMAND_PREFIX = "li"
 #: Bytes of stdout/stderr kept per stream; the tail is what explains a failure. It is
 #: also the default of what a run records of each stream (``WorkerConfig.output_tail``).
@@ -123,7 +124,7 @@ class _Tail:
 class OutputCapture:
     """Where :func:`run_argv` leaves the tails of one run's output for its terminal fact.
 
-    The executor's shape is the record's ``(exit_code, detail)``, which has no room for
+    The executor's shape is the ADR-0071 queue's ``(exit_code, detail)``, which has no room for
     two streams; the supervisor instead sets a capture in the context the executor's task
     runs in (:func:`capturing`), and any executor that launches through :func:`run_argv`
     fills it, also when the run is cancelled or timed out half way (its output up to the

@@ -1,4 +1,4 @@
-"""The authoritative machine-local lock the record asks for: one ``flock`` file per key.
+"""An authoritative machine-local lock per concurrency key: one ``flock`` file per key.
 
 The queue's concurrency key only keeps queue claims apart; a GPU or a checkout is also
 used by programs outside the queue. Any of them can take the same lock with

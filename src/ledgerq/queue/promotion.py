@@ -124,8 +124,10 @@ async def promote_due(db: StateDB, *, now: float | None = None,
     whose dependencies ended.
 
     Specs that do not declare ``retry_wait`` (or ``waiting_dependency``) are an older
-    version of the queue's: their rows in that state are left alone (see DESIGN, spec
-    evolution). A row whose move raises is skipped and reported through ``stuck``.
+    version of the queue's: their rows in that state are left alone (the queue leaves out
+    the moves of a feature whose state the spec lacks; docs/specs.md, "What the queue
+    needs of ``schedule_run``"). A row whose move raises is skipped and reported
+    through ``stuck``.
     """
     policy = run_policy(db)
     ts = time.time() if now is None else now

@@ -1,4 +1,4 @@
-"""The long-running Worker service: the record's tick, made continuous (past the record).
+"""The long-running Worker service: the worker tick, made continuous.
 
 One asyncio loop heartbeats, reaps, promotes due retries, fires due schedule slots (unless
 ``scheduler=False``) and claims only as many rows as it has free capacity; each claimed
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ledgerq.runtime")
 
-#: Defaults of the Worker service (the record's functions keep the record's values).
+#: Defaults of the Worker service (the worker functions keep the ADR-0071 queue's values).
 DEFAULT_CAPACITY = 4
 DEFAULT_POLL_INTERVAL = 0.2
 #: A short lease is safe because a healthy worker renews it every third of its TTL;
@@ -75,7 +75,7 @@ def _file_identity(path: str) -> tuple[int, int] | None:
 
 
 def default_worker_id() -> str:
-    """``host:<8 hex>``, the record's worker id shape."""
+    """``host:<8 hex>``, the ADR-0071 queue's worker id shape."""
     return f"host:{uuid.uuid4().hex[:8]}"
 
 

@@ -93,7 +93,7 @@ class StuckRows:
             log.warning(message, *args)
 
 
-#: What the record's plain functions (worker_tick and friends) use when given no tracker.
+#: What the plain worker functions (worker_tick and friends) use when given no tracker.
 PROCESS_STUCK = StuckRows()
 
 

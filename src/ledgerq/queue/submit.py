@@ -1,4 +1,4 @@
-"""Submission, cancellation and scheduled fires: how rows enter and leave the queue (D1, D2)."""
+"""Submission, cancellation and scheduled fires: how rows enter and leave the queue."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def placement(app: TaskApplication, policy: EntityPolicy) -> dict[str, Any]:
 def run_row(app: TaskApplication, now: float, host: str, status: str, deps: list[str],
             fingerprint: str, *, policy: EntityPolicy, args_json: str | None = None
             ) -> dict[str, Any]:
-    """The record's D2 row for a validated application (a full string UUID as its id);
+    """The ``schedule_runs`` row for a validated application (a full string UUID as its id);
     ``args_json``, the args as JSON text if the caller has them (:func:`validate_encoded`).
 
     The id is a version 7 UUID (time-ordered): consecutive submissions land on the
@@ -297,7 +297,7 @@ async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: s
     schedule_id set and no slot.
 
     Such rows enter ``running`` (or ``skipped``/``failed``) directly and are never
-    claimed by queue workers (the record's rule, kept for rows that carry no slot); the
+    claimed by queue workers (the ADR-0071 queue's rule, kept for rows that carry no slot); the
     scheduler ends them with :func:`transition`. ledgerq's own schedules
     (:func:`~ledgerq.queue.add_schedule`) fire queued runs that workers do claim.
     """

@@ -307,7 +307,7 @@ def _result(task: asyncio.Future[tuple[int, str]], capture: OutputCapture) -> Ou
 
 
 def _storable_result(got: object) -> bool:
-    """Whether an executor's result is the record's ``(exit_code, detail)`` with an exit
+    """Whether an executor's result is the ``(exit_code, detail)`` pair with an exit
     code a run's integer column stores on every backend (the engine's own check) and a
     detail that is text (made storable where it is written) or None."""
     if not isinstance(got, _PAIR) or len(got) != 2:

@@ -1,6 +1,6 @@
 """The parts of a migration's :class:`~ledgerq.store.migrate.Catalog` both dialects share.
 
-What a plan asks of the data (counts and a few ids), the record of specs, and creating
+What a plan asks of the data (counts and a few ids), the recorded specs, and creating
 or dropping an entity's table are the same statements on SQLite and PostgreSQL, named in
 each dialect's ``queries.sql``; written once here, over the dialect's Tx (its queries,
 placeholder and connection). Reading the schema back and altering a table are each
@@ -63,7 +63,7 @@ class SqlCatalog(Catalog):
             "ids_where", table=quote(table), where=f"status = {self._sql.mark}", limit=""),
             (state,))]
 
-    # ------------------------------------------------------------ the record
+    # ------------------------------------------------------------ the recorded specs
 
     def recorded(self) -> dict[str, Normal]:
         if "ledgerq_specs" not in self.tables():

@@ -452,7 +452,7 @@ class SqlTx(Tx):
             kinds = (self.q("kinds_excluded", marks=self.marks(len(excluded_kinds)))
                      if excluded_kinds else "")
             # Fires of ledgerq's own scheduler (a slot recorded) are queue rows; rows an
-            # external scheduler recorded are never claimed (the record's rule). Specs
+            # external scheduler recorded are never claimed (the ADR-0071 queue's rule). Specs
             # without the slot column predate the scheduler: every scheduled row is external.
             scope = self.q("claimable_scheduled" if SLOT_COLUMN in policy.columns
                            else "claimable_unscheduled")

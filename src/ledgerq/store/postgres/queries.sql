@@ -511,7 +511,7 @@ WHERE table_schema = current_schema() AND table_name = ANY(%s)
 SHOW synchronous_commit
 
 -- ---------------------------------------------------------------- migrations
--- Spec evolution (store/migrate.py, store/sqlcatalog.py): the record of specs, what a
+-- Spec evolution (store/migrate.py, store/sqlcatalog.py): the recorded specs, what a
 -- plan asks of the data, and reading the schema back.
 
 -- name: recorded_specs

@@ -335,7 +335,7 @@ SELECT COUNT(*) FROM ({inner})
 {inner} LIMIT ?
 
 -- ---------------------------------------------------------------- migrations
--- Spec evolution (store/migrate.py, store/sqlcatalog.py): the record of specs, what a
+-- Spec evolution (store/migrate.py, store/sqlcatalog.py): the recorded specs, what a
 -- plan asks of the data, and reading the schema back.
 
 -- name: recorded_specs
