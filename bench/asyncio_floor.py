@@ -1,6 +1,6 @@
 """The asyncio floor: the schema floor's statements, driven the least way an asyncio API can.
 
-Target 2 of issue 13 is a case of concurrent callers: 64 coroutines submitting while a
+The 64-submitter target is a case of concurrent callers: 64 coroutines submitting while a
 worker in the same loop runs every claimed task concurrently. Any asyncio library
 serving it must at least suspend each caller until its group commit lands (one future
 per group, a wake-up per caller), run each claimed task as a task of its own (the

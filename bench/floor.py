@@ -92,10 +92,10 @@ FLOOR_PAGE = ("SELECT id, lease_attempts, version FROM schedule_runs WHERE {clai
               "ORDER BY priority DESC, queued_at, id LIMIT ?")
 
 
-#: Issue 13 item 4, the batched floor: a pass's claims as one guarded multi-row UPDATE
-#: (each row still guarded by status, lease and version; its lease token made in SQL)
-#: and their facts as one multi-row INSERT; the terminal writes likewise, each row
-#: guarded by its own lease through a VALUES list.
+#: The batched floor (a floor batches where the engine does): a pass's claims as one
+#: guarded multi-row UPDATE (each row still guarded by status, lease and version; its
+#: lease token made in SQL) and their facts as one multi-row INSERT; the terminal writes
+#: likewise, each row guarded by its own lease through a VALUES list.
 BATCH_CLAIM = (
     "WITH g(id, attempts, version) AS (VALUES {rows}) "
     "UPDATE schedule_runs SET status = 'running', version = schedule_runs.version + 1, "

@@ -26,8 +26,8 @@ Systems:
                  one task in flight per process (bench/pg_peers/floor.py)
   floor+log      the same plus one log row per state change, in the same transaction
                  (ledgerq writes a fact per move)
-  floor+log/B    the batched floor (issue 13's target 4: the floor batches where the
-                 engine does): up to B jobs claimed as one guarded UPDATE ... RETURNING
+  floor+log/B    the batched floor (a floor batches where the engine does, so the
+                 ratio stays honest): up to B jobs claimed as one guarded UPDATE ... RETURNING
                  plus one multi-row log INSERT in one transaction, then completed the
                  same way in a second; B = BATCH (25), the batch PgQueuer and ledgerq
                  take here too. Drains and end to end only (its submits are floor+log's)
@@ -45,8 +45,8 @@ Systems:
                  psycopg on ledgerq's schema as a transaction of its own, with fresh ids
                  and times: the bound of ledgerq's single submit, with none of its Python;
                  beside it the same statement sent from a pool thread (run_in_executor),
-                 from the event loop on an asyncio connection (ledgerq's way since
-                 session 19), and from the event loop on asyncpg (PgQueuer's driver)
+                 from the event loop on an asyncio connection (the way ledgerq sends
+                 it), and from the event loop on asyncpg (PgQueuer's driver)
                  submit bulk: no statement at all, only the Python submit_many runs per
                  row before its statements (each application validated, its row built
                  and checked against the spec, its creation fact encoded): a bound on
@@ -64,8 +64,8 @@ Systems:
 Ratios are per scenario: ledgerq over PgQueuer and over the floors (when ledgerq ran),
 PgQueuer over the floors. With --rounds R every system runs once a round, in turn, so a
 slow spell of the machine hits both sides of a ratio alike: the table shows each
-figure's median, and every ratio is the median of the rounds' own ratios (issue 13's
-target 5 is judged on those, with their spread).
+figure's median, and every ratio is the median of the rounds' own ratios (the PostgreSQL
+target is judged on those, with their spread).
 
     .venv/bin/python bench/postgres.py                  # all systems, N=2000 (~60 s)
     .venv/bin/python bench/postgres.py --rounds 3       # interleaved rounds, medians
@@ -485,7 +485,7 @@ def print_table(rounds: Rounds, workers: int) -> None:
 
 
 def print_target(rounds: Rounds, workers: int) -> None:
-    """Issue 13's target 5, judged on this run: each ratio (the median of the rounds'
+    """The PostgreSQL target, judged on this run: each ratio (the median of the rounds'
     own, with their spread), and beside it the bound a floor measured in the same rounds
     puts on it (a bound under 1.0x: out of reach)."""
     def ratio(a: str, b: str, scenario: str, fa: str | None = None) -> Ratio | None:
@@ -508,7 +508,7 @@ def print_target(rounds: Rounds, workers: int) -> None:
 
     units = "ledgerq's units alone (no event loop, thread hops or pool)"
     single = "submit single"
-    print("issue 13, target 5 (ledgerq >= 1.0x PgQueuer; >= 0.7x the plain-psycopg floor):")
+    print("PostgreSQL target (ledgerq >= 1.0x PgQueuer; >= 0.7x the plain-psycopg floor):")
     print("  submit single, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", single), 1.0)
           + bound(ratio("ledgerq-sql", "pgqueuer", single),
@@ -520,8 +520,7 @@ def print_target(rounds: Rounds, workers: int) -> None:
                         f"{single}, from the loop on asyncpg"),
                   "the same statement sent from the event loop on asyncpg, PgQueuer's driver")
           + bound(ratio("ledgerq-sql", "pgqueuer", single, f"{single}, from a thread"),
-                  "the same statement sent from a pool thread, as ledgerq sent it before "
-                  "session 19")
+                  "the same statement sent from a pool thread, as ledgerq once sent it")
           + bound(ratio("ledgerq-units", "pgqueuer", single), units))
     print(f"  drain {workers}, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", "drain W"), 1.0)

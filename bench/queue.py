@@ -53,7 +53,7 @@ schema floor's lifecycle rate over the others' (its submit-only rate over theirs
                    likewise (each row still guarded by status, lease and version, each
                    still its own fact): the floor if the engine batched like that
 
-Targets (issue 13): ledgerq >= 0.8x the schema floor and CPU per lifecycle <= 1.5x the
+Targets: ledgerq >= 0.8x the schema floor and CPU per lifecycle <= 1.5x the
 floor's (SqliteHuey and the stdlib design printed beside, no longer targets);
 submit_many >= 0.5x raw; a claim pass at 1M rows <= 1.5x one at 1k.
 
@@ -119,7 +119,7 @@ async def noop(run: dict[str, Any]) -> tuple[int, str]:
 
 #: The ceiling row of the lifecycle table: ledgerq's own statements, in raw sqlite3.
 FLOOR = "schema floor"
-#: The same with each pass's claims and terminal writes batched (issue 13 item 4).
+#: The same with each pass's claims and terminal writes batched, as the engine batches them.
 BATCHED = "batched floor"
 #: ledgerq's units with nothing around them: the runtime's ceiling (bench/units.py).
 UNITS = "units alone"
@@ -185,7 +185,7 @@ async def ledgerq_with_worker(path: str, registry: Registry, sync: str, n: int,
                               limit: int) -> dict[str, float]:
     """The same sequential submitter, with a Worker (capacity ``limit``) running meanwhile.
 
-    What the issue asks to measure if the target needs the runtime's concurrency: the
+    What to measure if the target needs the runtime's concurrency: the
     worker's claims and terminal writes share the submitter's commits, and its Python
     runs while the submitter waits on fsync. lifecycles/s = N / (first submit to last
     completion).

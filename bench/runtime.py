@@ -2,7 +2,7 @@
 64 concurrent submitters at synchronous=FULL beside the schema floor for that case, and
 the memory of a worker process after many tasks.
 
-Targets (issue 13): 64 submitters >= 0.8x the floor (bench/floor.py, 64 submits per
+Targets: 64 submitters >= 0.8x the floor (bench/floor.py, 64 submits per
 commit, passes of 64; the batched floor, the asyncio floor and the asyncio floor with
 the contract's checks printed beside); a worker's RSS grows by less than 10 MB from 1k
 to 1M tasks (``--memory-tasks 1000000``:

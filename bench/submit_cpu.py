@@ -1,11 +1,12 @@
 """Where a sequential submit's time goes: user CPU, system CPU and wall per submit, for
 the schema floor, ledgerq's units alone and ledgerq, at ``synchronous`` OFF and FULL.
 
-Issue 13's target 1 is a FULL-mode ratio. This splits it: a commit's fsync is the same
-wait for all three, but each one's user CPU roughly doubles at FULL (the process sleeps
-in fsync between submits and comes back to cold caches), so the more Python a submit
-runs, the more FULL adds to it. The FULL ratio is thus set by the user CPU each runs
-per submit, and this shows how much of it ledgerq may run for the target to hold.
+The lifecycle target (ledgerq >= 0.8x the schema floor, bench/queue.py) is a FULL-mode
+ratio. This splits it: a commit's fsync is the same wait for all three, but each one's
+user CPU roughly doubles at FULL (the process sleeps in fsync between submits and comes
+back to cold caches), so the more Python a submit runs, the more FULL adds to it. The
+FULL ratio is thus set by the user CPU each runs per submit, and this shows how much of
+it ledgerq may run for the target to hold.
 
 Run: .venv/bin/python bench/submit_cpu.py [--n 2000] [--rounds 5]
 """

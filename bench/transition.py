@@ -17,7 +17,7 @@ The move is a lease renewal, schedule_run running -> running guarded on leased_b
 lease_expires_at and patching lease_expires_at: the transition a worker makes most
 often. Every timed move is legal and must apply; a conflict aborts the benchmark.
 
-Targets (issue 13): sequential >= 0.4 x raw; concurrent >= 1.5 x raw (sequential).
+Targets: sequential >= 0.4 x raw; concurrent >= 1.5 x raw (sequential).
 
     .venv/bin/python bench/transition.py            # full run
     .venv/bin/python bench/transition.py --quick    # a few seconds

@@ -1,6 +1,6 @@
 """bench/pg_peers/schema_floor.py writes what a ledgerq Worker writes.
 
-The schema floor bounds issue 13's PostgreSQL drain target only if it does the same work
+The schema floor bounds ledgerq's PostgreSQL drain target only if it does the same work
 as ledgerq: the same run rows and the same facts (columns, values, patch documents), so
 that the log still folds to every row. Here a ledgerq pass and a floor pass each claim
 and complete two of four submitted runs; their rows and facts must match but for ids,

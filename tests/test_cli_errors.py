@@ -1,4 +1,4 @@
-"""How the ``ledgerq`` command fails and what it prints (issue 16 items 6-10, CLI side).
+"""How the ``ledgerq`` command fails and what it prints.
 
 Every test drives the installed console script in a real subprocess: the entry point
 (``main``) is what turns click's usage errors and database failures into one line, so
@@ -91,7 +91,7 @@ def seeded(tmp_path: Path) -> Path:
     return db
 
 
-# ----------------------------------------------------------------- usage errors (item 8)
+# ----------------------------------------------------------------- usage errors
 
 
 USAGE_ERRORS = [
@@ -179,7 +179,7 @@ def test_run_waits_for_the_thread_of_a_connection_that_failed(
     assert errors == []
 
 
-# ----------------------------------------------------------------- input (item 7, CLI)
+# ----------------------------------------------------------------- input
 
 
 DEEP = "[" * 5000 + "]" * 5000
@@ -252,7 +252,7 @@ def test_text_stored_by_other_commands_must_be_utf8(
     assert counts(seeded) == before
 
 
-# ----------------------------------------------------------------- terminal injection (item 10)
+# ----------------------------------------------------------------- terminal injection
 
 
 #: Screen clear, window title (OSC ... BEL), a C1 CSI, a bidi override, DEL; then rich
@@ -360,7 +360,7 @@ def test_printable_escapes_exactly_the_unsafe_characters() -> None:
     assert cell("[red]x[/red]").markup == "\\[red]x\\[/red]"  # a Text: never parsed as markup
 
 
-# ----------------------------------------------------------------- a damaged file (item 6)
+# ----------------------------------------------------------------- a damaged file
 
 
 def _damage(path: Path) -> None:
@@ -427,7 +427,7 @@ def test_a_sqlite_file_without_ledgerqs_schema_is_refused_unchanged(tmp_path: Pa
     assert db.read_bytes() == before
 
 
-# ----------------------------------------------------------------- read-only access (item 9)
+# ----------------------------------------------------------------- read-only access
 
 
 READ_COMMANDS = [["ls"], ["ls", "--json"], ["stats"], ["stats", "--json"], ["verify"],

@@ -1,4 +1,4 @@
-"""Delayed runs (issue 12, item 1): a start time keeps a run out of every claim until it
+"""Delayed runs: a start time keeps a run out of every claim until it
 comes, through a declared state (`delayed`), on both backends, across restarts, and
 from the command line."""
 

@@ -1,4 +1,4 @@
-"""A whole new entity from one file (issue 10, item 6): docs/examples/deployment.toml.
+"""A whole new entity from one file: docs/examples/deployment.toml.
 
 A database is first made with the packaged specs only, with rows in it, and closed. It
 is then opened again with a spec directory that is a copy of the packaged specs plus the

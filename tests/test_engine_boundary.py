@@ -1,4 +1,4 @@
-"""What the engine refuses at its boundary (issue 16 items 3 and 5) and its exact swap."""
+"""What the engine refuses at its boundary and its exact swap."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The engine's in-transaction entry points, called directly (issue 16 item 15).
+"""The engine's in-transaction entry points, called directly.
 
 ``transition()`` validates reason codes and column allowlists before it queues a unit,
 so the tests that go through it would still pass if ``apply_move``, ``runs.move``,

@@ -465,7 +465,7 @@ def test_tokens_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_schedules_are_listed_with_their_next_fire(server: Server, api: httpx.Client) -> None:
-    """A schedule added through the library appears, with its next fire time (issue 14)."""
+    """A schedule added through the library appears, with its next fire time."""
     import asyncio
 
     from ledgerq import StateDB

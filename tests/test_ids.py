@@ -1,4 +1,4 @@
-"""Entity ids and fact ids are UUID version 7 (issue 17, the id half).
+"""Entity ids and fact ids are UUID version 7.
 
 Why it matters: ids are the primary keys of append-mostly tables; a time-ordered key
 lands on the index's last page, and the worker relies on ids minted in different

@@ -1,4 +1,4 @@
-"""The submission boundary's limits and text checks (issue 16 item 7).
+"""The submission boundary's limits and text checks.
 
 Every refusal here must be an InvalidInput (so a ValueError) whose message names the
 field, raised before any transaction: the database holds exactly what it held before.

@@ -15,8 +15,8 @@ the projections and the reference model must agree.
 
 The reference model is built from the same registry with the `transitions` package: one
 ``transitions.Machine`` per entity whose triggers are exactly ``policy.edges``. It decides
-whether an edge exists; the per-edge actor/column rules and the D3 ordering are modelled
-here, in the order DESIGN.md states them.
+whether an edge exists; the per-edge actor/column rules and the order of the checks are
+modelled here, in the order docs/specs.md states them.
 
 Example counts: see tests/conftest.py (profile "ci" by default; LEDGERQ_HYPOTHESIS_PROFILE=long).
 """
@@ -235,7 +235,8 @@ class Attempt:
 
 
 def predict(model: Model, a: Attempt, snap: Snap | None) -> tuple[Any, ...]:
-    """D3, in order, against the reference model; returns the expected outcome."""
+    """transition()'s checks, in order, against the reference model; returns the expected
+    outcome."""
     req = a.request
     policy = model.policies.get(req.entity_type)
     if policy is None or req.reason.code not in policy.reason_codes:

@@ -75,7 +75,7 @@ async def test_a_killed_migration_is_all_or_nothing(db_target: str, tmp_path: Pa
                 "(SELECT count(*) FROM status_transitions) AS facts")
             assert counts == {"rows": ROWS, "facts": ROWS}
             some = (await db.fetch_one("SELECT id FROM schedule_runs LIMIT 1") or {})["id"]
-            if migrated:  # the schema admits the state the record has
+            if migrated:  # the schema admits the state the recorded spec has
                 await db.write(lambda tx, i=some: tx.execute(
                     "UPDATE schedule_runs SET status = 'paused' WHERE id = ?", [i]))
                 await db.write(lambda tx, i=some: tx.execute(

@@ -1,4 +1,4 @@
-"""Issue 12, items 3, 4, 6 and 7: run again, output kept, watch, worker operations.
+"""Run again, output kept, watch, worker operations.
 
 Each through the library on both backends and end to end through the ``ledgerq``
 command in subprocesses (workers that drain and exit by themselves with --max-tasks,
@@ -50,7 +50,7 @@ async def serve(db: StateDB, ids: list[str], tmp_path: Path, **opts: Any) -> dic
         await service
 
 
-# ----------------------------------------------------------------- item 4: output kept
+# ----------------------------------------------------------------- output kept
 
 
 async def test_output_tails_ride_on_the_terminal_fact(db: StateDB, tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ async def test_a_v1_database_opens_with_output_columns_and_keeps_working(
         assert (await verify(db)).ok
 
 
-# ----------------------------------------------------------------- item 3: run again
+# ----------------------------------------------------------------- run again
 
 
 async def test_retry_run_creates_a_linked_run_and_leaves_the_original(
@@ -138,7 +138,7 @@ async def test_retry_runs_is_all_or_nothing(db: StateDB, tmp_path: Path) -> None
     assert rows == []
 
 
-# ----------------------------------------------------------------- item 6: watch (library)
+# ----------------------------------------------------------------- watch (library)
 
 
 async def test_fact_follower_returns_each_fact_once(db: StateDB, tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_durations_parse_once() -> None:
             parse_duration(bad, "--since")
 
 
-# ----------------------------------------------------------------- item 7: workers (library)
+# ----------------------------------------------------------------- workers (library)
 
 
 async def test_max_tasks_drains_and_exits(db: StateDB, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""Issue 12, item 2: priorities and named queues.
+"""Priorities and named queues.
 
-Through the library on both backends (claim order, queue isolation, the D4/D5 rules
+Through the library on both backends (claim order, queue isolation, the claim and capability rules
 among them, validation that writes nothing, retry and schedules carrying both), and end
 to end through the ``ledgerq`` command in subprocesses (submit, ls, show, a worker
 serving one queue). The claim order's properties under random operation sequences are

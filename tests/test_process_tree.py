@@ -1,4 +1,4 @@
-"""A run is its leader's process and everything left in its process group (issue 16 item 13)."""
+"""A run is its leader's process and everything left in its process group."""
 
 from __future__ import annotations
 

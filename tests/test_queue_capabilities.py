@@ -1,4 +1,4 @@
-"""Capabilities route and order work; they never authorize it (record D5).
+"""Capabilities route and order work; they never authorize it.
 
 Pure functions here; how the worker applies them to rows is in test_queue_worker.py.
 """

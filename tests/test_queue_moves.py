@@ -142,7 +142,7 @@ def test_what_the_queue_needs_is_refused_naming_it(tmp_path: Path, edits: list[t
 
 
 def test_older_specs_without_a_feature_state_are_accepted(tmp_path: Path) -> None:
-    """Specs without retry_wait are an older version (DESIGN, spec evolution): the queue
+    """Specs without retry_wait are an older version (docs/specs.md): the queue
     leaves retries out rather than refusing them."""
     older = spec_dir(
         tmp_path,

@@ -1,4 +1,4 @@
-"""Submission and cancellation (record D1, D2, and DESIGN's idempotency past the record)."""
+"""Submission and cancellation: validation, the row, and enforced idempotency."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def expected_key(host: str, caps: list[str]) -> str | None:
     return f"{host}:{'+'.join(serial)}" if serial else None
 
 
-# ----------------------------------------------------------------- D1 validation
+# ----------------------------------------------------------------- validation
 
 
 def test_task_application_is_frozen() -> None:
@@ -231,7 +231,7 @@ async def test_unknown_dependency_raises_and_writes_nothing(qdb: StateDB) -> Non
     assert await counts(qdb) == before
 
 
-# ----------------------------------------------------------------- D2 the row
+# ----------------------------------------------------------------- the row
 
 
 async def test_submitted_row_is_the_records_row_plus_a_creation_fact(qdb: StateDB) -> None:
@@ -307,7 +307,7 @@ async def test_row_and_creation_fact_commit_together(qdb: StateDB) -> None:
     assert await counts(qdb) == (1, 1)
 
 
-# ----------------------------------------------------------------- idempotency (past the record)
+# ----------------------------------------------------------------- idempotency
 
 
 async def test_same_key_and_equal_application_returns_the_original_id(qdb: StateDB) -> None:
@@ -562,7 +562,7 @@ def _applications(draw: st.DrawFn) -> dict[str, tuple[Any, bool]]:
 
 
 def _expected_valid(drawn: dict[str, tuple[Any, bool]]) -> bool:
-    """An independent statement of D1 for the values the strategy draws."""
+    """An independent statement of the submit validation for the values the strategy draws."""
     if not all(ok for _, ok in drawn.values()):
         return False
     def texts(value: Any) -> Iterator[str]:

@@ -1,4 +1,4 @@
-"""Worker functions (record D4): heartbeat, reap, claim and execute under leases.
+"""Worker functions: heartbeat, reap, claim and execute under leases.
 
 Times are explicit (``now=``) so lease arithmetic is exact; executors are in-process
 callables except where the launcher itself is under test (test_queue_launcher.py).

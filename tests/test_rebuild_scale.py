@@ -1,4 +1,4 @@
-"""rebuild is linear (issue 16 item 2): checked by plan and by SQLite's own VM step
+"""rebuild is linear: checked by plan and by SQLite's own VM step
 count, never by a clock. The cause of the quadratic rebuild was a DELETE whose
 foreign-key checks scanned a child table for every deleted row."""
 

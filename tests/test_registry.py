@@ -59,7 +59,7 @@ SCHEDULE_RUN_EDGES = {
     "running": {"completed", "failed", "timed_out", "retry_wait", "queued", "cancelled",
                 "running"},
     "retry_wait": {"queued", "cancelled"},
-    # Past the record: a run with a start time waits here (issue 12, delayed runs).
+    # Beyond the ADR-0071 queue: a delayed run (one with a start time) waits here.
     "delayed": {"queued", "cancelled"},
     "completed": set(),
     "failed": set(),
@@ -110,7 +110,7 @@ def test_schedule_run_graph_matches_the_record() -> None:
     for t in p.terminal:
         assert p.edges[t] == frozenset(), f"terminal {t} has outgoing edges"
     # No actor restrictions on schedule_run edges. Only the claim requires columns: the
-    # lease the reaper watches (issue 16 item 5), with an engine-minted fencing token.
+    # lease the reaper watches, with an engine-minted fencing token.
     for (src, dst), rule in p.edge_rules.items():
         assert rule.actors is None, (src, dst)
         if (src, dst) == ("queued", "running"):

@@ -1,4 +1,4 @@
-"""The Worker runtime (issue 4): the service, lease renewal, concurrency and OS key locks,
+"""The Worker runtime: the service, lease renewal, concurrency and OS key locks,
 retries, timeouts, running cancellation, dependencies, the authorize hook and adapters.
 
 Everything runs against real SQLite files and real child processes. Timing assertions
@@ -1286,7 +1286,7 @@ async def test_workflow_without_adapter_stays_queued_and_unleased(rdb: StateDB,
     assert (got["status"], got["leased_by"], got["lease_attempts"]) == ("queued", None, 0)
     assert len(await facts(rdb, wf)) == 1
     assert rec.calls == [other]
-    got_pass = await claim_runs(rdb, worker_id="plain")  # the record's claim skips it too
+    got_pass = await claim_runs(rdb, worker_id="plain")  # the plain claim skips it too
     assert got_pass.claimed == []
 
 

@@ -84,7 +84,7 @@ async def test_a_fire_is_claimed_and_executed_by_the_normal_workers(db: StateDB)
     await claim_and_execute(db, worker_id="w1", execute=execute, now=T0 + 61)
     [run] = await fires(db, sid)
     assert ran == [run["id"]] and run["status"] == "completed"
-    # An external scheduler's fire (no slot) keeps the record's rule: never claimed.
+    # An external scheduler's fire (no slot) keeps the ADR-0071 queue's rule: never claimed.
     ext = await record_scheduled_fire(db, schedule_id="cron-host", action_kind="agent",
                                       args={}, status="running", now=T0)
     res = await transition(db, TransitionRequest(

@@ -325,7 +325,7 @@ async def test_an_opener_that_waited_for_another_s_migration_locks_nothing(
     the other read it as missing first, so it waits for the schema lock, and must then
     find the schema current and run no DDL. Its ``CREATE OR REPLACE TRIGGER`` on the log
     would otherwise wait for, and deadlock with, the first one's submit, which holds its
-    run and wants the log (CI, session 11)."""
+    run and wants the log (as it once did in CI)."""
     import psycopg
 
     from ledgerq.store.postgres import schema

@@ -1,5 +1,5 @@
 """Nothing a spec file supplies reaches SQL unless it is a validated identifier or a
-value of the closed type vocabulary (issue 16, item 1; issue 17's refusals)."""
+value of the closed type vocabulary."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_column_drop_reported_once_names_the_type_vocabulary() -> None:
 
 
 def test_registry_refusals_without_fixture_files() -> None:
-    """Issue 16 item 17: each refusal asserted by its message, not only by raising."""
+    """Each refusal asserted by its message, not only by raising."""
     assert "is a standard column the engine maintains" in _refusal(
         _spec(columns__status="text"))
     assert "$.edges[0].to: an edge needs at least one target" in _refusal(

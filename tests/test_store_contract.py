@@ -193,7 +193,7 @@ async def test_a_swap_statement_is_made_once_and_runs_in_any_transaction(
 async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB) -> None:
     """The hot path: a legal move whose caller names the state it expects is one UPDATE
     and one fact INSERT (on PostgreSQL one statement doing both); the row is read only
-    when the swap matches nothing (to tell a missing row from a conflict, in D3's
+    when the swap matches nothing (to tell a missing row from a conflict, in the checks'
     order)."""
     from ledgerq.lifecycle import Actor, StateReason
     from ledgerq.lifecycle.engine import apply_move

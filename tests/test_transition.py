@@ -1,4 +1,4 @@
-"""transition(): every D3 rule, in the order DESIGN.md states it."""
+"""transition(): every rule, in the order docs/specs.md states it."""
 
 from __future__ import annotations
 
@@ -390,7 +390,7 @@ async def test_applied_move_updates_row_and_appends_one_fact(db: StateDB) -> Non
 
     after = await row(db, "schedule_runs", rid)
     assert after is not None
-    # A caller written against the record sets no fencing token: the engine mints one.
+    # A caller written against the ADR-0071 queue sets no fencing token: the engine mints one.
     token = after["lease_token"]
     assert isinstance(token, str) and len(token) == 32 and int(token, 16) >= 0
     expected = dict(before)

@@ -1,4 +1,4 @@
-"""Worker robustness (issue 16, items 4, 11, 12, 14 and part of 16).
+"""Worker robustness.
 
 * One row a pass cannot move never stops the worker: every pass (reaper, retry
   promotion, dependency sweep, claim) skips it, reports it once, and moves the others.
@@ -226,12 +226,12 @@ def older_specs(tmp_path: str) -> Registry:
     return registry
 
 
-# ---------------------------------------------------------------- 4. one row never stops a pass
+# ---------------------------------------------------------------- one row never stops a pass
 
 
 async def test_a_worker_whose_specs_lack_a_rows_state_still_claims_new_work(
         path: str, tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
-    """The issue's reproduction: a due retry_wait row, and a worker whose specs lack
+    """The reproduction: a due retry_wait row, and a worker whose specs lack
     retry_wait. Before, promotion raised on every tick before the claim step."""
     async with StateDB(path) as packaged:
         old = await due_retry(packaged)
@@ -243,7 +243,7 @@ async def test_a_worker_whose_specs_lack_a_rows_state_still_claims_new_work(
             fresh = await submit_task(db, task())
             await eventually(lambda: all_in(db, [fresh], "completed"), what="the new run")
             await asyncio.sleep(1.1)  # at least two maintenance passes (every 0.5 s)
-        assert await status(db, old) == "retry_wait"  # left alone, as DESIGN asks
+        assert await status(db, old) == "retry_wait"  # left alone: the specs lack its state
         notes = [r for r in caplog.records if "do not declare retry_wait" in r.getMessage()]
         assert len(notes) == 1
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -459,7 +459,7 @@ def test_a_stuck_tracker_refuses_a_negative_retry() -> None:
         StuckRows(-1)
 
 
-# ---------------------------------------------------------------- 11. short leases
+# ---------------------------------------------------------------- short leases
 
 
 def test_the_check_interval_follows_a_short_lease() -> None:
@@ -502,7 +502,7 @@ async def test_an_inconsistent_lease_and_check_interval_are_refused(
     Worker(db, handle_signals=False, lease_ttl=kw["lease_ttl"])  # derived: accepted
 
 
-# ---------------------------------------------------------------- 12. cancels and timeouts
+# ---------------------------------------------------------------- cancels and timeouts
 
 
 async def test_cancel_and_timeout_log_no_asyncio_error_and_count_their_outcome(
@@ -544,7 +544,7 @@ async def test_a_cancel_counts_as_cancelled_only_for_the_lease_it_ended(db: Stat
     assert (await verify(db)).ok
 
 
-# ---------------------------------------------------------------- 14. the database file goes away
+# ---------------------------------------------------------------- the database file goes away
 
 
 @pytest.mark.sqlite_only
@@ -619,7 +619,7 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-# ---------------------------------------------------------------- 16. one page at limit=1
+# ---------------------------------------------------------------- one page at limit=1
 
 
 async def test_a_limit_one_pass_over_a_deep_queue_reads_one_page(db: StateDB) -> None:

@@ -16,7 +16,7 @@ trip, and parallelism comes from worker processes, each with its own connection.
 change (ledgerq writes a fact per move); the log has a unique (job_id, version) index,
 like ledgerq's facts. An idle worker polls every IDLE_SLEEP seconds (no LISTEN/NOTIFY).
 
-``batch=B`` (> 1) is the batched floor issue 13's target 4 asks for wherever the engine
+``batch=B`` (> 1) is the batched floor, for a fair ratio wherever the engine
 batches (ledgerq's PostgreSQL claim pass is one statement for all its rows): a worker
 claims up to B jobs as one guarded ``UPDATE ... RETURNING`` with one multi-row log
 INSERT in one transaction, then completes all of them as one guarded ``UPDATE`` (each row

@@ -12,7 +12,7 @@ SQLite.)
   submit single  an application validated, then its row and creation fact, one
                  statement as a transaction of its own (as StateDB sends a plain submit)
   drain          per pass: the choice read and the claims of up to BATCH rows (one READ
-                 COMMITTED transaction, as a Worker's pass since session 20), their
+                 COMMITTED transaction, as a Worker's pass is), their
                  outcomes after exit 0 (another)
 """
 

@@ -22,7 +22,7 @@ own schema, with none of ledgerq's Python and fewer statements than ledgerq send
 
 Whatever ledgerq's runtime did, a drain of ledgerq's rows and facts at ledgerq's
 commits runs no faster than this on the same machine: its rate over PgQueuer's is the
-bound of issue 13's target 5 for drains, and ledgerq over it the ratio that target asks
+bound of the PostgreSQL target for drains, and ledgerq over it the ratio that target asks
 of the plain floor (>= 0.7x), against a floor that writes what ledgerq writes.
 """
 
