@@ -73,10 +73,15 @@ class SpecError(InvalidInput):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
+class MissingExtra(LedgerqError, ImportError):
+    """A feature needs an optional extra that is not installed; the message names the
+    ``pip install`` that adds it."""
+
+
 class MigrationRefused(LedgerqError, ValueError):
     """Specs conflict with the database in a way no version order explains."""
 
 
 __all__ = ["DatabaseDamaged", "DatabaseError", "DatabaseGone", "DatabaseUnavailable",
            "IdempotencyConflict", "IntegrityViolation", "InvalidInput", "LedgerqError",
-           "MigrationRefused", "NotFound", "SchemaMissing", "SpecError"]
+           "MigrationRefused", "MissingExtra", "NotFound", "SchemaMissing", "SpecError"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 import typer
 
 from ledgerq.cli.failures import DOMAIN_FAILURE, database_message, die
-from ledgerq.errors import DatabaseError, DatabaseUnavailable, MigrationRefused
+from ledgerq.errors import DatabaseError, DatabaseUnavailable, MigrationRefused, MissingExtra
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import Registry
@@ -126,6 +126,8 @@ async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
         # StateDB checks the value (any case) and names the accepted ones if it is wrong.
         db = StateDB(path, registry=registry, synchronous=cast("Synchronous", synchronous),
                      readonly=readonly, migrate_on_open=migrate_on_open)
+    except MissingExtra as exc:
+        die(str(exc))
     except ValueError as exc:
         die(f"--synchronous: {exc}")
     try:

@@ -53,9 +53,15 @@ def serve(
 
     Without a token the server is read-only and refuses to bind anything but loopback.
     """
+    from ledgerq.errors import InvalidInput, MissingExtra
+    from ledgerq.extras import require
+
+    try:
+        require("server")
+    except MissingExtra as exc:
+        die(str(exc))
     import uvicorn
 
-    from ledgerq.errors import InvalidInput
     from ledgerq.web import ServeConfig, create_app
 
     specs = root_specs(ctx)

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
 
 from ledgerq.errors import InvalidInput
+from ledgerq.extras import require
 from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import EntityPolicy, Registry, default_registry
@@ -102,6 +103,7 @@ class StateDB:
         self._log_policies: tuple[tuple[str, ...], list[EntityPolicy]] | None = None
         self._backend: Backend
         if is_postgres(path):
+            require("postgres")
             from ledgerq.store.postgres.backend import PostgresBackend
 
             self._backend = PostgresBackend(self.path, registry=self.registry,
