@@ -25,9 +25,9 @@ from ledgerq.lifecycle import Registry, default_registry
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.queue import TaskApplication
 from ledgerq.queue.application import digest
-from ledgerq.store.db import BUSY_TIMEOUT_MS
 from ledgerq.store.sqlite.schema import schema_ddl
 from ledgerq.store.sqlite.tx import SqliteTx
+from ledgerq.store.timeouts import BUSY_TIMEOUT_MS
 
 WORKER = "bench-worker"
 #: The actor of a submit's creation fact (ledgerq.queue.submit.SUBMITTER's id).

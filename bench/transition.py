@@ -59,9 +59,9 @@ from ledgerq.lifecycle import (  # noqa: E402
 )
 from ledgerq.lifecycle.engine import create_entity  # noqa: E402
 from ledgerq.store import db as store_db  # noqa: E402
-from ledgerq.store.db import BUSY_TIMEOUT_MS  # noqa: E402
 from ledgerq.store.sqlite.schema import schema_ddl  # noqa: E402
 from ledgerq.store.sqlite.tx import SqliteTx  # noqa: E402
+from ledgerq.store.timeouts import BUSY_TIMEOUT_MS  # noqa: E402
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for rounds.py
 from rounds import ratio  # noqa: E402  (a sibling script, importable only after the line above)

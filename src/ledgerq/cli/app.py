@@ -4,6 +4,7 @@ entry point that turns whatever a command raised into one stderr line and an exi
 
 from __future__ import annotations
 
+import getpass
 import importlib
 import sys
 from collections.abc import Sequence
@@ -29,6 +30,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def current_user() -> str:
+    """Who an operator's write is recorded as when no ``--actor`` is given: the login
+    name, or ``operator`` where the system has none (a container without a passwd entry)."""
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "operator"
 
 
 def _print_version(value: bool) -> None:

@@ -101,6 +101,21 @@ def load_specs(specs: Path | None) -> Registry:
             f"run `ledgerq specs check {specs}`", DOMAIN_FAILURE)
 
 
+async def resolve_run(handle: StateDB, run_id: str) -> str:
+    """The full id of the run ``run_id`` names (a whole id, or a unique prefix or suffix
+    of 4+ characters), or one error line: an unknown run is a domain failure."""
+    from ledgerq.cli.failures import text_option
+    from ledgerq.projections.read_models import resolve_run_id
+
+    text_option(run_id, "ID")
+    try:
+        return await resolve_run_id(handle, run_id)
+    except LookupError as exc:
+        die(str(exc).strip("'\""), DOMAIN_FAILURE)
+    except ValueError as exc:
+        die(str(exc))
+
+
 @asynccontextmanager
 async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
                   readonly: bool = False, registry: Registry | None = None,

@@ -50,14 +50,14 @@ def logs(
     json_out: JsonOption = False,
 ) -> None:
     """Print the tail of a run's stdout and stderr, recorded when it ended (read-only)."""
-    from ledgerq.cli.tasks import _resolve
+    from ledgerq.cli.db import resolve_run
     from ledgerq.projections.read_models import get_run
 
     path = db_path(ctx, db)
 
     async def go() -> dict[str, Any]:
         async with open_db(ctx, path, readonly=True) as handle:
-            return await get_run(handle, await _resolve(handle, run_id))
+            return await get_run(handle, await resolve_run(handle, run_id))
 
     row = run(go())
     if json_out:

@@ -44,7 +44,8 @@ def retry(
 
     Exit 1 when a run named has not ended or does not exist: then nothing is created.
     """
-    from ledgerq.cli.tasks import _resolve, current_user
+    from ledgerq.cli.app import current_user
+    from ledgerq.cli.db import resolve_run
     from ledgerq.lifecycle.models import Actor
     from ledgerq.projections.read_models import list_runs
     from ledgerq.queue.rerun import retry_runs
@@ -68,7 +69,7 @@ def retry(
     async def go() -> list[tuple[str, str]]:
         async with open_db(ctx, path) as handle:
             if ids:
-                chosen = [await _resolve(handle, i) for i in ids]
+                chosen = [await resolve_run(handle, i) for i in ids]
             else:
                 chosen = []
                 while True:

@@ -12,11 +12,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ledgerq.cli.app import app
+from ledgerq.cli.app import app, current_user
 from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import DOMAIN_FAILURE, die, text_option
 from ledgerq.cli.render import JsonOption, cell, emit_json, fmt_ts, out, printable
-from ledgerq.cli.tasks import current_user, task_args
+from ledgerq.cli.tasks import task_args
 
 schedule_app = typer.Typer(
     help="Recurring schedules (cron or interval) that fire queued runs, once per slot.",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import shlex
 import time
@@ -13,8 +12,16 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ledgerq.cli.app import app
-from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run
+from ledgerq.cli.app import app, current_user
+from ledgerq.cli.db import (
+    DbOption,
+    db_path,
+    load_specs,
+    open_db,
+    resolve_run,
+    root_specs,
+    run,
+)
 from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
 from ledgerq.cli.render import (
     JsonOption,
@@ -33,13 +40,6 @@ if TYPE_CHECKING:
 
 #: Run ids are time-ordered (UUIDv7): the random part, and so the easy short piece, is the tail.
 ID_HELP = "Run id, or a unique prefix or suffix of 4+ characters."
-
-
-def current_user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "operator"
 
 
 def parse_json(raw: str, option: str) -> Any:
@@ -340,18 +340,6 @@ def _print_page(page: Any, policy: Any) -> None:
                       f"newest first{more}[/dim]")
 
 
-async def _resolve(handle: StateDB, run_id: str) -> str:
-    from ledgerq.projections.read_models import resolve_run_id
-
-    text_option(run_id, "ID")
-    try:
-        return await resolve_run_id(handle, run_id)
-    except LookupError as exc:
-        die(str(exc).strip("'\""), DOMAIN_FAILURE)
-    except ValueError as exc:
-        die(str(exc))
-
-
 async def _schedule_of(handle: StateDB, row: dict[str, Any]) -> dict[str, Any] | None:
     """The schedule a run was fired by (id, name, status, timezone), if ledgerq's scheduler
     fired it and the specs know schedules."""
@@ -404,7 +392,7 @@ def show(
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
         async with open_db(ctx, path, readonly=True) as handle:
-            full = await _resolve(handle, run_id)
+            full = await resolve_run(handle, run_id)
             row = await get_run(handle, full)
             return row, await run_history(handle, full), await _schedule_of(handle, row)
 
@@ -515,7 +503,7 @@ def cancel(
 
     async def go() -> tuple[str, str, bool, str]:
         async with open_db(ctx, path) as handle:
-            full = await _resolve(handle, run_id)
+            full = await resolve_run(handle, run_id)
             before = await run_status(handle, full) or ""
             try:
                 done = await cancel_task(handle, full, actor=who, summary=reason)

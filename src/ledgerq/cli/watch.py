@@ -192,7 +192,7 @@ def wait(
     otherwise, a timeout, an interrupt). Read-only; for shell pipelines and CI."""
     import time
 
-    from ledgerq.cli.tasks import _resolve
+    from ledgerq.cli.db import resolve_run
     from ledgerq.lifecycle.registry import SUCCEEDED
     from ledgerq.projections.read_models import get_runs
 
@@ -207,7 +207,7 @@ def wait(
 
     async def go() -> tuple[dict[str, dict[str, Any]], bool, bool]:
         async with open_db(ctx, path, readonly=True) as handle:
-            ids = list(dict.fromkeys([await _resolve(handle, i) for i in run_ids]))
+            ids = list(dict.fromkeys([await resolve_run(handle, i) for i in run_ids]))
             deadline = None if limit is None else time.monotonic() + limit
             rows: dict[str, dict[str, Any]] = {}
 

@@ -35,8 +35,12 @@ from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
-from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, DEFAULT_LEASE_TTL_SECONDS, WorkerConfig
-from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS
+from ledgerq.queue.config import (
+    DEFAULT_CLAIM_LIMIT,
+    DEFAULT_HEARTBEAT_TTL_SECONDS,
+    DEFAULT_LEASE_TTL_SECONDS,
+    WorkerConfig,
+)
 from ledgerq.queue.runs import claim_reason, perform, run_policy, worker_actor
 from ledgerq.queue.stuck import StuckRows, describe, is_database_failure, tracked
 

@@ -6,22 +6,27 @@ once (and checked once) per tick or per Worker, it cannot drift between them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ledgerq.errors import InvalidInput
 from ledgerq.operations import DEFAULT_QUEUE
 from ledgerq.queue.application import queue_name_problem
 from ledgerq.queue.executors import Executors
-from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS
 from ledgerq.queue.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES, ExecuteFn
-
-if TYPE_CHECKING:
-    from ledgerq.queue.supervision import Authorize
+from ledgerq.queue.leases import LeaseReads
 
 DEFAULT_LEASE_TTL_SECONDS = 300.0
+#: A worker whose heartbeat is older than this is presumed dead.
+DEFAULT_HEARTBEAT_TTL_SECONDS = 90.0
+
+#: The hook that decides, per claimed run, whether it may execute: True, or a refusal
+#: (False, or the reason as text). Authorization stays outside the queue.
+Authorize = Callable[[dict[str, Any]], "bool | str | Awaitable[bool | str]"]
 #: Claims attempted per pass (the ADR-0071 queue's value).
 DEFAULT_CLAIM_LIMIT = 20
 #: How often an executing run checks that it still owns its lease (cancel / reap notice).
@@ -126,3 +131,29 @@ class WorkerConfig:
             executors=Executors(execute=execute, adapters=dict(adapters or {})),
             authorize=authorize, lock_dir=Path(lock_dir) if lock_dir is not None else None,
             check_interval=check_interval, output_tail=output_tail)
+
+
+@dataclass
+class RunContext:
+    """How one claimed run is supervised while it executes."""
+
+    worker_id: str
+    lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS
+    clock: Callable[[], float] = time.time
+    executors: Executors = field(default_factory=Executors)
+    authorize: Authorize | None = None
+    lock_dir: Path | None = None
+    check_interval: float = LEASE_CHECK_SECONDS
+    stopping: asyncio.Event | None = None
+    #: Shared by the runs of one worker (or one pass): their checks become one read.
+    lease_reads: LeaseReads = field(default_factory=LeaseReads)
+    #: Bytes of each output stream a run records (see launcher.OutputCapture).
+    output_tail: int = OUTPUT_TAIL_BYTES
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig, *, clock: Callable[[], float] = time.time,
+                    stopping: asyncio.Event | None = None) -> RunContext:
+        return cls(worker_id=config.worker_id, lease_ttl=config.lease_ttl, clock=clock,
+                   executors=config.executors, authorize=config.authorize,
+                   lock_dir=config.lock_dir, check_interval=config.check_interval,
+                   stopping=stopping, output_tail=config.output_tail)

@@ -18,9 +18,6 @@ if TYPE_CHECKING:
     from ledgerq.queue.config import WorkerConfig
     from ledgerq.store.db import StateDB
 
-DEFAULT_HEARTBEAT_TTL_SECONDS = 90.0
-
-
 async def beat(db: StateDB, config: WorkerConfig, now: float | None = None) -> None:
     """Upsert this worker's row with the capabilities and targets it advertises."""
     ts = time.time() if now is None else now

@@ -27,7 +27,7 @@ from ledgerq.queue.runs import no_lease, run_policy, terms, worker_actor
 from ledgerq.queue.stuck import is_database_failure
 
 if TYPE_CHECKING:
-    from ledgerq.queue.supervision import RunContext
+    from ledgerq.queue.config import RunContext
     from ledgerq.store.db import StateDB
 
 log = logging.getLogger("ledgerq.worker")

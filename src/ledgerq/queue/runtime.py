@@ -29,16 +29,22 @@ from ledgerq.errors import DatabaseDamaged, DatabaseError, DatabaseGone
 from ledgerq.lifecycle.models import Actor
 from ledgerq.queue import moves, orphans, wakeup
 from ledgerq.queue.claim import claim_pass
-from ledgerq.queue.config import DEFAULT_CLAIM_LIMIT, WorkerConfig
+from ledgerq.queue.config import (
+    DEFAULT_CLAIM_LIMIT,
+    DEFAULT_HEARTBEAT_TTL_SECONDS,
+    Authorize,
+    RunContext,
+    WorkerConfig,
+)
 from ledgerq.queue.executors import Executors
-from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS, beat
+from ledgerq.queue.heartbeat import beat
 from ledgerq.queue.launcher import OUTPUT_TAIL_BYTES, ExecuteFn
 from ledgerq.queue.promotion import promote_due
 from ledgerq.queue.reaper import reap_expired_leases
 from ledgerq.queue.recycling import Recycling
 from ledgerq.queue.scheduler import fire_due
 from ledgerq.queue.stuck import STUCK_RETRY_SECONDS, StuckRows
-from ledgerq.queue.supervision import Authorize, RunContext, begin_runs, write_ended
+from ledgerq.queue.supervision import begin_runs, write_ended
 from ledgerq.queue.undeclared import UNDECLARED_EVERY, UndeclaredReport
 
 if TYPE_CHECKING:

@@ -18,18 +18,16 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Coroutine, Generator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.lifecycle.engine import value_problem
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue import moves
-from ledgerq.queue.config import DEFAULT_LEASE_TTL_SECONDS, LEASE_CHECK_SECONDS
-from ledgerq.queue.executors import Executors
-from ledgerq.queue.launcher import OUTPUT_TAIL_BYTES, ExecuteFn, OutputCapture, capturing
-from ledgerq.queue.leases import LeaseReads, until_next_check
+from ledgerq.queue.config import RunContext
+from ledgerq.queue.launcher import ExecuteFn, OutputCapture, capturing
+from ledgerq.queue.leases import until_next_check
 from ledgerq.queue.locks import KeyLock
 from ledgerq.queue.outcomes import (
     Ended,
@@ -48,7 +46,6 @@ from ledgerq.queue.runs import (
 )
 
 if TYPE_CHECKING:
-    from ledgerq.queue.config import WorkerConfig
     from ledgerq.store.db import StateDB
 
 log = logging.getLogger("ledgerq.worker")
@@ -58,36 +55,8 @@ RENEW_FRACTION = 1 / 3
 #: exit_code recorded for a run killed at its deadline (the coreutils ``timeout`` convention).
 TIMEOUT_EXIT_CODE = 124
 
-Authorize = Callable[[dict[str, Any]], "bool | str | Awaitable[bool | str]"]
-
 #: A run given back to the queue because its worker is stopping (not a failed attempt).
 SHUTDOWN = Outcome(moves.SHUTDOWN)
-
-
-@dataclass
-class RunContext:
-    """How one claimed run is supervised while it executes."""
-
-    worker_id: str
-    lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS
-    clock: Callable[[], float] = time.time
-    executors: Executors = field(default_factory=Executors)
-    authorize: Authorize | None = None
-    lock_dir: Path | None = None
-    check_interval: float = LEASE_CHECK_SECONDS
-    stopping: asyncio.Event | None = None
-    #: Shared by the runs of one worker (or one pass): their checks become one read.
-    lease_reads: LeaseReads = field(default_factory=LeaseReads)
-    #: Bytes of each output stream a run records (see launcher.OutputCapture).
-    output_tail: int = OUTPUT_TAIL_BYTES
-
-    @classmethod
-    def from_config(cls, config: WorkerConfig, *, clock: Callable[[], float] = time.time,
-                    stopping: asyncio.Event | None = None) -> RunContext:
-        return cls(worker_id=config.worker_id, lease_ttl=config.lease_ttl, clock=clock,
-                   executors=config.executors, authorize=config.authorize,
-                   lock_dir=config.lock_dir, check_interval=config.check_interval,
-                   stopping=stopping, output_tail=config.output_tail)
 
 
 class LeaseLost(Exception):

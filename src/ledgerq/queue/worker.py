@@ -22,13 +22,16 @@ from typing import TYPE_CHECKING, Any
 from ledgerq.queue.claim import PAGE_SIZE, SCAN_CAP, ClaimPass, claim_pass, claim_runs
 from ledgerq.queue.config import (
     DEFAULT_CLAIM_LIMIT,
+    DEFAULT_HEARTBEAT_TTL_SECONDS,
     DEFAULT_LEASE_TTL_SECONDS,
     LEASE_CHECK_SECONDS,
+    Authorize,
+    RunContext,
     WorkerConfig,
     check_interval_for,
 )
 from ledgerq.queue.executors import Executors
-from ledgerq.queue.heartbeat import DEFAULT_HEARTBEAT_TTL_SECONDS, beat
+from ledgerq.queue.heartbeat import beat
 from ledgerq.queue.launcher import ExecuteFn
 from ledgerq.queue.outcomes import DETAIL_LIMIT, Outcome
 from ledgerq.queue.promotion import SWEEP_CHUNK, promote_due
@@ -37,9 +40,7 @@ from ledgerq.queue.stuck import PROCESS_STUCK, STUCK_RETRY_SECONDS, StuckRow, St
 from ledgerq.queue.supervision import (
     RENEW_FRACTION,
     TIMEOUT_EXIT_CODE,
-    Authorize,
     LeaseLost,
-    RunContext,
     begin_runs,
     execute_claimed,
     write_ended,

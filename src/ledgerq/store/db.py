@@ -20,11 +20,10 @@ from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import EntityPolicy, Registry, default_registry
 from ledgerq.operations import Tx
+from ledgerq.store.timeouts import BUSY_TIMEOUT_MS
 
 T = TypeVar("T")
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
-#: How long a SQLite writer waits for the write lock (ms).
-BUSY_TIMEOUT_MS = 30_000
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 

@@ -54,11 +54,11 @@ from ledgerq.errors import (
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import Registry
 from ledgerq.operations import Tx
-from ledgerq.store.db import BUSY_TIMEOUT_MS
 from ledgerq.store.sqlite import integrity
 from ledgerq.store.sqlite.catalog import read_recorded
 from ledgerq.store.sqlite.schema import apply_specs, missing_tables, open_schema
 from ledgerq.store.sqlite.tx import CONSTRAINT_CODE, FAILURE_CODES, SqliteTx
+from ledgerq.store.timeouts import BUSY_TIMEOUT_MS
 
 T = TypeVar("T")
 Unit = Callable[[Tx], Any]
