@@ -23,6 +23,7 @@ import pytest
 
 from ledgerq import StateDB
 from ledgerq.lifecycle import default_registry
+from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.docs import render_all
 from ledgerq.queue import TaskApplication, claim_runs, submit_many
 from test_registry import MANY_PROBLEMS
@@ -611,12 +612,12 @@ def test_specs_check_one_file_and_duplicates() -> None:
 
 def test_specs_graph_mermaid_and_json() -> None:
     policy = default_registry().entity("schedule_run")
-    assert ok("specs", "graph", "schedule_run").stdout == policy.mermaid()
+    assert ok("specs", "graph", "schedule_run").stdout == mermaid(policy)
     graph = as_json("specs", "graph", "dispatch")
     assert set(graph) == {"entity", "table", "states", "initial", "terminal", "edges", "mermaid"}
     assert graph["table"] == "dispatch_outbox"
     assert {"from": "dead_letter", "to": "pending"} in graph["edges"]
-    assert graph["mermaid"] == default_registry().entity("dispatch").mermaid()
+    assert graph["mermaid"] == mermaid(default_registry().entity("dispatch"))
     assert "unknown entity type 'nope'" in one_error_line(cli("specs", "graph", "nope"), 2)
 
 

@@ -31,6 +31,7 @@ from ledgerq.lifecycle import (
     load_registry,
     transition,
 )
+from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.docs import render_markdown
 from ledgerq.lifecycle.registry import packaged_specs_dir
 from ledgerq.projections import history, rebuild, verify
@@ -252,7 +253,7 @@ def test_the_command_and_the_docs_generator_show_it(tmp_path: Path) -> None:
     specs = spec_dir(tmp_path)
     policy = load_registry(specs).entity("deployment")
     graph = ok("specs", "graph", "deployment", "--specs", specs)
-    assert graph == policy.mermaid()
+    assert graph == mermaid(policy)
     assert "awaiting_approval --> deploying: actor operator / patch approved_at,approved_by" \
         in graph
     as_json = json.loads(ok("specs", "graph", "deployment", "--specs", specs, "--json"))
@@ -267,7 +268,7 @@ def test_the_command_and_the_docs_generator_show_it(tmp_path: Path) -> None:
     assert "# Lifecycle: `deployment`" in page
     assert "Projection table: `deployments` · spec file: `specs/deployment.toml` · " \
            "10 states, 15 edges, 15 reason codes." in page
-    assert policy.mermaid().rstrip("\n") in page
+    assert mermaid(policy).rstrip("\n") in page
     assert "| `awaiting_approval` | `deploying` | `operator` |  | `approved_at`, `approved_by` |" \
         in page
     assert "| `uq_deployments_in_flight` | `service`, `environment` | yes | `status IN (" in page
@@ -300,7 +301,7 @@ def test_the_http_api_shows_and_verifies_it(tmp_path: Path) -> None:
         policy = load_registry(specs).entity("deployment")
         assert detail["states"] == list(policy.states)
         assert set(detail["terminal"]) == set(policy.terminal)
-        assert detail["mermaid"] == policy.mermaid()
+        assert detail["mermaid"] == mermaid(policy)
         svg = api.get("/api/specs/deployment/diagram.svg")
         assert svg.status_code == 200 and "awaiting_approval" in svg.text
         verified = api.get("/api/verify").json()

@@ -12,6 +12,7 @@ import pytest
 
 from ledgerq import StateDB
 from ledgerq.lifecycle import Registry, SpecError, default_registry, load_registry
+from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.spec import EntitySpec, decode_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,7 +179,7 @@ def test_allows_and_unknown_entity() -> None:
 def test_mermaid_contains_every_edge() -> None:
     for name in ("schedule_run", "dispatch"):
         p = default_registry().entity(name)
-        text = p.mermaid()
+        text = mermaid(p)
         assert text.startswith("stateDiagram-v2")
         lines = [ln.strip() for ln in text.splitlines()]
         arrows = {ln.split(":")[0].strip() for ln in lines if "-->" in ln}
@@ -191,7 +192,7 @@ def test_mermaid_contains_every_edge() -> None:
             assert f"{s} --> [*]" in arrows
         n_edges = sum(len(d) for d in p.edges.values())
         assert len(arrows) == n_edges + len(p.initial) + len(p.terminal), "no invented edges"
-    dispatch = default_registry().entity("dispatch").mermaid()
+    dispatch = mermaid(default_registry().entity("dispatch"))
     assert "dead_letter --> pending: actor operator" in dispatch
 
 

@@ -72,7 +72,7 @@ def specs_graph(
     json_out: JsonOption = False,
 ) -> None:
     """Print an entity's lifecycle as a mermaid stateDiagram."""
-    from ledgerq.lifecycle.docs import ordered_edges
+    from ledgerq.lifecycle.diagrams import mermaid, ordered_edges
 
     registry = load_specs(specs or root_specs(ctx))
     try:
@@ -84,10 +84,10 @@ def specs_graph(
             "entity": policy.name, "table": policy.table, "states": list(policy.states),
             "initial": sorted(policy.initial), "terminal": sorted(policy.terminal),
             "edges": [{"from": a, "to": b} for a, b in ordered_edges(policy)],
-            "mermaid": policy.mermaid(),
+            "mermaid": mermaid(policy),
         })
     else:
-        sys.stdout.write(policy.mermaid())
+        sys.stdout.write(mermaid(policy))
 
 
 @specs_app.command("docs")

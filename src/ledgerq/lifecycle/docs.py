@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ledgerq.lifecycle.diagrams import mermaid, ordered_edges
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy, Registry
 
 
@@ -19,12 +20,6 @@ def _codes(values: frozenset[str] | list[str] | None, empty: str = "") -> str:
     if not values:
         return empty
     return ", ".join(f"`{v}`" for v in sorted(values))
-
-
-def ordered_edges(policy: EntityPolicy) -> list[tuple[str, str]]:
-    """Every declared edge, in the spec's state order (the order of the mermaid diagram)."""
-    return [(src, dst) for src in policy.states for dst in policy.states
-            if dst in policy.edges.get(src, frozenset())]
 
 
 def render_markdown(policy: EntityPolicy) -> str:
@@ -44,7 +39,7 @@ def render_markdown(policy: EntityPolicy) -> str:
         f"{len(policy.reason_codes)} reason codes.",
         "",
         "```mermaid",
-        policy.mermaid().rstrip("\n"),
+        mermaid(policy).rstrip("\n"),
         "```",
         "",
         "## States",
@@ -127,4 +122,4 @@ def stale_pages(registry: Registry, out_dir: Path) -> list[str]:
     return stale
 
 
-__all__ = ["ordered_edges", "render_all", "render_markdown", "stale_pages"]
+__all__ = ["render_all", "render_markdown", "stale_pages"]

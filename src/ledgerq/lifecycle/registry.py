@@ -211,36 +211,6 @@ class EntityPolicy:
         states = ", ".join(sql_literal(s) for s in self.states)
         return f"CHECK(status IN ({states}))"
 
-    def mermaid(self) -> str:
-        """A mermaid stateDiagram of the declared graph, in spec order."""
-        lines = ["stateDiagram-v2"]
-        lines += [f"    [*] --> {s}" for s in self.states if s in self.initial]
-        for src in self.states:
-            for dst in self.states:
-                if dst in self.edges.get(src, frozenset()):
-                    rule = self.edge_rules[(src, dst)]
-                    label = edge_label(rule)
-                    lines.append(f"    {src} --> {dst}" + (f": {label}" if label else ""))
-        lines += [f"    {s} --> [*]" for s in self.states if s in self.terminal]
-        return "\n".join(lines) + "\n"
-
-
-def edge_label(rule: EdgeRule) -> str:
-    """What an edge demands beyond being declared (actors, guards, patch, tokens), as the
-    diagrams label it: the mermaid text here, the dashboard's SVG (``ledgerq.web``)."""
-    parts = []
-    if rule.actors is not None:
-        parts.append("actor " + "|".join(sorted(rule.actors)))
-    if rule.requires_guard:
-        parts.append("guard " + ",".join(sorted(rule.requires_guard)))
-    if rule.requires_patch:
-        parts.append("patch " + ",".join(sorted(rule.requires_patch)))
-    if rule.fresh_tokens:
-        parts.append("token " + ",".join(sorted(rule.fresh_tokens)))
-    # Mermaid's state-diagram lexer ends a transition label at ':' or ';', so neither
-    # may appear inside one.
-    return " / ".join(parts)
-
 
 def sql_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"

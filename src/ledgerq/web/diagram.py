@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
-from ledgerq.lifecycle.docs import ordered_edges
+from ledgerq.lifecycle import diagrams
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.lifecycle.registry import edge_label as registry_edge_label
 
 CHAR_WIDTH = 7.2
 NODE_HEIGHT = 30
@@ -38,11 +37,11 @@ class _Node:
 
 def edge_label(policy: EntityPolicy, source: str, target: str) -> str:
     """What an edge requires, as the mermaid diagram labels it (actors, guards, patch)."""
-    return registry_edge_label(policy.edge_rules[(source, target)])
+    return diagrams.edge_label(policy.edge_rules[(source, target)])
 
 
 #: Every declared edge, in spec order of source then target (the mermaid diagram's order).
-edges_of = ordered_edges
+edges_of = diagrams.ordered_edges
 
 
 def _ranks(policy: EntityPolicy) -> dict[str, int]:

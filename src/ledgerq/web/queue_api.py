@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
 
+from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.projections.log import verify
 from ledgerq.projections.read_models import queue_stats, run_status
@@ -88,7 +89,7 @@ async def spec(request: Request, entity: Entity) -> dict[str, Any]:
             "state_descriptions": dict(policy.states),
             "edges": [{"source": s, "target": t, "label": edge_label(policy, s, t)}
                       for s, t in edges_of(policy)],
-            "reason_codes": dict(policy.reason_codes), "mermaid": policy.mermaid()}
+            "reason_codes": dict(policy.reason_codes), "mermaid": mermaid(policy)}
 
 
 @router.get("/api/specs/{entity}/diagram.svg", dependencies=read, tags=["specs"],
