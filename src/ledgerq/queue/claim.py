@@ -56,8 +56,8 @@ SCAN_CAP = 5000
 CLAIM_SPARES = 4
 #: Candidates one claim statement carries per slot the pass has yet to fill: the chosen
 #: spares past them go in a further statement only when others won enough of these, so a
-#: pass that meets no other claimant checks and sends half of them. (Measured on
-#: PostgreSQL, one Worker: +6-15%; four: no change beyond the noise. performance.md.)
+#: pass that meets no other claimant checks and sends half of them, which measured
+#: faster with one PostgreSQL worker and no slower with four (bench/postgres.py).
 CLAIM_STEP = 2
 #: A pass's claims of rows without a concurrency key go together (:func:`_claim_together`:
 #: the checks once, PostgreSQL's swaps in one statement, the facts in one insert) rather

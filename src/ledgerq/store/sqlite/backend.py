@@ -270,9 +270,8 @@ class SqliteBackend:
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
-        # UPDATE ... RETURNING (every transition) stages its rows in a temp table: with
-        # temp files a claim or terminal move cost ~210 us in-thread, in memory ~70 us
-        # (a direct sqlite3 micro-measurement; see docs/performance.md).
+        # UPDATE ... RETURNING (every transition) stages its rows in a temp table: in
+        # memory that costs a third of what temp files do (bench/transition.py shows it).
         conn.execute("PRAGMA temp_store = MEMORY")
         if self.migrate_on_open:
             self.migration = open_schema(conn, self.registry)
