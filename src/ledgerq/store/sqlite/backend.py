@@ -271,7 +271,7 @@ class SqliteBackend:
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
         # UPDATE ... RETURNING (every transition) stages its rows in a temp table: in
-        # memory that costs a third of what temp files do (bench/transition.py shows it).
+        # memory that costs a third of what temp files do (measured with sqlite3 alone).
         conn.execute("PRAGMA temp_store = MEMORY")
         if self.migrate_on_open:
             self.migration = open_schema(conn, self.registry)
