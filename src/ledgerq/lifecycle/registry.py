@@ -270,77 +270,172 @@ def build_policy(spec: EntitySpec, source: str, *, lost: frozenset[str] = frozen
     whole directory can go on to the checks across files.
     """
     problems: list[SpecProblem] = [] if into is None else into
+    c = _Checking(spec, source, lost, problems)
+    # Every check runs whatever the others found, so one pass reports all there is to
+    # fix. The order is the order of the findings, which callers and tests compare.
+    _check_state_names(c)
+    _check_initial_and_terminal(c)
+    _check_columns(c)
+    _check_allowlists(c)
+    graph = _check_edges(c)
+    _check_every_state_reachable(c, graph)
+    _check_every_state_can_finish(c, graph)
+    _check_reason_codes(c)
+    indexes = _check_indexes(c)
+    outcomes = _check_outcomes(c)
+    groups = _check_column_groups(c)
+    _check_entity_and_table(c)
+    if problems and into is None:
+        raise SpecError(problems)
+    return EntityPolicy(
+        name=spec.entity,
+        table=spec.table,
+        description=spec.description,
+        source=source,
+        states=MappingProxyType({s: spec.states[s].description for s in spec.states}),
+        initial=frozenset(spec.initial),
+        terminal=frozenset(spec.terminal),
+        edges=MappingProxyType({s: frozenset(d) for s, d in graph.edges.items()}),
+        edge_rules=MappingProxyType(graph.rules),
+        guard_columns=frozenset(spec.guard_columns),
+        patch_columns=frozenset(spec.patch_columns),
+        reason_codes=MappingProxyType(dict(spec.reason_codes)),
+        columns=MappingProxyType(c.columns),
+        indexes=tuple(indexes),
+        spec=spec,
+        outcomes=MappingProxyType(outcomes),
+        column_groups=MappingProxyType(groups),
+    )
 
-    def bad(where: str, what: str) -> None:
-        problems.append(SpecProblem(source, where, what))
 
-    def known(path: str) -> bool:
-        """Whether everything under ``path`` decoded (nothing there is missing)."""
-        return not any(p == path or p.startswith((path + ".", path + "[")) for p in lost)
+@dataclass(slots=True)
+class _Checking:
+    """What the checks of one spec share: each appends to the same list, and each asks
+    here whether what it would report is already explained by a decoding problem."""
 
-    states = list(spec.states)
-    # A state whose table did not decode is still declared by its name: "undeclared
-    # state" where an edge names it would only echo that problem.
-    declared = set(states) | _lost_keys(lost, "$.states")
-    states_known = "$.states" not in lost
-    for name in states:
-        if not IDENTIFIER.match(name):
-            bad(f"$.states.{name!r}", "state names must be lower_snake_case identifiers")
-    for key, values in (("initial", spec.initial), ("terminal", spec.terminal)):
-        for i, s in enumerate(values):
-            if s not in declared and states_known:
-                bad(f"$.{key}[{i}]", f"undeclared state {s!r}")
-    if not spec.initial and known("$.initial"):
-        bad("$.initial", "at least one initial state is required")
-    if not spec.terminal and known("$.terminal"):
-        bad("$.terminal", "at least one terminal state is required")
-
-    columns = dict(STANDARD_COLUMNS)
+    spec: EntitySpec
+    source: str
+    lost: frozenset[str]
+    problems: list[SpecProblem]
+    #: A state whose table did not decode is still declared by its name: "undeclared
+    #: state" where an edge names it would only echo that problem.
+    declared: set[str] = field(init=False)
+    states_known: bool = field(init=False)
+    terminal: frozenset[str] = field(init=False)
+    #: The table's valid columns, standard ones first; :func:`_check_columns` adds the
+    #: spec's.
+    columns: dict[str, ColumnPolicy] = field(init=False)
     #: Declared columns refused for their declaration: reported once, and not again
     #: where a list names them.
-    refused: set[str] = set()
-    for name, decl in spec.columns.items():
+    refused: set[str] = field(init=False, default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.declared = set(self.spec.states) | _lost_keys(self.lost, "$.states")
+        self.states_known = "$.states" not in self.lost
+        self.terminal = frozenset(self.spec.terminal)
+        self.columns = dict(STANDARD_COLUMNS)
+
+    def bad(self, where: str, what: str) -> None:
+        self.problems.append(SpecProblem(self.source, where, what))
+
+    def known(self, path: str) -> bool:
+        """Whether everything under ``path`` decoded (nothing there is missing)."""
+        return not any(p == path or p.startswith((path + ".", path + "["))
+                       for p in self.lost)
+
+    def undeclared(self, state: str) -> bool:
+        """Whether ``state`` is surely not declared: when the states table did not
+        decode, no state can be said to be missing from it."""
+        return state not in self.declared and self.states_known
+
+    def absent(self, col: str) -> bool:
+        """Whether the table surely lacks ``col``: not one refused for its declaration
+        (already reported), nor one whose declaration did not decode."""
+        return (col not in self.columns and col not in self.refused
+                and "$.columns" not in self.lost and self.known(f"$.columns.{col}"))
+
+    @property
+    def graph_known(self) -> bool:
+        """An edge that did not decode at all, or a states table that did not, leaves
+        the graph unknown: reachability would be judged on a graph the file does not
+        declare."""
+        return self.states_known and "$.edges" not in self.lost and not any(
+            _EDGE_ITEM.match(p) for p in self.lost)
+
+
+@dataclass(slots=True)
+class _Graph:
+    """The declared edges that are valid, as the graph checks and the policy use them."""
+
+    edges: dict[str, set[str]]
+    rules: dict[tuple[str, str], EdgeRule] = field(default_factory=dict)
+    #: States a refused edge may have been meant to reach, or to leave by: whether they
+    #: are reachable, or can finish, is unknown until that edge is fixed.
+    maybe_reached: set[str] = field(default_factory=set)
+    maybe_finishes: set[str] = field(default_factory=set)
+
+
+def _check_state_names(c: _Checking) -> None:
+    for name in c.spec.states:
+        if not IDENTIFIER.match(name):
+            c.bad(f"$.states.{name!r}", "state names must be lower_snake_case identifiers")
+
+
+def _check_initial_and_terminal(c: _Checking) -> None:
+    for key, values in (("initial", c.spec.initial), ("terminal", c.spec.terminal)):
+        for i, s in enumerate(values):
+            if c.undeclared(s):
+                c.bad(f"$.{key}[{i}]", f"undeclared state {s!r}")
+    if not c.spec.initial and c.known("$.initial"):
+        c.bad("$.initial", "at least one initial state is required")
+    if not c.spec.terminal and c.known("$.terminal"):
+        c.bad("$.terminal", "at least one terminal state is required")
+
+
+def _check_columns(c: _Checking) -> None:
+    """The engine maintains the standard columns, so a spec that declares one would
+    fight it; every other name reaches SQL, so it must be a plain identifier."""
+    for name, decl in c.spec.columns.items():
         problem = identifier_problem(name)
         if name in STANDARD_COLUMNS:
-            bad(f"$.columns.{name}", "is a standard column the engine maintains; remove it")
+            c.bad(f"$.columns.{name}", "is a standard column the engine maintains; remove it")
         elif problem is not None:
-            bad(f"$.columns.{name!r}", f"column name {problem}")
+            c.bad(f"$.columns.{name!r}", f"column name {problem}")
         else:
-            column = _column(f"$.columns.{name}", decl, bad)
+            column = _column(f"$.columns.{name}", decl, c.bad)
             if column is not None:
-                columns[name] = column
+                c.columns[name] = column
             else:
-                refused.add(name)
-    def absent(col: str) -> bool:
-        return (col not in columns and col not in refused and "$.columns" not in lost
-                and known(f"$.columns.{col}"))
+                c.refused.add(name)
 
-    for key, values in (("guard_columns", spec.guard_columns),
-                        ("patch_columns", spec.patch_columns)):
+
+def _check_allowlists(c: _Checking) -> None:
+    """A request may guard on or patch only columns the table has, and never the ones
+    the engine itself moves (a patched status would bypass the declared edges)."""
+    for key, values in (("guard_columns", c.spec.guard_columns),
+                        ("patch_columns", c.spec.patch_columns)):
         for i, col in enumerate(values):
-            if absent(col):
-                bad(f"$.{key}[{i}]", f"column {col!r} is not a column of table {spec.table!r}")
+            if c.absent(col):
+                c.bad(f"$.{key}[{i}]",
+                      f"column {col!r} is not a column of table {c.spec.table!r}")
             elif col in ("id", "status", "version"):
-                bad(f"$.{key}[{i}]", f"column {col!r} is maintained by the engine")
-    guard_cols = frozenset(spec.guard_columns)
-    patch_cols = frozenset(spec.patch_columns)
+                c.bad(f"$.{key}[{i}]", f"column {col!r} is maintained by the engine")
 
-    edges: dict[str, set[str]] = {s: set() for s in [*states, *sorted(declared - set(states))]}
-    rules: dict[tuple[str, str], EdgeRule] = {}
-    terminal = set(spec.terminal)
-    # States a refused edge may have been meant to reach, or to leave by: whether they
-    # are reachable, or can finish, is unknown until that edge is fixed.
-    maybe_reached: set[str] = set()
-    maybe_finishes: set[str] = set()
-    for i, edge in enumerate(spec.edges):
-        _check_edge(i, edge, declared if states_known else None, terminal,
-                    guard_cols if known("$.guard_columns") else None,
-                    patch_cols if known("$.patch_columns") else None, bad)
-        if edge.source not in declared:
-            maybe_reached.update(edge.to)
+
+def _check_edges(c: _Checking) -> _Graph:
+    """Each edge on its own, then as part of the graph: an edge between declared states
+    enters it (once), one naming an undeclared state marks what it may have meant."""
+    states = list(c.spec.states)
+    graph = _Graph({s: set() for s in [*states, *sorted(c.declared - set(states))]})
+    guard_cols = frozenset(c.spec.guard_columns) if c.known("$.guard_columns") else None
+    patch_cols = frozenset(c.spec.patch_columns) if c.known("$.patch_columns") else None
+    for i, edge in enumerate(c.spec.edges):
+        _check_edge(c, i, edge, guard_cols, patch_cols)
+        if edge.source not in c.declared:
+            graph.maybe_reached.update(edge.to)
             continue
-        if any(dst not in declared for dst in edge.to):
-            maybe_finishes.add(edge.source)
+        if any(dst not in c.declared for dst in edge.to):
+            graph.maybe_finishes.add(edge.source)
         rule = EdgeRule(
             actors=frozenset(edge.actors) if edge.actors is not None else None,
             requires_guard=frozenset(edge.requires_guard),
@@ -349,124 +444,155 @@ def build_policy(spec: EntitySpec, source: str, *, lost: frozenset[str] = frozen
             fresh_tokens=frozenset(edge.fresh_tokens),
         )
         for j, dst in enumerate(edge.to):
-            if dst not in declared:
+            if dst not in c.declared:
                 continue
-            if (edge.source, dst) in rules:
-                bad(f"$.edges[{i}].to[{j}]", f"edge {edge.source} -> {dst} is declared twice")
-            rules[(edge.source, dst)] = rule
-            edges[edge.source].add(dst)
+            if (edge.source, dst) in graph.rules:
+                c.bad(f"$.edges[{i}].to[{j}]", f"edge {edge.source} -> {dst} is declared twice")
+            graph.rules[(edge.source, dst)] = rule
+            graph.edges[edge.source].add(dst)
+    return graph
 
-    # The graph checks run on what is valid: an edge that did not decode at all, or a
-    # states table, initial or terminal list that did not, leaves the graph unknown.
-    graph_known = states_known and "$.edges" not in lost and not any(
-        _EDGE_ITEM.match(p) for p in lost)
-    if graph_known and known("$.initial"):
-        reachable = _reach(spec.initial, edges)
-        for s in edges:
-            if s not in reachable and s not in maybe_reached:
-                bad(f"$.states.{s}", "unreachable from every initial state")
-    if graph_known and known("$.terminal"):
-        reverse: dict[str, set[str]] = {s: set() for s in edges}
-        for src, dsts in edges.items():
-            for dst in dsts:
-                reverse[dst].add(src)
-        can_finish = _reach(spec.terminal, reverse)
-        for s in edges:
-            if s not in can_finish and s not in maybe_finishes:
-                bad(f"$.states.{s}", "non-terminal state with no path to a terminal state")
 
-    for code in spec.reason_codes:
+def _check_edge(c: _Checking, i: int, edge: EdgeSpec, guard_cols: frozenset[str] | None,
+                patch_cols: frozenset[str] | None) -> None:
+    """A None allowlist is one that did not decode: there is nothing to check against."""
+    where = f"$.edges[{i}]"
+    if c.undeclared(edge.source):
+        c.bad(f"{where}.from", f"edge from undeclared state {edge.source!r}")
+    elif edge.source in c.terminal:
+        c.bad(f"{where}.from", f"terminal state {edge.source!r} has an outgoing edge")
+    if not edge.to:
+        c.bad(f"{where}.to", "an edge needs at least one target")
+    for j, dst in enumerate(edge.to):
+        if c.undeclared(dst):
+            c.bad(f"{where}.to[{j}]", f"edge to undeclared state {dst!r}")
+    for j, actor in enumerate(edge.actors or []):
+        if actor not in ACTOR_TYPES:
+            c.bad(f"{where}.actors[{j}]",
+                  f"unknown actor type {actor!r}; known: {', '.join(sorted(ACTOR_TYPES))}")
+    for j, col in enumerate(edge.requires_guard):
+        if guard_cols is not None and col not in guard_cols:
+            c.bad(f"{where}.requires_guard[{j}]", f"column {col!r} is not in guard_columns")
+    for j, col in enumerate(edge.requires_patch):
+        if patch_cols is not None and col not in patch_cols:
+            c.bad(f"{where}.requires_patch[{j}]", f"column {col!r} is not in patch_columns")
+    for j, col in enumerate(edge.fresh_tokens):
+        if patch_cols is not None and col not in patch_cols:
+            c.bad(f"{where}.fresh_tokens[{j}]", f"column {col!r} is not in patch_columns")
+
+
+def _check_every_state_reachable(c: _Checking, graph: _Graph) -> None:
+    """A state no row can enter is a typo or a forgotten edge."""
+    if not (c.graph_known and c.known("$.initial")):
+        return
+    reachable = _reach(c.spec.initial, graph.edges)
+    for s in graph.edges:
+        if s not in reachable and s not in graph.maybe_reached:
+            c.bad(f"$.states.{s}", "unreachable from every initial state")
+
+
+def _check_every_state_can_finish(c: _Checking, graph: _Graph) -> None:
+    """A row in a state with no way to a terminal one could never end."""
+    if not (c.graph_known and c.known("$.terminal")):
+        return
+    reverse: dict[str, set[str]] = {s: set() for s in graph.edges}
+    for src, dsts in graph.edges.items():
+        for dst in dsts:
+            reverse[dst].add(src)
+    can_finish = _reach(c.spec.terminal, reverse)
+    for s in graph.edges:
+        if s not in can_finish and s not in graph.maybe_finishes:
+            c.bad(f"$.states.{s}", "non-terminal state with no path to a terminal state")
+
+
+def _check_reason_codes(c: _Checking) -> None:
+    """Every change records why; a spec with no reason codes would refuse them all."""
+    for code in c.spec.reason_codes:
         problem = reason_code_problem(code)
         if problem is not None:
-            bad(f"$.reason_codes.{code!r}", problem)
-    if not spec.reason_codes and known("$.reason_codes"):
-        bad("$.reason_codes", "at least one reason code is required")
+            c.bad(f"$.reason_codes.{code!r}", problem)
+    if not c.spec.reason_codes and c.known("$.reason_codes"):
+        c.bad("$.reason_codes", "at least one reason code is required")
 
+
+def _check_indexes(c: _Checking) -> list[IndexPolicy]:
+    """An index becomes DDL: its name and columns must be ones the table can take."""
     indexes: list[IndexPolicy] = []
     index_names: set[str] = set()
-    for i, ix in enumerate(spec.indexes):
+    for i, ix in enumerate(c.spec.indexes):
         problem = identifier_problem(ix.name)
         if problem is not None:
-            bad(f"$.indexes[{i}].name", f"index name {problem}")
+            c.bad(f"$.indexes[{i}].name", f"index name {problem}")
         elif ix.name in index_names:
-            bad(f"$.indexes[{i}].name", f"index {ix.name!r} is declared twice")
+            c.bad(f"$.indexes[{i}].name", f"index {ix.name!r} is declared twice")
         index_names.add(ix.name)
         if not ix.columns:
-            bad(f"$.indexes[{i}].columns", "an index needs at least one column")
+            c.bad(f"$.indexes[{i}].columns", "an index needs at least one column")
         for key, cols in (("columns", ix.columns), ("where_not_null", ix.where_not_null)):
             for j, col in enumerate(cols):
-                if absent(col):
-                    bad(f"$.indexes[{i}].{key}[{j}]", f"column {col!r} is not in the table")
+                if c.absent(col):
+                    c.bad(f"$.indexes[{i}].{key}[{j}]", f"column {col!r} is not in the table")
         for j, state in enumerate(ix.where_status or []):
-            if state not in declared and states_known:
-                bad(f"$.indexes[{i}].where_status[{j}]", f"undeclared state {state!r}")
+            if c.undeclared(state):
+                c.bad(f"$.indexes[{i}].where_status[{j}]", f"undeclared state {state!r}")
         for j, col in enumerate(ix.descending):
             if col not in ix.columns:
-                bad(f"$.indexes[{i}].descending[{j}]",
-                    f"column {col!r} is not one of the index's columns")
+                c.bad(f"$.indexes[{i}].descending[{j}]",
+                      f"column {col!r} is not one of the index's columns")
             elif ix.descending.index(col) != j:
-                bad(f"$.indexes[{i}].descending[{j}]", f"column {col!r} is listed twice")
+                c.bad(f"$.indexes[{i}].descending[{j}]", f"column {col!r} is listed twice")
         indexes.append(IndexPolicy(ix.name, tuple(ix.columns), ix.unique,
                                    tuple(ix.where_status) if ix.where_status else None,
                                    tuple(ix.where_not_null), frozenset(ix.descending)))
+    return indexes
 
+
+def _check_outcomes(c: _Checking) -> dict[str, str]:
+    """Only an end has an outcome, and only one of :data:`OUTCOMES`, so code asking "did
+    it succeed?" and a reader of the spec agree."""
     outcomes: dict[str, str] = {}
-    for name, state_spec in spec.states.items():
+    for name, state_spec in c.spec.states.items():
         if state_spec.outcome is None:
             continue
         where = f"$.states.{name}.outcome"
-        if name not in terminal:
-            bad(where, f"state {name!r} is not terminal; only a terminal state has an outcome")
+        if name not in c.terminal:
+            c.bad(where, f"state {name!r} is not terminal; only a terminal state has an outcome")
         elif state_spec.outcome not in OUTCOMES:
-            bad(where, f"unknown outcome {state_spec.outcome!r}; known: {', '.join(OUTCOMES)}")
+            c.bad(where,
+                  f"unknown outcome {state_spec.outcome!r}; known: {', '.join(OUTCOMES)}")
         else:
             outcomes[name] = state_spec.outcome
+    return outcomes
 
+
+def _check_column_groups(c: _Checking) -> dict[str, tuple[str, ...]]:
     groups: dict[str, tuple[str, ...]] = {}
-    for name, cols in spec.column_groups.items():
+    for name, cols in c.spec.column_groups.items():
         # A group's name never reaches SQL (its columns do, as validated columns).
         if not IDENTIFIER.match(name):
-            bad(f"$.column_groups.{name!r}",
-                "column group names must be lower_snake_case identifiers")
+            c.bad(f"$.column_groups.{name!r}",
+                  "column group names must be lower_snake_case identifiers")
             continue
         if not cols:
-            bad(f"$.column_groups.{name}", "a column group needs at least one column")
+            c.bad(f"$.column_groups.{name}", "a column group needs at least one column")
         for j, col in enumerate(cols):
-            if col not in columns:
-                bad(f"$.column_groups.{name}[{j}]",
-                    f"column {col!r} is not a column of table {spec.table!r}")
+            if col not in c.columns:
+                c.bad(f"$.column_groups.{name}[{j}]",
+                      f"column {col!r} is not a column of table {c.spec.table!r}")
             elif col in cols[:j]:
-                bad(f"$.column_groups.{name}[{j}]", f"column {col!r} is listed twice")
+                c.bad(f"$.column_groups.{name}[{j}]", f"column {col!r} is listed twice")
         groups[name] = tuple(cols)
+    return groups
 
-    if spec.table in RESERVED_TABLES:
-        bad("$.table", f"table {spec.table!r} is reserved by ledgerq's own schema")
-    for where, name in (("$.entity", spec.entity), ("$.table", spec.table)):
+
+def _check_entity_and_table(c: _Checking) -> None:
+    """Both names reach SQL, and ledgerq's own tables are not a spec's to project into."""
+    if c.spec.table in RESERVED_TABLES:
+        c.bad("$.table", f"table {c.spec.table!r} is reserved by ledgerq's own schema")
+    for where, name in (("$.entity", c.spec.entity), ("$.table", c.spec.table)):
         problem = identifier_problem(name)
-        if problem is not None and known(where):
-            bad(where, problem)
-
-    if problems and into is None:
-        raise SpecError(problems)
-    return EntityPolicy(
-        name=spec.entity,
-        table=spec.table,
-        description=spec.description,
-        source=source,
-        states=MappingProxyType({s: spec.states[s].description for s in states}),
-        initial=frozenset(spec.initial),
-        terminal=frozenset(spec.terminal),
-        edges=MappingProxyType({s: frozenset(d) for s, d in edges.items()}),
-        edge_rules=MappingProxyType(rules),
-        guard_columns=guard_cols,
-        patch_columns=patch_cols,
-        reason_codes=MappingProxyType(dict(spec.reason_codes)),
-        columns=MappingProxyType(columns),
-        indexes=tuple(indexes),
-        spec=spec,
-        outcomes=MappingProxyType(outcomes),
-        column_groups=MappingProxyType(groups),
-    )
+        if problem is not None and c.known(where):
+            c.bad(where, problem)
 
 
 _DEFAULT_TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType({
@@ -540,36 +666,6 @@ def _lost_keys(lost: frozenset[str], table: str) -> set[str]:
 _EDGE_ITEM = re.compile(r"\$\.edges\[\d+\]\Z")
 #: A lower_snake_case name at the start of what follows a table's path.
 IDENTIFIER_PREFIX = re.compile(r"[a-z_][a-z0-9_]*(?=\Z|[.\[])")
-
-
-def _check_edge(i: int, edge: EdgeSpec, declared: set[str] | None, terminal: set[str],
-                guard_cols: frozenset[str] | None, patch_cols: frozenset[str] | None,
-                bad: Callable[[str, str], None]) -> None:
-    """One edge's own findings; a None set is one that did not decode (nothing to check
-    against)."""
-    where = f"$.edges[{i}]"
-    if declared is not None and edge.source not in declared:
-        bad(f"{where}.from", f"edge from undeclared state {edge.source!r}")
-    elif edge.source in terminal:
-        bad(f"{where}.from", f"terminal state {edge.source!r} has an outgoing edge")
-    if not edge.to:
-        bad(f"{where}.to", "an edge needs at least one target")
-    for j, dst in enumerate(edge.to):
-        if declared is not None and dst not in declared:
-            bad(f"{where}.to[{j}]", f"edge to undeclared state {dst!r}")
-    for j, actor in enumerate(edge.actors or []):
-        if actor not in ACTOR_TYPES:
-            bad(f"{where}.actors[{j}]",
-                f"unknown actor type {actor!r}; known: {', '.join(sorted(ACTOR_TYPES))}")
-    for j, col in enumerate(edge.requires_guard):
-        if guard_cols is not None and col not in guard_cols:
-            bad(f"{where}.requires_guard[{j}]", f"column {col!r} is not in guard_columns")
-    for j, col in enumerate(edge.requires_patch):
-        if patch_cols is not None and col not in patch_cols:
-            bad(f"{where}.requires_patch[{j}]", f"column {col!r} is not in patch_columns")
-    for j, col in enumerate(edge.fresh_tokens):
-        if patch_cols is not None and col not in patch_cols:
-            bad(f"{where}.fresh_tokens[{j}]", f"column {col!r} is not in patch_columns")
 
 
 def _reach(starts: Iterable[str], graph: Mapping[str, Iterable[str]]) -> set[str]:
