@@ -10,202 +10,31 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ledgerq.codec import CONTAINERS, dumps
 from ledgerq.errors import InvalidInput
+from ledgerq.lifecycle.ids import new_id, new_token
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
+from ledgerq.lifecycle.policy_cache import CACHES, PLAN_LIMIT, cache_of
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
+from ledgerq.lifecycle.values import (
+    DEFAULT_AS_JSON,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_JSON_DEPTH,
+    check_allowed,
+    check_columns,
+    check_reason,
+    check_values,
+    value_problem,
+)
 from ledgerq.operations import ClaimFacts, Database, SentMove, Tx
 
 VOCABULARY_ERROR = "not in the declared transition vocabulary"
-
-
-def new_id() -> str:
-    """A time-ordered (version 7) UUID string: 48-bit Unix milliseconds, then 74 random bits.
-
-    Ids are primary keys of append-mostly tables; ordered keys land on the index's last
-    page instead of a random one, so a group commit writes a few index pages, not one
-    per row. Cheaper to make than ``str(uuid.uuid4())``, too.
-    """
-    h = ((time.time_ns() // 1_000_000).to_bytes(6, "big") + os.urandom(10)).hex()
-    # The version digit (7) replaces the 13th digit; the variant's bits (10) the top two
-    # of the 17th. Hex digits are sliced, not an integer masked: a third cheaper.
-    return f"{h[:8]}-{h[8:12]}-7{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
-
-
-#: A random hex digit -> the same digit with its top two bits set to the RFC 9562
-#: variant (10): its two low bits stay random.
-_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
-
-
-def new_token() -> str:
-    """A fresh random token (128 bits as 32 hex digits, the shape of ``uuid4().hex``):
-    a lease's fencing token, made by every claim, at a quarter of uuid4's cost."""
-    return os.urandom(16).hex()
-
-
-def check_columns(policy: EntityPolicy, guard: dict[str, Any] | None,
-                  patch: dict[str, Any] | None) -> None:
-    """Allowlisted columns, and values the log can store exactly (ValueError otherwise)."""
-    check_allowed(policy, guard, patch)
-    if guard:
-        check_values(policy, "guard", guard)
-    if patch:
-        check_values(policy, "patch", patch)
-
-
-def check_allowed(policy: EntityPolicy, guard: dict[str, Any] | None,
-                  patch: dict[str, Any] | None) -> None:
-    """The guard and patch columns are in the spec's allowlists (InvalidInput otherwise)."""
-    for kind, given, allowed in (("guard", guard, policy.guard_columns),
-                                 ("patch", patch, policy.patch_columns)):
-        if given and not allowed.issuperset(given):
-            names = [k for k in given if not isinstance(k, str)]
-            if names:
-                raise InvalidInput(f"{kind} column names must be strings, not {names[0]!r}")
-            extra = sorted(set(given) - allowed)
-            raise InvalidInput(
-                f"{kind} column(s) {', '.join(extra)} not allowed for {policy.name}; "
-                f"allowed: {', '.join(sorted(allowed)) or 'none'}"
-            )
-
-
-#: The Python types each logical column type takes (bool is no integer here, whatever
-#: Python says): SQLite would coerce a mismatch by column affinity and PostgreSQL refuse
-#: it, so the engine refuses it first, the same on both.
-_LOGICAL = {"text": (str,), "integer": (int,), "float": (int, float),
-            "timestamp": (int, float), "boolean": (bool,)}
-
-
-def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any], *,
-                 json_text: bool = False) -> list[str]:
-    """Each value fits its column's logical type and can be stored exactly in the log;
-    returns the columns whose values are lists or objects (JSON to encode), usually none.
-
-    ``json_text``: a str given for a JSON column is JSON text (a creation's rows), not a
-    JSON string value. Runs for every value of every move and creation, so the common
-    case (None, or a scalar of its column's exact type) costs a test or two.
-    """
-    plain = _plain_types(policy, json_text)
-    containers: list[str] = []
-    for col, value in given.items():
-        # The common values first, each with the one test its type needs. (A creation's
-        # values get these same tests in _sent_patch's loop first: change both.)
-        if value is None:
-            continue
-        vtype = type(value)
-        if vtype is str:
-            if value.isascii() and "\x00" not in value and str in plain[col]:
-                continue
-        elif vtype is float:
-            if _isfinite(value) and float in plain[col]:
-                continue
-        elif vtype is int and _INT64_MIN <= value <= _INT64_MAX and int in plain[col]:
-            continue
-        logical = policy.columns[col].type
-        allowed = _LOGICAL.get(logical)
-        if allowed is not None and (vtype not in allowed and not (
-                vtype is not bool and isinstance(value, allowed))):
-            hint = (" (lists and objects go only into JSON columns)"
-                    if isinstance(value, list | tuple | dict) else "")
-            raise InvalidInput(f"{kind} column {col} of {policy.name} is {logical}; "
-                               f"got {vtype.__name__} {value!r:.60}{hint}")
-        if vtype is bool:
-            continue
-        problem = value_problem(value, json=logical == "json")
-        if problem is not None:
-            raise InvalidInput(f"{kind} column {col} of {policy.name}: {problem}")
-        if isinstance(value, CONTAINERS):
-            containers.append(col)
-    return containers
-
-
-_PLAIN: dict[tuple[int, bool], tuple[EntityPolicy, dict[str, frozenset[type]]]] = {}
-
-
-def _plain_types(policy: EntityPolicy, json_text: bool) -> dict[str, frozenset[type]]:
-    """Per column, the exact types whose values need no further look (None included).
-
-    Keyed by the policy's identity (a frozen dataclass of mappings cannot be hashed); the
-    entry holds the policy itself, so its id cannot be reused by another policy (a
-    process that loads many spec versions) while the entry exists.
-    """
-    key = (id(policy), json_text)
-    entry = _PLAIN.get(key)
-    if entry is not None:
-        return entry[1]
-    found: dict[str, frozenset[type]] = {}
-    for col, column in policy.columns.items():
-        types: set[type] = {type(None), *_LOGICAL.get(column.type, ())}
-        if column.type == "json" and json_text:
-            types.add(str)
-        found[col] = frozenset(types)
-    _PLAIN[key] = (policy, found)
-    return found
-
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _isfinite = math.isfinite
-#: Nesting a JSON column value may have; deeper values are refused, never a RecursionError.
-MAX_JSON_DEPTH = 64
-
-
-def value_problem(value: Any, *, json: bool) -> str | None:
-    """Why ``value`` cannot be stored in a row and its fact so that both read back equal.
-
-    The row holds it as SQLite stores it and the fact holds it as JSON: only values both
-    represent exactly qualify (None, bool, 64-bit int, finite float, UTF-8 str, and for
-    JSON columns lists and string-keyed dicts of those). A bytes value, for instance,
-    would be a BLOB in the row and base64 in the fact, and verify() would see drift.
-    """
-    todo: list[tuple[Any, int]] = [(value, 0)]
-    while todo:
-        item, depth = todo.pop()
-        if item is None or isinstance(item, bool):
-            continue
-        if isinstance(item, int):
-            if not _INT64_MIN <= item <= _INT64_MAX:
-                return f"integer {item} does not fit in 64 bits"
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return f"{item!r} is not a finite number"
-        elif isinstance(item, str):
-            if "\x00" in item:
-                # PostgreSQL text cannot hold NUL; refused on both backends alike.
-                return "text contains a NUL character"
-            if not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    return "text is not valid UTF-8 (a lone surrogate)"
-        elif isinstance(item, list | tuple | dict) and json:
-            if depth >= MAX_JSON_DEPTH:
-                return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
-            if isinstance(item, dict):
-                for key in item:
-                    if not isinstance(key, str):
-                        return f"JSON object keys must be strings, not {key!r:.60}"
-                    todo.append((key, depth + 1))
-                todo.extend((v, depth + 1) for v in item.values())
-            else:
-                todo.extend((v, depth + 1) for v in item)
-        else:
-            kind = type(item).__name__
-            where = "" if json else " (lists and objects go only into JSON columns)"
-            return f"a {kind} value cannot be stored exactly in the log{where}"
-    return None
-
-
-def check_reason(policy: EntityPolicy, reason: StateReason) -> None:
-    if reason.code not in policy.reason_codes:
-        raise ValueError(
-            f"unknown reason code {reason.code!r} for {policy.name}; "
-            f"declared: {', '.join(sorted(policy.reason_codes))}"
-        )
 
 
 def prepare(db: Database, request: TransitionRequest, guard: dict[str, Any] | None,
@@ -404,7 +233,7 @@ def _claim_patch_split(tx: Tx, policy: EntityPolicy, changes: dict[str, Any],
         column = policy.columns.get(col)
         if column is None:
             return None
-        if column.type in _DEFAULT_AS_JSON:
+        if column.type in DEFAULT_AS_JSON:
             stored.append(col)
             common.pop(col, None)
             continue
@@ -456,27 +285,19 @@ class _Plan(NamedTuple):
     read: Any = None
 
 
-#: Shapes remembered per policy; past this many (a caller with ever-new column sets)
-#: the policy's plans start over.
-_PLAN_LIMIT = 4096
-_PLANS: dict[int, tuple[EntityPolicy, dict[tuple[Any, ...], _Plan]]] = {}
 
 
 def _plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str, reason: StateReason,
           actor: Actor, guard: dict[str, Any], patch: dict[str, Any], whole_row: bool,
           skip_locked: bool) -> _Plan:
-    """The plan of a move of this shape from ``observed`` (keyed by the policy's identity,
-    held by its entry as in :func:`_plain_types`, and by the dialect, whose statements
-    it keeps)."""
-    entry = _PLANS.get(id(policy))
-    if entry is None:
-        entry = _PLANS[id(policy)] = (policy, {})
-    plans = entry[1]
+    """The plan of a move of this shape from ``observed``, kept in the policy's cache by
+    the shape and the dialect, whose statements it holds."""
+    plans = (CACHES.get(id(policy)) or cache_of(policy)).plans
     key = (type(tx), observed, to_state, reason.code, actor.type, tuple(guard), tuple(patch),
            not reason.evidence_refs, whole_row, skip_locked)
     plan = plans.get(key)
     if plan is None:
-        if len(plans) >= _PLAN_LIMIT:
+        if len(plans) >= PLAN_LIMIT:
             plans.clear()
         plan = plans[key] = _make_plan(tx, policy, observed, to_state, reason, actor, guard,
                                        patch, whole_row, skip_locked)
@@ -778,12 +599,9 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
 
 #: Columns a creation fact's patch leaves out: the fact records them in fields of its own.
 _NOT_IN_PATCH = ("status", "version")
-#: Logical types whose database default reads back as the JSON value PostgreSQL's
-#: ``to_jsonb`` gives it (a float default would read back as ``0.0``, to_jsonb says ``0``).
-_DEFAULT_AS_JSON = frozenset({"text", "integer", "boolean", "json"})
 
 
-class _SentPlan(NamedTuple):
+class SentPlan(NamedTuple):
     """What every creation of one shape (the columns it sends) on one dialect shares."""
 
     #: Each sent column the patch takes: (name, the type whose values the dialect stores
@@ -793,40 +611,37 @@ class _SentPlan(NamedTuple):
     defaulted: tuple[str, ...]
 
 
-#: Plans per policy (held, as in :func:`_plain_types`), dialect and shape.
-_SENT_PLANS: dict[int, tuple[EntityPolicy, dict[tuple[Any, ...], _SentPlan | None]]] = {}
 #: How a JSON text the dialect stores as sent begins: an object, an array or a string
 #: (SQLite's JSON columns would convert text that reads as a number).
 _JSON_KEPT = ("{", "[", '"')
 
 
-def _sent_plan(tx: Tx, policy: EntityPolicy, columns: tuple[str, ...]) -> _SentPlan | None:
-    entry = _SENT_PLANS.get(id(policy))
-    if entry is None:
-        entry = _SENT_PLANS[id(policy)] = (policy, {})
-    plans = entry[1]
+def _sent_plan(tx: Tx, policy: EntityPolicy, columns: tuple[str, ...]) -> SentPlan | None:
+    """The plan of creations that send ``columns``, kept in the policy's cache by the
+    dialect and the columns; None where :func:`_sent_patch` gives None."""
+    plans = (CACHES.get(id(policy)) or cache_of(policy)).sent_plans
     key = (type(tx), columns)
     if key in plans:
         return plans[key]
-    if len(plans) >= _PLAN_LIMIT:
+    if len(plans) >= PLAN_LIMIT:
         plans.clear()
     exact = tx.exact_types
     defaults = policy.defaulted
     given = set(columns)
     sent: list[tuple[str, type | None, bool, bool]] = []
     defaulted: list[str] = []
-    plan: _SentPlan | None = None
+    plan: SentPlan | None = None
     for col, column in policy.columns.items():
         if col in _NOT_IN_PATCH:
             continue
         if col in given:
             sent.append((col, exact.get(column.type), column.type == "json", col in defaults))
         elif col in defaults:
-            if tx.stores_as_sent and column.type not in _DEFAULT_AS_JSON:
+            if tx.stores_as_sent and column.type not in DEFAULT_AS_JSON:
                 break  # (None: see _sent_patch)
             defaulted.append(col)
     else:
-        plan = _SentPlan(tuple(sent), tuple(defaulted))
+        plan = SentPlan(tuple(sent), tuple(defaulted))
     plans[key] = plan
     return plan
 
@@ -868,7 +683,7 @@ def _sent_patch(tx: Tx, policy: EntityPolicy, row: dict[str, Any], *, checked: b
                 (kind is exact or (json and kind is str)) and (
                     value.isascii() and "\x00" not in value if kind is str
                     else _isfinite(value) if kind is float
-                    else _INT64_MIN <= value <= _INT64_MAX if kind is int
+                    else INT64_MIN <= value <= INT64_MAX if kind is int
                     else kind is bool)):
             return _UNCHECKED
         if kind is exact and (not json or value[:1] in _JSON_KEPT) and (
@@ -1029,7 +844,7 @@ async def create(db: Database, entity_type: str, values: dict[str, Any], *, reas
                                                      actor=actor, now=now))
 
 
-__all__ = ["STANDARD_COLUMNS", "VOCABULARY_ERROR", "MoveTerms", "Moved", "apply_move",
-           "apply_moves", "apply_transition",
+__all__ = ["MAX_JSON_DEPTH", "STANDARD_COLUMNS", "VOCABULARY_ERROR", "MoveTerms", "Moved",
+           "apply_move", "apply_moves", "apply_transition", "check_columns", "check_values",
            "create", "create_entities", "create_entity", "new_id", "new_token",
-           "transition"]
+           "transition", "value_problem"]
