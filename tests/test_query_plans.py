@@ -239,7 +239,8 @@ async def test_postgres_moves_sent_together_read_their_own_rows_alone(
     priced out (a deep table). Joined to their JSON document instead, the swap hashed the
     whole table (6.4-7.1 ms for 20 outcomes over 10k rows, against 2.6-2.9 ms by key)."""
     from ledgerq import StateDB
-    from ledgerq.lifecycle.engine import new_id
+    from ledgerq.lifecycle.facts import Fact
+    from ledgerq.lifecycle.ids import new_id
     from ledgerq.operations import SentMove
 
     async with StateDB(pg_target) as db:
@@ -251,8 +252,8 @@ async def test_postgres_moves_sent_together_read_their_own_rows_alone(
             changes = {"leased_by": "w1", "updated_at": 2.0, "status_evidence_refs": "[]"}
             return plans, tx.update_entities_with_facts(policy, [SentMove(
                 i, "queued", None, "running", changes, {"leased_by": None}, False,
-                (new_id(), "schedule_run", i, "queued", "running", "run.started.ok", "",
-                 "[]", "system", "w1", 2.0, "{}", 0, '{"leased_by":"w1"}', None))
+                Fact(new_id(), "schedule_run", i, "queued", "running", "run.started.ok", "",
+                     "[]", "system", "w1", 2.0, "{}", 0, '{"leased_by":"w1"}', None))
                 for i in ids])
 
         plans, versions = await db.write(probe)

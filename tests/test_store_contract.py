@@ -18,9 +18,11 @@ from helpers.raw import RAW_ERRORS
 from ledgerq import StateDB
 from ledgerq.codec import dumps, loads
 from ledgerq.errors import IntegrityViolation
-from ledgerq.lifecycle.engine import new_id
+from ledgerq.lifecycle.facts import Fact
+from ledgerq.lifecycle.ids import new_id
 from ledgerq.operations import (
     CANDIDATE_COLUMNS,
+    FACT_COLUMNS,
     STUCK_KINDS,
     ClaimFacts,
     SentMove,
@@ -89,6 +91,16 @@ def row_values(**extra: Any) -> dict[str, Any]:
             "queued_at": 1.0, "version": 1}
     base.update(extra)
     return base
+
+
+def fact(**fields: Any) -> Fact:
+    """A fact with ``fields``, its other fields a plain creation's."""
+    base: dict[str, Any] = {
+        "id": new_id(), "entity_type": RUN, "entity_id": "e", "previous_status": None,
+        "status": "queued", "reason_code": "run.queued.submitted", "reason_summary": "",
+        "evidence_refs": "[]", "source": "system", "actor": "t", "created_at": 1.0,
+        "metadata": "{}", "entity_version": 1, "patch": "{}", "idempotency_key": None}
+    return Fact(**{**base, **fields})
 
 
 async def test_insert_and_read_back(db: StateDB) -> None:
@@ -256,48 +268,57 @@ async def test_oldest_queued_is_the_minimum_over_every_queue_and_priority(
     assert await db.read(lambda tx: tx.oldest_queued_at(policy)) == expected
 
 
+def test_a_facts_fields_are_the_logs_columns() -> None:
+    """The drivers take a Fact as a row in FACT_COLUMNS order, and code reads its fields
+    by name: each name must be its column's."""
+    assert Fact._fields == FACT_COLUMNS
+
+
 async def test_many_facts_append_as_given(db: StateDB) -> None:
     """Facts appended together are stored as given: JSON columns as JSON, NULLs as NULL,
     floats and versions exact, each entity's in order."""
-    facts = [(new_id(), RUN, f"e{i % 3}", None if i < 3 else "queued", "running",
-              "run.started.ok", None if i == 4 else f"s{i}", dumps([f"r{i}"]), "system",
-              None, 1.0 + i / 3, dumps({"m": i}), i // 3 + 1,
-              dumps({"leased_by": f"w{i}", "lease_expires_at": 0.1 + i}),
-              None if i % 2 else f"k{i}") for i in range(7)]
+    facts = [fact(entity_id=f"e{i % 3}", previous_status=None if i < 3 else "queued",
+                  status="running", reason_code="run.started.ok",
+                  reason_summary=None if i == 4 else f"s{i}",
+                  evidence_refs=dumps([f"r{i}"]), actor=None, created_at=1.0 + i / 3,
+                  metadata=dumps({"m": i}), entity_version=i // 3 + 1,
+                  patch=dumps({"leased_by": f"w{i}", "lease_expires_at": 0.1 + i}),
+                  idempotency_key=None if i % 2 else f"k{i}") for i in range(7)]
     await db.write(lambda tx: tx.append_facts([list(f) for f in facts]))  # any sequence
     for eid in ("e0", "e1", "e2"):
         got = await db.read(lambda tx, eid=eid: tx.facts_of(RUN, eid))
-        want = [f for f in facts if f[2] == eid]
-        assert [g["id"] for g in got] == [f[0] for f in want]
+        want = [f for f in facts if f.entity_id == eid]
+        assert [g["id"] for g in got] == [f.id for f in want]
         for g, f in zip(got, want, strict=True):
-            assert (g["previous_status"], g["reason_summary"], g["actor"], g["created_at"],
-                    g["entity_version"], g["idempotency_key"]) == (f[3], f[6], f[9], f[10],
-                                                                   f[12], f[14])
-            assert [loads(g[c]) for c in ("evidence_refs", "metadata", "patch")] == \
-                [loads(f[7]), loads(f[11]), loads(f[13])]
-    fresh = (new_id(), RUN, "e9", None, "queued", "run.queued.submitted", "", "[]", "system",
-             "t", 9.0, "{}", 1, "{}", None)
+            for c in ("previous_status", "reason_summary", "actor", "created_at",
+                      "entity_version", "idempotency_key"):
+                assert g[c] == getattr(f, c)
+            for c in ("evidence_refs", "metadata", "patch"):
+                assert loads(g[c]) == loads(getattr(f, c))
+    fresh = fact(entity_id="e9", created_at=9.0)
     with pytest.raises(IntegrityViolation):  # the second repeats (e0, 1): neither is kept
-        await db.write(lambda tx: tx.append_facts([fresh, (new_id(), *facts[0][1:])]))
+        await db.write(lambda tx: tx.append_facts([fresh, facts[0]._replace(id=new_id())]))
     assert await db.read(lambda tx: tx.facts_of(RUN, "e9")) == []
 
 
 @pytest.mark.parametrize("field, value, carried", [
-    (None, None, True), (10, 3, True), (6, None, True),
-    (10, float("nan"), False), (10, float("inf"), False), (12, 1 << 63, False),
-    (12, 2.0, False), (5, 3, False), (13, b"{}", False), (9, True, False)])
+    (None, None, True), ("created_at", 3, True), ("reason_summary", None, True),
+    ("created_at", float("nan"), False), ("created_at", float("inf"), False),
+    ("entity_version", 1 << 63, False), ("entity_version", 2.0, False),
+    ("reason_code", 3, False), ("patch", b"{}", False), ("actor", True, False)])
 def test_a_fact_goes_as_json_only_where_json_carries_it_exactly(
-        field: int | None, value: Any, carried: bool) -> None:
+        field: str | None, value: Any, carried: bool) -> None:
     """PostgreSQL sends many facts as one JSON document only when each survives it: a
     time JSON would turn to null or round, a version past 64 bits, a field that is not
     text sends that batch the usual way (typed parameters)."""
     from ledgerq.store.postgres.tx import _as_json
 
-    fact = [new_id(), RUN, "e", "queued", "running", "c", "", "[]", "system", "w", 1.5,
-            "{}", 2, "{}", None]
+    given = fact(previous_status="queued", status="running", reason_code="c", actor="w",
+                 created_at=1.5, entity_version=2)
     if field is not None:
-        fact[field] = value
-    assert _as_json(fact) is carried
+        given = given._replace(**{field: value})
+    assert _as_json(given) is carried
+    assert _as_json(list(given)) is carried  # any sequence in FACT_COLUMNS order
 
 
 @pytest.mark.parametrize("text, embedded", [
@@ -315,8 +336,8 @@ def test_a_json_columns_text_is_embedded_only_as_one_json_value(text: Any,
 
 
 async def test_facts_append_and_stream(db: StateDB) -> None:
-    facts = [(new_id(), RUN, eid, None, "queued", "run.queued.submitted", "", "[]", "system",
-              "t", 1.0, "{}", v, dumps({"x": v}), f"key-{eid}-{v}" if v == 2 else None)
+    facts = [fact(entity_id=eid, entity_version=v, patch=dumps({"x": v}),
+                  idempotency_key=f"key-{eid}-{v}" if v == 2 else None)
              for eid in ("b", "a") for v in (1, 2)]
     await db.write(lambda tx: tx.append_facts(facts))
     assert await db.read(lambda tx: tx.count_facts()) == 4
@@ -326,10 +347,10 @@ async def test_facts_append_and_stream(db: StateDB) -> None:
     of_a = await db.read(lambda tx: tx.facts_of(RUN, "a"))
     assert [f["entity_version"] for f in of_a] == [1, 2]
     assert await db.read(lambda tx: tx.fact_by_idempotency_key(RUN, "a", "key-a-2")) == (
-        facts[3][0], None, "queued")
+        facts[3].id, None, "queued")
     assert await db.read(lambda tx: tx.fact_by_idempotency_key(RUN, "a", "other")) is None
     with pytest.raises(IntegrityViolation):  # (entity, version) is unique
-        await db.write(lambda tx: tx.append_facts([(new_id(), *facts[0][1:])]))
+        await db.write(lambda tx: tx.append_facts([facts[0]._replace(id=new_id())]))
 
 
 async def test_savepoint_rolls_back_alone(db: StateDB) -> None:
@@ -695,14 +716,14 @@ async def test_keyset_pages_and_log_aggregates(db: StateDB) -> None:
         policy, {"action_kind": ["a"], "status": []}, cols, (2.0, "p5"), 10))
     assert [r["id"] for r in only_a] == ["p4", "p2", "p1"]
 
-    def fact(eid: str, version: int, code: str, at: float) -> tuple[Any, ...]:
-        return (new_id(), RUN, eid, None, "queued", code, "", "[]", "system", "t", at, "{}",
-                version, "{}", None)
+    def waited(eid: str, version: int, code: str, at: float) -> Fact:
+        return fact(entity_id=eid, entity_version=version, reason_code=code, created_at=at)
 
     await db.write(lambda tx: tx.append_facts([
-        fact("x", 1, "run.queued.submitted", 10.0), fact("x", 2, "run.started.ok", 10.5),
-        fact("x", 3, "run.queued.lease_expired", 20.0), fact("x", 4, "run.started.ok", 23.0),
-        fact("y", 1, "run.queued.submitted", 5.0), fact("y", 2, "run.started.ok", 6.0),
+        waited("x", 1, "run.queued.submitted", 10.0), waited("x", 2, "run.started.ok", 10.5),
+        waited("x", 3, "run.queued.lease_expired", 20.0),
+        waited("x", 4, "run.started.ok", 23.0),
+        waited("y", 1, "run.queued.submitted", 5.0), waited("y", 2, "run.started.ok", 6.0),
     ]))
     assert await db.read(lambda tx: tx.fact_counts()) == [
         (RUN, "run.queued.lease_expired", 1), (RUN, "run.queued.submitted", 2),
@@ -754,8 +775,10 @@ async def test_claim_entities_with_facts_writes_a_fact_for_each_row_claimed(
              {"leased_by": "w1", "lease_token": f"t{i}", "lease_attempts": 1})
             for i, rid in enumerate(rids)]
     ids = [new_id(), new_id()]
-    fields = ("", RUN, "", "queued", "running", "run.started.ok", "claimed", '["e"]',
-              "system", "w1", 2.0, '{"m": 1}', 0, "{}", None)
+    fields = fact(id="", entity_id="", previous_status="queued", status="running",
+                  reason_code="run.started.ok", reason_summary="claimed",
+                  evidence_refs='["e"]', actor="w1", created_at=2.0, metadata='{"m": 1}',
+                  entity_version=0)
     facts = ClaimFacts(ids, fields, {"updated_at": 2.0, "lease_expires_at": 7.5},
                        ("lease_token", "lease_attempts", "status_evidence_refs"), exact)
     got = await db.write(lambda tx: tx.claim_entities_with_facts(
@@ -891,10 +914,11 @@ async def test_writes_together_commit_apart_from_one_that_raises(db: StateDB) ->
 def sent_move(rid: str, guard: Any, worker: str = "w1", to_state: str | None = "running"
               ) -> SentMove:
     """A move off queued (None: staying there), guarded on leased_by, and its fact."""
-    fact = (new_id(), RUN, rid, "queued", to_state or "queued", "run.started.ok", "", "[]",
-            "system", "w", 2.0, "{}", 0, dumps({"leased_by": worker}), None)
     return SentMove(rid, "queued", None, to_state, {"leased_by": worker, "updated_at": 2.0},
-                    {"leased_by": guard}, False, fact)
+                    {"leased_by": guard}, False, fact(
+                        entity_id=rid, previous_status="queued", status=to_state or "queued",
+                        reason_code="run.started.ok", actor="w", created_at=2.0,
+                        entity_version=0, patch=dumps({"leased_by": worker})))
 
 
 async def test_update_entities_with_facts_writes_a_fact_only_where_its_swap_matched(
@@ -950,10 +974,12 @@ async def test_update_entities_with_facts_together_store_what_one_at_a_time_stor
             changes = {"leased_by": "w1", "updated_at": 2.5 + i, "lease_expires_at": 1e10 / 3,
                        "status_evidence_refs": evidence, "error_detail": None,
                        "lease_attempts": 7, "stdout_tail": "out\u00e9 'x'"}
-            fact = (new_id(), RUN, rid, "queued", "running", "run.started.ok", "", "[]",
-                    "system", "w", 2.5 + i, '{"m": 1}', 0, dumps(changes), None)
             out.append(SentMove(rid, "queued", None, "running", changes,
-                                {"leased_by": "someone" if i == 1 else None}, False, fact))
+                                {"leased_by": "someone" if i == 1 else None}, False, fact(
+                                    entity_id=rid, previous_status="queued", status="running",
+                                    reason_code="run.started.ok", actor="w",
+                                    created_at=2.5 + i, metadata='{"m": 1}', entity_version=0,
+                                    patch=dumps(changes))))
         return out
 
     together = [await new_run(db) for _ in range(3)]
@@ -986,9 +1012,8 @@ async def test_insert_entities_with_facts_complete_each_patch_from_its_stored_ro
     policy = await policy_of(db)
     given = [row_values(action_args=dumps({"b": [1, 2.5], "a": f"x{i}"})) for i in range(rows)]
     cols = tuple(given[0])
-    facts = [(new_id(), RUN, v["id"], None, "queued", "run.queued.submitted", None, "[]",
-              "system", "t", 1.0, "{}", 1, dumps({"action_kind": "k", "fired_at": 1.0}), None)
-             for v in given]
+    facts = [fact(entity_id=v["id"], reason_summary=None,
+                  patch=dumps({"action_kind": "k", "fired_at": 1.0})) for v in given]
     await db.write(lambda tx: tx.insert_entities_with_facts(
         policy, cols, [(list(v.values()), f) for v, f in zip(given, facts, strict=True)],
         ("action_args", "lease_attempts")))

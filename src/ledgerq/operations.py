@@ -26,12 +26,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from ledgerq.lifecycle.facts import Fact
     from ledgerq.lifecycle.registry import EntityPolicy, Registry
 
 T = TypeVar("T")
 Row = dict[str, Any]
 
-#: The fact log's columns in the order :meth:`Tx.append_facts` takes them.
+#: The fact log's columns in the order :meth:`Tx.append_facts` takes them (the fields of
+#: :class:`~ledgerq.lifecycle.facts.Fact`).
 FACT_COLUMNS = (
     "id", "entity_type", "entity_id", "previous_status", "status", "reason_code",
     "reason_summary", "evidence_refs", "source", "actor", "created_at", "metadata",
@@ -75,23 +77,23 @@ class SentMove(NamedTuple):
     changes: Row
     guards: Row
     skip_locked: bool
-    fact: Sequence[Any]
+    fact: Fact
 
 
 class ClaimFacts(NamedTuple):
     """The facts of claims written with them (:meth:`Tx.claim_entities_with_facts`).
 
-    Each claimed row's fact is ``fields`` (a fact in :data:`FACT_COLUMNS` order, its id,
-    entity id, version and patch left to fill) with the next of ``ids``, the row's id and
-    new version, and as its patch ``common`` (what every row's patch holds alike) with
-    the row's stored values of the ``stored`` columns (JSON columns as their text).
+    Each claimed row's fact is ``fields`` (its id, entity id, version and patch left to
+    fill) with the next of ``ids``, the row's id and new version, and as its patch
+    ``common`` (what every row's patch holds alike) with the row's stored values of the
+    ``stored`` columns (JSON columns as their text).
     ``exact``: the database gives back every ``stored`` column as its exact JSON, so a
     dialect may build the patches in the claims' own statement; otherwise they are built
     from the rows as returned.
     """
 
     ids: Sequence[str]
-    fields: Sequence[Any]
+    fields: Fact
     common: Row
     stored: tuple[str, ...]
     exact: bool = False
@@ -159,8 +161,8 @@ class Tx(abc.ABC):
     def update_entities_with_facts(self, policy: EntityPolicy, moves: Sequence[SentMove]
                                    ) -> list[int | None]:
         """Each move's :meth:`update_entity` and, only where it matched, its fact (a row of
-        :meth:`append_facts` whose ``entity_version``, the 13th field, is filled with the
-        row's new version), in order: each one's new version, or None on a conflict
+        :meth:`append_facts` whose ``entity_version`` is filled with the row's new
+        version), in order: each one's new version, or None on a conflict
         (nothing of it written). Each move is its own statement or two; where the dialect
         can, they go to the database together (one round trip for all).
 
@@ -206,7 +208,7 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
-                                   rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+                                   rows: Sequence[tuple[Sequence[Any], Fact]],
                                    stored: tuple[str, ...]) -> None:
         """Projection rows and their creation facts, each ``(values in columns' order,
         fact)`` with the fact a row of :meth:`append_facts` whose patch, a JSON object,

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from ledgerq.codec import CONTAINERS, dumps
 from ledgerq.errors import InvalidInput
+from ledgerq.lifecycle.facts import Fact, make_fact, reason_json
 from ledgerq.lifecycle.ids import new_id, new_token
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.policy_cache import CACHES, PLAN_LIMIT, cache_of
@@ -213,8 +214,8 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
     return tx.claim_entities_with_facts(
         policy, given, observed=from_state, to_state=to_state, changes=changes, limit=limit,
         facts=ClaimFacts([new_id() for _ in range(min(limit, len(given)))],
-                         _fact("", policy.name, "", from_state, to_state, reason, actor, ts,
-                               0, {}, None), common, stored, exact=split is not None))
+                         make_fact("", policy.name, "", from_state, to_state, reason, actor,
+                                   ts, 0, {}, None), common, stored, exact=split is not None))
 
 
 def _claim_patch_split(tx: Tx, policy: EntityPolicy, changes: dict[str, Any],
@@ -353,7 +354,7 @@ def _swap(tx: Tx, policy: EntityPolicy, plan: _Plan, entity_id: str, observed: s
                      guards, idempotency_key, version, skip_locked)
         if tx.update_entities_with_facts(policy, [sent]) == [None]:
             return None
-        return Moved(True, observed, to_state, sent.fact[0], None)
+        return Moved(True, observed, to_state, sent.fact.id, None)
     after = tx.swap(plan.unread if version is None else plan.read, entity_id, observed,
                     version, moved_to, changes.values(), guards)
     if after is None:
@@ -367,8 +368,8 @@ def _swap(tx: Tx, policy: EntityPolicy, plan: _Plan, entity_id: str, observed: s
         changes["status_evidence_refs"] = after["status_evidence_refs"]
     new_version: int = version + 1 if version is not None else after["version"]
     fact_id = new_id()
-    tx.append_facts((_fact(fact_id, policy.name, entity_id, observed, to_state, reason,
-                           actor, ts, new_version, changes, idempotency_key),))
+    tx.append_facts((make_fact(fact_id, policy.name, entity_id, observed, to_state, reason,
+                               actor, ts, new_version, changes, idempotency_key),))
     return Moved(True, observed, to_state, fact_id, after if whole_row else None)
 
 
@@ -392,8 +393,8 @@ def _sent(policy: EntityPolicy, plan: _Plan, entity_id: str, observed: str, to_s
     """A swap whose fact is written from the values it sends, in its own statement."""
     return SentMove(entity_id, observed, version, None if observed == to_state else to_state,
                     changes, dict(zip(plan.guard_cols, guards, strict=True)), skip_locked,
-                    _fact(new_id(), policy.name, entity_id, observed, to_state, reason, actor,
-                          ts, 0, changes, idempotency_key))
+                    make_fact(new_id(), policy.name, entity_id, observed, to_state, reason,
+                              actor, ts, 0, changes, idempotency_key))
 
 
 class MoveTerms(NamedTuple):
@@ -437,7 +438,7 @@ def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> lis
                           m.actor, ts, changes, guards, "", None, False))
     done = tx.update_entities_with_facts(policy, sent)
     return [_apply(tx, policy, m) if version is None
-            else Moved(True, m.from_state, m.to_state, s.fact[0], None)
+            else Moved(True, m.from_state, m.to_state, s.fact.id, None)
             for m, s, version in zip(moves, sent, done, strict=True)]
 
 
@@ -463,7 +464,7 @@ def _swaps_then_facts(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]
     conflict from a row not found in the checks' order (the facts so far appended first, so no
     applied swap is ever without its fact, whatever it raises)."""
     out: list[Moved] = []
-    facts: list[tuple[Any, ...]] = []
+    facts: list[Fact] = []
     try:
         for m in moves:
             plan = _checked_plan(tx, policy, m)
@@ -482,8 +483,9 @@ def _swaps_then_facts(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]
             for k in plan.patched:  # as stored (see _swap)
                 changes[k] = after[k]
             fact_id = new_id()
-            facts.append(_fact(fact_id, policy.name, m.entity_id, m.from_state, m.to_state,
-                               m.reason, m.actor, ts, after["version"], changes, None))
+            facts.append(make_fact(fact_id, policy.name, m.entity_id, m.from_state,
+                                   m.to_state, m.reason, m.actor, ts, after["version"],
+                                   changes, None))
             out.append(Moved(True, m.from_state, m.to_state, fact_id, None))
     except BaseException:
         if facts:  # the swaps that matched keep their facts, even in a failing transaction
@@ -519,12 +521,7 @@ def _stamp(reason: StateReason, ts: float) -> dict[str, Any]:
     """The columns every move sets besides its patch: when, and why."""
     return {"updated_at": ts, "status_reason_code": reason.code,
             "status_reason_summary": reason.summary,
-            "status_evidence_refs": _json(reason.evidence_refs)}
-
-
-def _json(value: Any) -> str:
-    # Most reasons carry no evidence and no metadata: skip the encoder for the empty ones.
-    return dumps(value) if value else ("[]" if isinstance(value, list) else "{}")
+            "status_evidence_refs": reason_json(reason.evidence_refs)}
 
 
 #: The columns every move sets besides its patch, in :func:`_stamp`'s order.
@@ -539,31 +536,16 @@ def _conflict(observed: str) -> Moved:
 
 def _replay(tx: Tx, entity_type: str, entity_id: str, to_state: str,
             key: str) -> Moved | None:
-    fact = tx.fact_by_idempotency_key(entity_type, entity_id, key)
-    if fact is None:
+    found = tx.fact_by_idempotency_key(entity_type, entity_id, key)
+    if found is None:
         return None
-    if fact[2] != to_state:
+    fact_id, previous, status = found
+    if status != to_state:
         raise ValueError(
-            f"idempotency key {key!r} already applied {fact[1]} -> {fact[2]} to "
+            f"idempotency key {key!r} already applied {previous} -> {status} to "
             f"{entity_type} {entity_id!r}; refusing a different move to {to_state}"
         )
-    return Moved(True, fact[1], fact[2], fact[0])
-
-
-def _fact(fact_id: str, entity_type: str, entity_id: str, previous: str | None,
-          status: str, reason: StateReason, actor: Actor, ts: float, version: int,
-          changes: dict[str, Any], idempotency_key: str | None) -> tuple[Any, ...]:
-    return (fact_id, entity_type, entity_id, previous, status, reason.code, reason.summary,
-            _json(reason.evidence_refs), actor.type, actor.id, ts, _json(reason.metadata),
-            version, dumps(changes), idempotency_key or None)
-
-
-def _append_fact(tx: Tx, fact_id: str, entity_type: str, entity_id: str,
-                 previous: str | None, status: str, reason: StateReason, actor: Actor,
-                 ts: float, version: int, changes: dict[str, Any],
-                 idempotency_key: str | None) -> None:
-    tx.append_facts((_fact(fact_id, entity_type, entity_id, previous, status, reason,
-                           actor, ts, version, changes, idempotency_key),))
+    return Moved(True, previous, status, fact_id)
 
 
 def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
@@ -588,12 +570,10 @@ def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
         # database fills in, JSON text it may convert): the row reads back only those.
         patch, stored = sent
         patch.update(tx.insert_entity(policy, row, returning=stored))
-        _append_fact(tx, new_id(), policy.name, row["id"], None, row["status"], reason,
-                     actor, ts, 1, patch, idempotency_key)
-        return str(row["id"])
-    stored_row = tx.insert_entity(policy, row)
-    _append_fact(tx, new_id(), policy.name, row["id"], None, row["status"], reason, actor,
-                 ts, 1, _initial_patch(stored_row, policy), idempotency_key)
+    else:
+        patch = _initial_patch(tx.insert_entity(policy, row), policy)
+    tx.append_facts((make_fact(new_id(), policy.name, row["id"], None, row["status"], reason,
+                               actor, ts, 1, patch, idempotency_key),))
     return str(row["id"])
 
 
@@ -749,7 +729,7 @@ def _creation_row(policy: EntityPolicy, values: dict[str, Any], reason: StateRea
     row["version"] = 1
     row["status_reason_code"] = reason.code
     row["status_reason_summary"] = reason.summary
-    row["status_evidence_refs"] = _json(reason.evidence_refs)
+    row["status_evidence_refs"] = reason_json(reason.evidence_refs)
     return row
 
 
@@ -791,7 +771,7 @@ def create_entities(tx: Tx, policy: EntityPolicy,
         start = end
     evidence = dumps(reason.evidence_refs)
     metadata = dumps(reason.metadata)
-    facts: list[tuple[Any, ...]] = []
+    facts: list[Fact] = []
     for i in range(0, len(rows), _READBACK_CHUNK):
         part = rows[i:i + _READBACK_CHUNK]
         ids = [r["id"] for r in part]
@@ -808,9 +788,12 @@ def create_entities(tx: Tx, policy: EntityPolicy,
             stored = {r["id"]: r for r in tx.entities_by_id(policy, ids)}
             patches = [_initial_patch(stored[row["id"]], policy) for row in part]
         for row, patch in zip(part, patches, strict=True):
-            facts.append((new_id(), policy.name, row["id"], None, row["status"], reason.code,
-                          reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
-                          dumps(patch), None))
+            # make_fact's fields, the reason's JSON encoded once for every row (and the
+            # Fact made in C, as make_fact makes it).
+            facts.append(tuple.__new__(Fact, (
+                new_id(), policy.name, row["id"], None, row["status"], reason.code,
+                reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
+                dumps(patch), None)))
     tx.append_facts(facts)
     return [str(r["id"]) for r in rows]
 
@@ -828,8 +811,9 @@ def _create_with_facts(tx: Tx, policy: EntityPolicy, rows: list[dict[str, Any]],
         while end < len(rows) and (tuple(rows[end]), sent[end][1]) == shape:
             end += 1
         tx.insert_entities_with_facts(policy, shape[0], [
-            (list(row.values()), _fact(new_id(), policy.name, row["id"], None, row["status"],
-                                       reason, actor, ts, 1, patch, idempotency_key))
+            (list(row.values()), make_fact(new_id(), policy.name, row["id"], None,
+                                           row["status"], reason, actor, ts, 1, patch,
+                                           idempotency_key))
             for row, (patch, _) in zip(rows[start:end], sent[start:end], strict=True)],
             shape[1])
         start = end

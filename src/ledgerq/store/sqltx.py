@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from ledgerq.codec import dumps, loads
+from ledgerq.lifecycle.facts import Fact
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.operations import (
@@ -209,7 +210,7 @@ class SqlTx(Tx):
                 out.append(None)
                 continue
             new_version: int = after["version"]
-            self.append_facts(((*m.fact[:12], new_version, *m.fact[13:]),))
+            self.append_facts((m.fact._replace(entity_version=new_version),))
             out.append(new_version)
         return out
 
@@ -221,10 +222,14 @@ class SqlTx(Tx):
         # both in one statement overrides this).
         stored = self.claim_entities(policy, rows, observed=observed, to_state=to_state,
                                      changes=changes, limit=limit)
-        fields = facts.fields
-        self.append_facts([
-            (fact_id, fields[1], after["id"], *fields[3:12], after["version"],
-             dumps({**facts.common, **{c: after[c] for c in facts.stored}}), fields[14])
+        f = facts.fields
+        self.append_facts([  # (each Fact made in C, as make_fact makes one)
+            tuple.__new__(Fact, (
+                fact_id, f.entity_type, after["id"], f.previous_status, f.status,
+                f.reason_code, f.reason_summary, f.evidence_refs, f.source, f.actor,
+                f.created_at, f.metadata, after["version"],
+                dumps({**facts.common, **{c: after[c] for c in facts.stored}}),
+                f.idempotency_key))
             for fact_id, after in zip(facts.ids, stored, strict=False)])
         return stored
 
@@ -264,10 +269,13 @@ class SqlTx(Tx):
         return row
 
     def append_facts(self, facts: Sequence[Sequence[Any]]) -> None:
+        # Each fact as a copy ([:]), which for a Fact is a plain tuple: the drivers bind
+        # a plain tuple's items in C, a tuple subclass's one by one through Python-level
+        # indexing, a microsecond more a fact (sqlite3's cost, measured).
         if len(facts) == 1:
-            self.execute(self.q("append_fact"), facts[0])
+            self.execute(self.q("append_fact"), facts[0][:])
         elif facts:
-            self.executemany(self.q("append_fact"), facts)
+            self.executemany(self.q("append_fact"), [f[:] for f in facts])
 
     def insert_entity(self, policy: EntityPolicy, row: dict[str, Any], *,
                       returning: tuple[str, ...] | None = None) -> Row:
@@ -286,13 +294,13 @@ class SqlTx(Tx):
         return dict(zip(returning, cur.fetchone(), strict=True)) if returning else {}
 
     def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
-                                   rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+                                   rows: Sequence[tuple[Sequence[Any], Fact]],
                                    stored: tuple[str, ...]) -> None:
         # Two statements a row (a dialect that can do both in one overrides this).
         for values, fact in rows:
             after = self.insert_entity(policy, dict(zip(columns, values, strict=True)))
-            patch = {**loads(fact[13]), **{c: after[c] for c in stored}}
-            self.append_facts(((*fact[:13], dumps(patch), *fact[14:]),))
+            patch = {**loads(fact.patch), **{c: after[c] for c in stored}}
+            self.append_facts((fact._replace(patch=dumps(patch)),))
 
     def insert_entities(self, policy: EntityPolicy, columns: tuple[str, ...],
                         rows: Iterable[Sequence[Any]]) -> None:

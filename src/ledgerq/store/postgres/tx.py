@@ -24,7 +24,7 @@ import psycopg
 from ledgerq.codec import dumps
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import ClaimFacts, Row, SentMove
+from ledgerq.operations import FACT_COLUMNS, ClaimFacts, Row, SentMove
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
 
@@ -48,8 +48,13 @@ def stale_plan(exc: BaseException) -> bool:
 _QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
 
 
-#: A fact's fields but its time (10) and version (12): text or None each.
-_TEXT_FIELDS = operator.itemgetter(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14)
+#: Where a fact (any sequence in FACT_COLUMNS order, a Fact or not) has its time and its
+#: version, the fields that are not text.
+_CREATED_AT = FACT_COLUMNS.index("created_at")
+_VERSION = FACT_COLUMNS.index("entity_version")
+#: A fact's other fields: text or None each.
+_TEXT_FIELDS = operator.itemgetter(
+    *(i for i, c in enumerate(FACT_COLUMNS) if i not in (_CREATED_AT, _VERSION)))
 _TEXT_TYPES = frozenset((str, type(None)))
 
 
@@ -57,7 +62,7 @@ def _as_json(fact: Sequence[Any]) -> bool:
     """Whether a fact's values survive a JSON document exactly: its time a finite float
     (or an int), its version a 64-bit int, every other field text or None. (Checked once
     per fact written: the text fields' types are taken in C, half the time of a loop.)"""
-    created, version = fact[10], fact[12]
+    created, version = fact[_CREATED_AT], fact[_VERSION]
     return type(version) is int and -(1 << 63) <= version < (1 << 63) \
         and (type(created) is int or (type(created) is float and math.isfinite(created))) \
         and _TEXT_TYPES.issuperset(map(type, _TEXT_FIELDS(fact)))
@@ -252,7 +257,7 @@ class PostgresTx(SqlTx):
     def _with_fact_params(cls, m: SentMove) -> list[Any]:
         return [*cls.update_params(m.entity_id, m.observed, m.version, m.to_state,
                                    m.changes.values(), m.guards.values()),
-                *m.fact[:12], *m.fact[13:]]
+                *m.fact[:_VERSION], *m.fact[_VERSION + 1:]]  # (the version: the row's)
 
     def _update_pipelined(self, sql: str, run: Sequence[SentMove]) -> list[int | None]:
         out: list[int | None] = []
@@ -379,11 +384,13 @@ class PostgresTx(SqlTx):
                 limit=limit, facts=facts)
         if not rows:
             return []
-        fields = facts.fields
+        f = facts.fields
         sql = self._claim_text(policy, rows, changes, facts.stored)
         return self._claimed(rows, self.execute(sql, [
             *self._claim_params(rows, observed, to_state, changes, limit), list(facts.ids),
-            fields[1], *fields[3:12], dumps(facts.common), fields[14]]))
+            f.entity_type, f.previous_status, f.status, f.reason_code, f.reason_summary,
+            f.evidence_refs, f.source, f.actor, f.created_at, f.metadata,
+            dumps(facts.common), f.idempotency_key]))
 
     def _claim_text(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]],
                     changes: Row, stored: tuple[str, ...] | None) -> str:
