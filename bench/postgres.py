@@ -316,7 +316,9 @@ def _ledgerq_rows_alone(n: int) -> float:
     import socket
 
     from ledgerq.codec import dumps
-    from ledgerq.lifecycle.engine import _creation_row, _initial_patch, new_id
+    from ledgerq.lifecycle.creation import _creation_row, _initial_patch
+    from ledgerq.lifecycle.facts import Fact
+    from ledgerq.lifecycle.ids import new_id
     from ledgerq.lifecycle.models import StateReason
     from ledgerq.lifecycle.registry import default_registry
     from ledgerq.queue import moves
@@ -332,9 +334,10 @@ def _ledgerq_rows_alone(n: int) -> float:
     why = StateReason(code=reason.code)
     rows = [_creation_row(policy, run_row(a, now, host, reason.target, [], digest(a),
                                           policy=policy), why, now) for a in checked]
-    facts = [(new_id(), policy.name, r["id"], None, r["status"], why.code, why.summary, "[]",
-              SUBMITTER.type, SUBMITTER.id, now, "{}", 1, dumps(_initial_patch(r, policy)),
-              None) for r in rows]
+    facts = [tuple.__new__(Fact, (
+        new_id(), policy.name, r["id"], None, r["status"], why.code, why.summary, "[]",
+        SUBMITTER.type, SUBMITTER.id, now, "{}", 1, dumps(_initial_patch(r, policy)), None))
+        for r in rows]
     assert len(facts) == n
     return time.perf_counter() - t0
 

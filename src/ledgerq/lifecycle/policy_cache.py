@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ledgerq.lifecycle.engine import SentPlan
-    from ledgerq.lifecycle.engine import _Plan as Plan
+    from ledgerq.lifecycle.creation import SentPlan
+    from ledgerq.lifecycle.plans import Plan
     from ledgerq.lifecycle.registry import EntityPolicy
 
 #: Shapes remembered per policy, of moves and of creations each; past this many (a caller
@@ -22,7 +22,7 @@ PLAN_LIMIT = 4096
 
 class PolicyCache:
     """One policy's cache. Its maps are filled on first use by the modules that own
-    what they hold (values, engine)."""
+    what they hold (values, plans, creation)."""
 
     __slots__ = ("plain_types", "plans", "policy", "sent_plans")
 
@@ -31,9 +31,9 @@ class PolicyCache:
         #: Per ``json_text`` (see ``check_values``): per column, the exact types whose
         #: values need no further look.
         self.plain_types: dict[bool, dict[str, frozenset[type]]] = {}
-        #: Move plans by the move's shape and dialect (see ``engine._plan``).
+        #: Move plans by the move's shape and dialect (see ``plans.move_plan``).
         self.plans: dict[tuple[Any, ...], Plan] = {}
-        #: Creation plans by dialect and the columns sent (see ``engine._sent_plan``).
+        #: Creation plans by dialect and the columns sent (see ``creation.sent_plan``).
         self.sent_plans: dict[tuple[Any, ...], SentPlan | None] = {}
 
 

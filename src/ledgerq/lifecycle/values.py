@@ -67,7 +67,7 @@ def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any], *,
     containers: list[str] = []
     for col, value in given.items():
         # The common values first, each with the one test its type needs. (A creation's
-        # values get these same tests in engine._sent_patch's loop first: change both.)
+        # values get these same tests in creation._sent_patch's loop first: change both.)
         if value is None:
             continue
         vtype = type(value)
