@@ -472,7 +472,7 @@ FOLLOW_PAGE = 500
 
 def id_floor(ts: float) -> str:
     """The smallest time-ordered fact id (UUIDv7) made at or after epoch time ``ts``: ids
-    sort by the millisecond they were made in (see ``lifecycle.engine.new_id``)."""
+    sort by the millisecond they were made in (see ``lifecycle.ids.new_id``)."""
     h = f"{max(0, int(ts * 1000)) << 80:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 

@@ -46,7 +46,7 @@ from ledgerq import __version__
 from ledgerq.durations import parse_duration, parse_instant
 from ledgerq.errors import DatabaseError, InvalidInput
 from ledgerq.lifecycle import evolution
-from ledgerq.lifecycle.engine import new_id
+from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.projections.read_models import RUN_ENTITY, decode_fact, decode_row

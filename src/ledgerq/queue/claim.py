@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import loads
-from ledgerq.lifecycle.engine import apply_claims, new_token
+from ledgerq.lifecycle.claims import apply_claims
+from ledgerq.lifecycle.ids import new_token
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves

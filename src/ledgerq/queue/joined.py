@@ -3,7 +3,7 @@
 Why: concurrent callers (coroutines submitting at once, an HTTP server's requests) each
 paid for a write unit of their own: on PostgreSQL a pooled connection, a thread hop, a
 transaction and a commit per submit; on SQLite two statements a row, where
-:func:`~ledgerq.lifecycle.engine.create_entities` sends a few per run of rows. Here the
+:func:`~ledgerq.lifecycle.creation.create_entities` sends a few per run of rows. Here the
 first caller of a turn opens a joint, every caller that runs later in the same turn adds
 its item to it, and one unit writes them all, in order, in one transaction: the same
 rows and facts as one unit each. Every caller returns once that transaction has

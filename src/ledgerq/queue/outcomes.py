@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ledgerq.codec import loads
 from ledgerq.errors import DatabaseUnavailable
-from ledgerq.lifecycle.engine import MoveTerms, apply_moves
+from ledgerq.lifecycle.moves import MoveTerms, apply_moves
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves
@@ -90,7 +90,7 @@ def output_patch(policy: EntityPolicy, outcome: Outcome) -> dict[str, str | None
 def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[MoveTerms], now: float, *,
                alone: bool = False) -> list[bool | Exception]:
     """The outcome ``writes`` in order (their swaps sent together where the dialect can:
-    :func:`~ledgerq.lifecycle.engine.apply_moves`), then the dependents of the runs they
+    :func:`~ledgerq.lifecycle.moves.apply_moves`), then the dependents of the runs they
     ended, settled together (one lookup, however many ended); whether each applied.
     ``alone``: each in its own savepoint, and what one raised is its result (its writes
     rolled back)."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import loads
 from ledgerq.errors import InvalidInput, NotFound
-from ledgerq.lifecycle.engine import create_entity
+from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import DEFAULT_QUEUE, Tx

@@ -7,8 +7,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import loads
-from ledgerq.lifecycle.engine import Moved, MoveTerms, apply_move
 from ledgerq.lifecycle.models import Actor, StateReason
+from ledgerq.lifecycle.moves import Moved, MoveTerms, apply_move
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves
@@ -129,7 +129,7 @@ def perform(tx: Tx, policy: EntityPolicy, run_id: str, which: Move, *,
 def terms(run_id: str, which: Move, *, actor: Actor, summary: str, guard: dict[str, Any],
           patch: dict[str, Any], now: float) -> MoveTerms:
     """One of the queue's own moves from its own source state, as :func:`perform` makes
-    it, for :func:`~ledgerq.lifecycle.engine.apply_moves` (several moves at once)."""
+    it, for :func:`~ledgerq.lifecycle.moves.apply_moves` (several moves at once)."""
     if which.source is None or which.source == moves.ANY:
         raise ValueError(f"{which.code}: not a move from a state of its own")
     return MoveTerms(run_id, which.source, which.target, _reason_for(which.code, summary),

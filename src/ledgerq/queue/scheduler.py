@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import dumps, loads
-from ledgerq.lifecycle.engine import create_entity
+from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import dumps, loads
 from ledgerq.errors import InvalidInput, NotFound
-from ledgerq.lifecycle.engine import create_entity, new_id
+from ledgerq.lifecycle.creation import create_entity
+from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import DEFAULT_QUEUE, Tx

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import dumps
 from ledgerq.errors import IdempotencyConflict, InvalidInput, NotFound
-from ledgerq.lifecycle.engine import create_entities, create_entity, new_id
+from ledgerq.lifecycle.creation import create_entities, create_entity
+from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import DEFAULT_QUEUE, PRIORITY_COLUMN, QUEUE_COLUMN, Tx

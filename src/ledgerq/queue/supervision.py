@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ledgerq.lifecycle.engine import value_problem
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.values import value_problem
 from ledgerq.queue import moves
 from ledgerq.queue.config import RunContext
 from ledgerq.queue.launcher import ExecuteFn, OutputCapture, capturing

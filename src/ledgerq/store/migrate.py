@@ -20,9 +20,9 @@ import msgspec
 
 from ledgerq.errors import MigrationRefused
 from ledgerq.lifecycle import evolution
-from ledgerq.lifecycle.engine import apply_move
 from ledgerq.lifecycle.evolution import Change, Normal, Plan, StateMapping
 from ledgerq.lifecycle.models import Actor, StateReason
+from ledgerq.lifecycle.moves import apply_move
 from ledgerq.lifecycle.registry import EdgeRule, EntityPolicy, Registry, build_policy
 from ledgerq.lifecycle.spec import EntitySpec
 from ledgerq.operations import Tx
