@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from ledgerq.codec import dumps
 from ledgerq.errors import InvalidInput
-from ledgerq.lifecycle.facts import Fact, make_fact, reason_json
+from ledgerq.lifecycle.facts import Fact, make_fact, reason_json, tuple_new
 from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.policy_cache import CACHES, PLAN_LIMIT, cache_of
@@ -265,9 +265,8 @@ def create_entities(tx: Tx, policy: EntityPolicy,
             stored = {r["id"]: r for r in tx.entities_by_id(policy, ids)}
             patches = [_initial_patch(stored[row["id"]], policy) for row in part]
         for row, patch in zip(part, patches, strict=True):
-            # make_fact's fields, the reason's JSON encoded once for every row (and the
-            # Fact made in C, as make_fact makes it).
-            facts.append(tuple.__new__(Fact, (
+            # make_fact's fields, the reason's JSON encoded once for every row.
+            facts.append(tuple_new(Fact, (
                 new_id(), policy.name, row["id"], None, row["status"], reason.code,
                 reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
                 dumps(patch), None)))

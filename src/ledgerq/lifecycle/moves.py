@@ -140,16 +140,17 @@ def _swap(tx: Tx, policy: EntityPolicy, plan: Plan, entity_id: str, reason: Stat
     """
     ts = time.time() if now is None else now
     changes, guards = _terms(plan, reason, ts, guard, patch)
-    if tx.stores_as_sent and not plan.whole_row and _stored_as_sent(tx, policy, plan.patched,
-                                                                    changes):
+    observed, to_state, whole_row = plan.observed, plan.to_state, plan.whole_row
+    if tx.stores_as_sent and not whole_row and _stored_as_sent(tx, policy, plan.patched,
+                                                               changes):
         # What the row will store is what is sent: the fact can be written from it, in
         # the swap's own statement (inserted only if the swap matched).
         sent = _sent(policy, plan, entity_id, reason, actor, ts, changes, guards,
                      idempotency_key, version)
         if tx.update_entities_with_facts(policy, [sent]) == [None]:
             return None
-        return Moved(True, plan.observed, plan.to_state, sent.fact.id, None)
-    after = tx.swap(plan.unread if version is None else plan.read, entity_id, plan.observed,
+        return Moved(True, observed, to_state, sent.fact.id, None)
+    after = tx.swap(plan.unread if version is None else plan.read, entity_id, observed,
                     version, plan.moved_to, changes.values(), guards)
     if after is None:
         return None
@@ -158,14 +159,13 @@ def _swap(tx: Tx, policy: EntityPolicy, plan: Plan, entity_id: str, reason: Stat
     # folding the log reproduces the row.
     for k in plan.patched:
         changes[k] = after[k]
-    if plan.whole_row:
+    if whole_row:
         changes["status_evidence_refs"] = after["status_evidence_refs"]
     new_version: int = version + 1 if version is not None else after["version"]
     fact_id = new_id()
-    tx.append_facts((make_fact(fact_id, policy.name, entity_id, plan.observed, plan.to_state,
-                               reason, actor, ts, new_version, changes, idempotency_key),))
-    return Moved(True, plan.observed, plan.to_state, fact_id,
-                 after if plan.whole_row else None)
+    tx.append_facts((make_fact(fact_id, policy.name, entity_id, observed, to_state, reason,
+                               actor, ts, new_version, changes, idempotency_key),))
+    return Moved(True, observed, to_state, fact_id, after if whole_row else None)
 
 
 def _terms(plan: Plan, reason: StateReason, ts: float, guard: dict[str, Any],

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from ledgerq.codec import dumps, loads
-from ledgerq.lifecycle.facts import Fact
+from ledgerq.lifecycle.facts import Fact, tuple_new
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.operations import (
@@ -222,14 +222,16 @@ class SqlTx(Tx):
         # both in one statement overrides this).
         stored = self.claim_entities(policy, rows, observed=observed, to_state=to_state,
                                      changes=changes, limit=limit)
+        # What every claim's fact shares, read once a pass (a Fact's field is a descriptor
+        # lookup): all but its id, entity id, version and patch.
         f = facts.fields
-        self.append_facts([  # (each Fact made in C, as make_fact makes one)
-            tuple.__new__(Fact, (
-                fact_id, f.entity_type, after["id"], f.previous_status, f.status,
-                f.reason_code, f.reason_summary, f.evidence_refs, f.source, f.actor,
-                f.created_at, f.metadata, after["version"],
-                dumps({**facts.common, **{c: after[c] for c in facts.stored}}),
-                f.idempotency_key))
+        entity_type, key = f.entity_type, f.idempotency_key
+        shared = (f.previous_status, f.status, f.reason_code, f.reason_summary,
+                  f.evidence_refs, f.source, f.actor, f.created_at, f.metadata)
+        self.append_facts([
+            tuple_new(Fact, (fact_id, entity_type, after["id"], *shared, after["version"],
+                             dumps({**facts.common, **{c: after[c] for c in facts.stored}}),
+                             key))
             for fact_id, after in zip(facts.ids, stored, strict=False)])
         return stored
 
