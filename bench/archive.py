@@ -6,7 +6,7 @@ as templates, and the rest are their clones (new ids, same values) inserted with
 ``executemany``, so a million runs fill in about a minute instead of an hour. ``verify``
 checks the fill. Then, each on a fresh copy of the filled file, it times:
 
-  archive   ledgerq.queue.archive.archive_runs(before=15 days ago): the old half and all
+  archive   ledgerq.queue.maintenance.archive.archive_runs(before=15 days ago): the old half and all
             their facts into a new SQLite archive file, in one transaction
   floor     plain sqlite3 on the same file: one transaction that lists the same runs in
             ledgerq_archive_batch (the log's DELETE guard admits nothing else), copies
@@ -42,7 +42,7 @@ from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, default_reg
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, submit_task
-from ledgerq.queue.archive import archive_runs
+from ledgerq.queue.maintenance.archive import archive_runs
 
 APP = TaskApplication(action_kind="command", args={"argv": ["true"]}, execution_target="host")
 ACTOR = Actor(type="system", id="bench")

@@ -34,8 +34,8 @@ from floor import (
 from ledgerq.codec import dumps
 from ledgerq.lifecycle import Registry
 from ledgerq.lifecycle.engine import check_values
-from ledgerq.queue.application import digest, validate_encoded
 from ledgerq.queue.moves import LEASE
+from ledgerq.queue.submission.application import digest, validate_encoded
 from ledgerq.store.sqlite.schema import schema_ddl
 
 
@@ -56,7 +56,7 @@ class Checks:
         return text, digest(valid, text)
 
     def claimed(self, row: dict[str, Any]) -> None:
-        """A claim's guard and patch, as ledgerq's claim gives them (queue/claim.py's
+        """A claim's guard and patch, as ledgerq's claim gives them (queue/worker/claim.py's
         ``_lease_terms``)."""
         check_values(self.policy, "guard", {"lease_attempts": row["lease_attempts"] - 1,
                                             "leased_by": None})
@@ -75,7 +75,7 @@ class GroupCommit:
     """Callers add a unit (or a submit) and await the turn's group; the group commits
     once, in the loop's thread, after every caller ready in that turn has joined it. The
     group's submits are written together, as ledgerq writes the submits of one turn
-    (ledgerq.queue.joined; bench/floor.py's ``submit_rows``), before its other units."""
+    (ledgerq.queue.submission.joined; bench/floor.py's ``submit_rows``), before its other units."""
 
     def __init__(self, conn: sqlite3.Connection, args: str, fingerprint: str) -> None:
         self.conn = conn

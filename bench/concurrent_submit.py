@@ -5,7 +5,7 @@ SQLite file (``--synchronous``, default FULL) and on a scratch PostgreSQL databa
 (created from ``--dsn`` and dropped after). Two ways, interleaved over ``--rounds``:
 
   joined  submit_task(db, app): the submits made in one turn share a write unit
-          (ledgerq.queue.joined): one transaction and one commit, their rows and facts
+          (ledgerq.queue.submission.joined): one transaction and one commit, their rows and facts
           written together
   alone   submit_task(db, app, now=time.time()): a given time never joins, so every
           submit is a unit of its own, as every submit was before joining (on SQLite

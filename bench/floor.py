@@ -24,13 +24,13 @@ from ledgerq.codec import dumps
 from ledgerq.lifecycle import Registry, default_registry
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.queue import TaskApplication
-from ledgerq.queue.application import digest
+from ledgerq.queue.submission.application import digest
 from ledgerq.store.sqlite.schema import schema_ddl
 from ledgerq.store.sqlite.tx import SqliteTx
 from ledgerq.store.timeouts import BUSY_TIMEOUT_MS
 
 WORKER = "bench-worker"
-#: The actor of a submit's creation fact (ledgerq.queue.submit.SUBMITTER's id).
+#: The actor of a submit's creation fact (ledgerq.queue.submission.submit.SUBMITTER's id).
 SUBMITTER = "ledgerq.submit"
 #: A connection's execute, which the per-row functions below take.
 Execute = Callable[..., sqlite3.Cursor]
@@ -191,7 +191,7 @@ def submit_row(x: Execute, args: str, fingerprint: str) -> str:
 def submit_rows(conn: sqlite3.Connection, args: str, fingerprint: str, count: int
                 ) -> list[str]:
     """``count`` rows and their creation facts in the caller's transaction, as ledgerq
-    writes submits joined in one turn of its loop (ledgerq.queue.joined, through
+    writes submits joined in one turn of its loop (ledgerq.queue.submission.joined, through
     ``create_entities``): one ``executemany`` of the rows, one read-back of their
     defaults by id, one ``executemany`` of the facts; their ids."""
     now = time.time()

@@ -33,7 +33,7 @@ from typing import Any
 
 from ledgerq.codec import dumps
 from ledgerq.lifecycle import claims, creation, default_registry, moves, values
-from ledgerq.queue.application import digest
+from ledgerq.queue.submission.application import digest
 from ledgerq.store.sqlite.schema import schema_ddl
 from ledgerq.store.sqltx import SqlTx
 

@@ -36,7 +36,7 @@ import psycopg
 
 from ledgerq import StateDB
 from ledgerq.queue import TaskApplication, Worker, submit_many
-from ledgerq.queue.claim import claim_runs
+from ledgerq.queue.worker.claim import claim_runs
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 APP = TaskApplication("agent", {"prompt": "hello", "n": 1}, "host")

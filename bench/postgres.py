@@ -322,8 +322,8 @@ def _ledgerq_rows_alone(n: int) -> float:
     from ledgerq.lifecycle.models import StateReason
     from ledgerq.lifecycle.registry import default_registry
     from ledgerq.queue import moves
-    from ledgerq.queue.application import DEFAULT_LIMITS, digest, validate
-    from ledgerq.queue.submit import SUBMITTER, run_row
+    from ledgerq.queue.submission.application import DEFAULT_LIMITS, digest, validate
+    from ledgerq.queue.submission.submit import SUBMITTER, run_row
 
     policy = default_registry().entity("schedule_run")
     reason = moves.SUBMITTED

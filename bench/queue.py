@@ -98,8 +98,8 @@ from ledgerq.lifecycle import (
 )
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.queue import TaskApplication, Worker, claim_and_execute, submit_many, submit_task
-from ledgerq.queue.application import digest
-from ledgerq.queue.worker import claim_runs
+from ledgerq.queue.submission.application import digest
+from ledgerq.queue.worker.functions import claim_runs
 from ledgerq.store.sqlite.schema import schema_ddl
 
 sys.path.append(_HERE)  # last, so the stdlib's queue still wins; for floor.py

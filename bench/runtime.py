@@ -169,7 +169,7 @@ def database_thread_ceiling(path: Path, n: int, group_size: int = 64,
 
     ledgerq's units alone (bench/units.py) committed in groups of ``group_size`` (one fsync
     per group), as the 64 submitters' writes and the worker's are grouped (the submits
-    of a group joined in one unit, as ledgerq.queue.joined joins them): what the
+    of a group joined in one unit, as ledgerq.queue.submission.joined joins them): what the
     64-submitter case's writes cost without anything around them.
     """
     units = Units(str(path), default_registry(), synchronous)

@@ -23,11 +23,11 @@ from typing import Any
 from floor import APP, WORKER
 from ledgerq.lifecycle import Registry
 from ledgerq.queue import moves
-from ledgerq.queue.application import validate
-from ledgerq.queue.claim import _claim_together
-from ledgerq.queue.outcomes import finish_all
 from ledgerq.queue.runs import lease_of, terms, worker_actor
-from ledgerq.queue.submit import SUBMITTER, _insert_all
+from ledgerq.queue.submission.application import validate
+from ledgerq.queue.submission.submit import SUBMITTER, _insert_all
+from ledgerq.queue.worker.claim import _claim_together
+from ledgerq.queue.worker.outcomes import finish_all
 from ledgerq.store.sqlite.backend import STATEMENT_CACHE, _run_group
 from ledgerq.store.sqlite.schema import create_schema
 
@@ -62,7 +62,7 @@ class Units:
                            "host", SUBMITTER)[0]
 
     def submit_joined(self, tx: Any, count: int, now: float) -> list[str]:
-        """``count`` submits joined in one turn, as ledgerq.queue.joined writes them."""
+        """``count`` submits joined in one turn, as ledgerq.queue.submission.joined writes them."""
         return _insert_all(tx, self.policy, [self.app] * count, now, "host", SUBMITTER)
 
     def claim_pass(self, tx: Any, rids: list[str], now: float) -> list[Any]:

@@ -15,7 +15,12 @@ from ledgerq import StateDB
 from ledgerq.errors import IntegrityViolation, InvalidInput, NotFound
 from ledgerq.lifecycle.evolution import SCHEMA_VERSION
 from ledgerq.projections import verify
-from ledgerq.queue.archive import archive_runs, list_archives, parse_before, read_archived_run
+from ledgerq.queue.maintenance.archive import (
+    archive_runs,
+    list_archives,
+    parse_before,
+    read_archived_run,
+)
 from ledgerq.store.sqlite.archive_file import ArchiveFile, NotAnArchive, ids_digest
 from lifecycle_support import OPERATOR, move, new_run
 

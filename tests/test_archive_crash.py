@@ -16,7 +16,7 @@ import pytest
 import ledgerq
 from ledgerq import StateDB
 from ledgerq.projections import verify
-from ledgerq.queue.archive import archive_runs, list_archives
+from ledgerq.queue.maintenance.archive import archive_runs, list_archives
 from ledgerq.store.sqlite.archive_file import ArchiveFile, ids_digest, partial_path
 from lifecycle_support import OPERATOR, move, new_run
 

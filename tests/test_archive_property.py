@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ledgerq import StateDB
 from ledgerq.projections import verify
-from ledgerq.queue.archive import archive_runs
+from ledgerq.queue.maintenance.archive import archive_runs
 from ledgerq.store.sqlite.archive_file import ArchiveFile
 from lifecycle_support import OPERATOR, move, new_run
 

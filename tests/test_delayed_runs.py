@@ -19,8 +19,8 @@ from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle import Actor
 from ledgerq.projections import history, verify
 from ledgerq.queue import TaskApplication, cancel_task, submit_task
-from ledgerq.queue.claim import claim_runs
-from ledgerq.queue.promotion import promote_due
+from ledgerq.queue.maintenance.promotion import promote_due
+from ledgerq.queue.worker.claim import claim_runs
 
 T0 = 1_000_000.0
 APP = TaskApplication("agent", {"prompt": "later"}, "host")

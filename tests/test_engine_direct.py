@@ -41,8 +41,8 @@ from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy, default_r
 from ledgerq.operations import Tx
 from ledgerq.projections import verify
 from ledgerq.queue import RetryPolicy, TaskApplication, runs, submit_many, submit_task
-from ledgerq.queue.application import digest, validate
-from ledgerq.queue.submit import run_row
+from ledgerq.queue.submission.application import digest, validate
+from ledgerq.queue.submission.submit import run_row
 from lifecycle_support import new_dispatch, new_run, run_values, snapshot
 
 RUN = default_registry().entity("schedule_run")

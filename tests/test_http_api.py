@@ -32,7 +32,7 @@ from helpers.server import (
     token_env,
     wait_status,
 )
-from ledgerq.queue.application import TaskApplication, validate
+from ledgerq.queue.submission.application import TaskApplication, validate
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -208,7 +208,7 @@ def test_list_filters_and_cursor_pages(server: Server, api: httpx.Client) -> Non
 
 
 def test_concurrent_submits_each_get_their_own_run(server: Server) -> None:
-    """Requests submitting at once may share a transaction (ledgerq.queue.joined): each
+    """Requests submitting at once may share a transaction (ledgerq.queue.submission.joined): each
     still gets 201 and the id of the run made from its own body; with a key, a repeat
     still gets 200 and the first run's id."""
     def one(i: int) -> httpx.Response:
@@ -470,7 +470,7 @@ def test_schedules_are_listed_with_their_next_fire(server: Server, api: httpx.Cl
 
     from ledgerq import StateDB
     from ledgerq.queue import TaskApplication
-    from ledgerq.queue.schedules import add_schedule
+    from ledgerq.queue.scheduling.schedules import add_schedule
 
     async def add() -> str:
         async with StateDB(server.db) as db:

@@ -23,7 +23,7 @@ from ledgerq import StateDB
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, create, transition
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.queue import TaskApplication, cancel_task, submit_many, submit_task
-from ledgerq.queue.submit import record_scheduled_fire
+from ledgerq.queue.submission.submit import record_scheduled_fire
 
 #: How far an id's embedded timestamp may be from the clock read around its minting.
 #: Generous: the assertion is about the unit and the position of the timestamp (seconds

@@ -17,7 +17,7 @@ from ledgerq.codec import dumps
 from ledgerq.errors import InvalidInput
 from ledgerq.queue import SubmitLimits as PublicSubmitLimits
 from ledgerq.queue import TaskApplication, submit_many, submit_task
-from ledgerq.queue.application import (
+from ledgerq.queue.submission.application import (
     ARGS_DEPTH_CEILING,
     MAX_ARGS_BYTES,
     MAX_ARGS_DEPTH,

@@ -13,7 +13,7 @@ import pytest
 
 CHILD = r"""
 import asyncio, sys
-from ledgerq.queue.launcher import run_argv
+from ledgerq.queue.worker.launcher import run_argv
 asyncio.run(run_argv(["sh", "-c", "echo $$ > " + sys.argv[1] + "; exec sleep 60"]))
 """
 
@@ -47,8 +47,8 @@ def test_child_dies_when_its_worker_is_sigkilled(tmp_path: Path) -> None:
 RECORDS = r"""
 import asyncio, os, sys
 from pathlib import Path
-from ledgerq.queue import orphans
-from ledgerq.queue.launcher import run_argv
+from ledgerq.queue.worker import orphans
+from ledgerq.queue.worker.launcher import run_argv
 groups = Path(sys.argv[1])
 orphans.use_ledger(groups)
 # The command's first act lists the ledger: its group must be recorded before it runs.

@@ -13,7 +13,7 @@ from ledgerq import StateDB
 from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, submit_task
 from ledgerq.queue.runs import move, no_lease
-from ledgerq.queue.worker import Executors, RunContext, claim_runs, execute_claimed
+from ledgerq.queue.worker.functions import Executors, RunContext, claim_runs, execute_claimed
 
 NOW = 1_000_000.0
 

@@ -24,11 +24,19 @@ from ledgerq import StateDB
 from ledgerq.durations import parse_duration
 from ledgerq.errors import InvalidInput, NotFound
 from ledgerq.lifecycle.evolution import SCHEMA_VERSION
-from ledgerq.projections import rebuild, run_history, verify, wait_for_runs
-from ledgerq.projections.read_models import FactFollower, get_run, worker_statuses
-from ledgerq.queue import TaskApplication, Worker, retry_run, retry_runs, submit_task
-from ledgerq.queue.recycling import request_worker_stop
-from ledgerq.queue.rerun import RunNotEnded
+from ledgerq.projections import rebuild, verify
+from ledgerq.queue import (
+    TaskApplication,
+    Worker,
+    retry_run,
+    retry_runs,
+    run_history,
+    submit_task,
+    wait_for_runs,
+)
+from ledgerq.queue.reads import FactFollower, get_run, worker_statuses
+from ledgerq.queue.submission.rerun import RunNotEnded
+from ledgerq.queue.worker.recycling import request_worker_stop
 from test_cli import LEDGERQ, as_json, cli, ok, one_error_line
 
 PY = sys.executable

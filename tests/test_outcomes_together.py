@@ -17,7 +17,7 @@ import pytest
 from ledgerq import StateDB
 from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, Worker, claim_and_execute, submit_many
-from ledgerq.queue import outcomes as outcomes_mod
+from ledgerq.queue.worker import outcomes as outcomes_mod
 
 WORKER = "w-together"
 

@@ -18,13 +18,12 @@ from typing import Any
 
 import pytest
 
-import ledgerq.queue.submit as submit_module
+import ledgerq.queue.submission.submit as submit_module
 from ledgerq import StateDB
 from ledgerq.errors import IdempotencyConflict, InvalidInput
 from ledgerq.lifecycle import Actor
 from ledgerq.lifecycle.engine import new_id
-from ledgerq.projections import run_history, verify, wait_for_runs
-from ledgerq.projections.read_models import get_run, list_runs, page_runs
+from ledgerq.projections import verify
 from ledgerq.queue import (
     TaskApplication,
     Worker,
@@ -32,11 +31,14 @@ from ledgerq.queue import (
     cancel_task,
     claim_runs,
     retry_run,
+    run_history,
     submit_many,
     submit_task,
+    wait_for_runs,
 )
-from ledgerq.queue.application import digest
-from ledgerq.queue.scheduler import fire_due
+from ledgerq.queue.reads import get_run, list_runs, page_runs
+from ledgerq.queue.scheduling.scheduler import fire_due
+from ledgerq.queue.submission.application import digest
 from test_cli import cli, ok, one_error_line
 
 PY = sys.executable

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerq.queue.launcher import run_argv
+from ledgerq.queue.worker.launcher import run_argv
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 

@@ -25,9 +25,9 @@ from ledgerq.queue import (
     submit_task,
     worker_tick,
 )
-from ledgerq.queue import launcher as launcher_mod
-from ledgerq.queue import outcomes as outcomes_mod
-from ledgerq.queue.launcher import LaunchError, run_argv
+from ledgerq.queue.worker import launcher as launcher_mod
+from ledgerq.queue.worker import outcomes as outcomes_mod
+from ledgerq.queue.worker.launcher import LaunchError, run_argv
 
 RECORD_KINDS = ("agent", "flow", "fanout", "play", "flow_yaml", "engine")
 PY = sys.executable

@@ -33,7 +33,7 @@ from ledgerq.queue import (
     promote_due,
     submit_task,
 )
-from ledgerq.queue.worker import Executors, RunContext, execute_claimed
+from ledgerq.queue.worker.functions import Executors, RunContext, execute_claimed
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = 1_000_000.0

@@ -32,7 +32,7 @@ from ledgerq.queue import (
     submit_task,
     worker_tick,
 )
-from ledgerq.queue.application import digest, validate, validate_encoded
+from ledgerq.queue.submission.application import digest, validate, validate_encoded
 
 NOW = 1_000.0
 HOST = "node-a"

@@ -36,11 +36,11 @@ from ledgerq.queue import (
     submit_task,
     worker_tick,
 )
-from ledgerq.queue import claim as claim_mod
-from ledgerq.queue import config as config_mod
-from ledgerq.queue import outcomes as outcomes_mod
 from ledgerq.queue import runs as runs_mod
-from ledgerq.queue.worker import Executors, RunContext, claim_runs, execute_claimed
+from ledgerq.queue.worker import claim as claim_mod
+from ledgerq.queue.worker import config as config_mod
+from ledgerq.queue.worker import outcomes as outcomes_mod
+from ledgerq.queue.worker.functions import Executors, RunContext, claim_runs, execute_claimed
 from ledgerq.store.sqltx import SqlTx
 
 NOW = 10_000.0

@@ -128,7 +128,7 @@ async def test_an_older_process_keeps_working_while_a_newer_one_migrates(
     """The older process's connections hold prepared statements (PostgreSQL prepares a
     statement run five times) over the table the newer one alters; its next claim, move
     and read must still work, unchanged."""
-    from ledgerq.queue.claim import claim_runs
+    from ledgerq.queue.worker.claim import claim_runs
 
     newer = SpecDir(tmp_path / "newer").paused().replace(
         "[columns]\n", '[columns]\nowner_team = "text"\n')

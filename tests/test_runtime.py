@@ -44,10 +44,15 @@ from ledgerq.queue import (
     submit_many,
     submit_task,
 )
-from ledgerq.queue.locks import lock_path
 from ledgerq.queue.runs import perform, run_policy
-from ledgerq.queue.submit import run_row
-from ledgerq.queue.worker import LEASE_CHECK_SECONDS, Executors, RunContext, execute_claimed
+from ledgerq.queue.submission.submit import run_row
+from ledgerq.queue.worker.functions import (
+    LEASE_CHECK_SECONDS,
+    Executors,
+    RunContext,
+    execute_claimed,
+)
+from ledgerq.queue.worker.locks import lock_path
 from ledgerq.store.sqltx import SqlTx
 
 HELPER = Path(__file__).parent / "helpers" / "runtime_worker.py"

@@ -39,7 +39,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-import ledgerq.queue.submit as submit_module
+import ledgerq.queue.submission.submit as submit_module
 from helpers import pg
 from ledgerq import StateDB
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
@@ -55,7 +55,7 @@ from ledgerq.queue import (
     reap_expired_leases,
     submit_task,
 )
-from ledgerq.queue.worker import Executors, RunContext, execute_claimed
+from ledgerq.queue.worker.functions import Executors, RunContext, execute_claimed
 
 WORKERS = ("host:0000000a", "host:0000000b", "host:0000000c")
 GPU = "gpu-exclusive"

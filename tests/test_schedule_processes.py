@@ -22,7 +22,7 @@ import pytest
 from ledgerq import StateDB
 from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, add_schedule
-from ledgerq.queue.slots import IntervalCadence
+from ledgerq.queue.scheduling.slots import IntervalCadence
 
 HELPER = Path(__file__).parent / "helpers" / "scheduler_proc.py"
 APP = TaskApplication("command", {"argv": ["true"]}, "host")

@@ -6,7 +6,7 @@ The reference walks real time (UTC) minute by minute and reads the wall clock th
 reached a time it never showed before and some minute the expression matches lies in
 what it skipped to get there (one minute normally, the whole gap when clocks jump
 forward); a wall-clock time shown again (clocks went back) is never a slot. It shares
-nothing with ledgerq.queue.slots but the definition.
+nothing with ledgerq.queue.scheduling.slots but the definition.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from ledgerq.errors import InvalidInput
-from ledgerq.queue.slots import (
+from ledgerq.queue.scheduling.slots import (
     CronCadence,
     IntervalCadence,
     check_cron,

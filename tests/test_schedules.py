@@ -32,7 +32,11 @@ from ledgerq.queue import (
     resume_schedule,
     retire_schedule,
 )
-from ledgerq.queue.scheduler import MISFIRE_GRACE_SECONDS, jitter_offset, schedule_overview
+from ledgerq.queue.scheduling.scheduler import (
+    MISFIRE_GRACE_SECONDS,
+    jitter_offset,
+    schedule_overview,
+)
 
 APP = TaskApplication("command", {"argv": ["true"]}, "host")
 NY = ZoneInfo("America/New_York")
@@ -336,7 +340,7 @@ async def test_a_previous_release_database_opens_and_schedules(db_target: str) -
 async def test_a_read_only_open_of_an_unmigrated_database_lists_runs(db_target: str,
                                                                      tmp_path: Path) -> None:
     made = await fill_v1(db_target)
-    from ledgerq.projections import list_runs
+    from ledgerq.queue import list_runs
 
     async with StateDB(db_target, readonly=True) as db:
         page = await list_runs(db)

@@ -54,7 +54,7 @@ async def test_readonly_refuses_what_it_cannot_read(tmp_path: Path) -> None:
 READER = """
 import asyncio, sys
 from ledgerq import StateDB
-from ledgerq.projections import queue_stats
+from ledgerq.queue import queue_stats
 async def main():
     async with StateDB(sys.argv[1], readonly=True) as db:
         print((await queue_stats(db)).counts["queued"])

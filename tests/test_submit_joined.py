@@ -1,5 +1,5 @@
 """Submits made in the same turn of the event loop share one write unit
-(ledgerq.queue.joined), on both backends: the same rows and facts as one unit each,
+(ledgerq.queue.submission.joined), on both backends: the same rows and facts as one unit each,
 every caller its own id, and a refusal still the refused caller's alone."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from ledgerq.codec import loads
 from ledgerq.errors import DatabaseUnavailable, IdempotencyConflict, InvalidInput
 from ledgerq.lifecycle import Actor
 from ledgerq.projections import history, verify
-from ledgerq.queue import TaskApplication, joined, submit, submit_task
+from ledgerq.queue import TaskApplication, submit_task
+from ledgerq.queue.submission import joined, submit
 
 
 def app(i: int, **kw: Any) -> TaskApplication:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ledgerq.queue import launcher, supervision
-from ledgerq.queue.launcher import OutputCapture, capturing
+from ledgerq.queue.worker import launcher, supervision
+from ledgerq.queue.worker.launcher import OutputCapture, capturing
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("test_var", default="caller's")
 

@@ -38,7 +38,6 @@ from ledgerq.errors import DatabaseGone
 from ledgerq.lifecycle import Actor, load_registry
 from ledgerq.lifecycle.registry import Registry, packaged_specs_dir
 from ledgerq.projections import verify
-from ledgerq.projections.read_models import queue_stats
 from ledgerq.queue import (
     TaskApplication,
     Worker,
@@ -50,10 +49,11 @@ from ledgerq.queue import (
     submit_many,
     submit_task,
 )
-from ledgerq.queue import claim as claim_mod
-from ledgerq.queue import runtime as runtime_mod
+from ledgerq.queue.reads import queue_stats
 from ledgerq.queue.runs import move
-from ledgerq.queue.worker import (
+from ledgerq.queue.worker import claim as claim_mod
+from ledgerq.queue.worker import service as runtime_mod
+from ledgerq.queue.worker.functions import (
     LEASE_CHECK_SECONDS,
     PAGE_SIZE,
     Executors,

@@ -81,8 +81,8 @@ def submit_bulk(dsn: str, n: int) -> float:
 
 def submit_single(dsn: str, n: int) -> float:
     from ledgerq.lifecycle.registry import default_registry
-    from ledgerq.queue.application import validate
-    from ledgerq.queue.submit import SUBMITTER, _insert_all
+    from ledgerq.queue.submission.application import validate
+    from ledgerq.queue.submission.submit import SUBMITTER, _insert_all
     from ledgerq.store.postgres.tx import PostgresTx
 
     policy = default_registry().entity("schedule_run")
@@ -102,9 +102,9 @@ def submit_single(dsn: str, n: int) -> float:
 def worker(dsn: str, idx: int, barrier: Barrier, stop: Event) -> None:
     from ledgerq.lifecycle.registry import default_registry
     from ledgerq.queue import moves
-    from ledgerq.queue.claim import CLAIM_SPARES, ClaimPass, _claim_together, _select
-    from ledgerq.queue.outcomes import finish_all
     from ledgerq.queue.runs import lease_of, terms, worker_actor
+    from ledgerq.queue.worker.claim import CLAIM_SPARES, ClaimPass, _claim_together, _select
+    from ledgerq.queue.worker.outcomes import finish_all
     from ledgerq.store.postgres.tx import PostgresTx
 
     policy = default_registry().entity("schedule_run")

@@ -35,9 +35,9 @@ from rich.text import Text
 
 from ledgerq.lifecycle.models import Actor
 from ledgerq.projections.log import verify
-from ledgerq.projections.read_models import get_runs, queue_stats, run_history
-from ledgerq.queue.application import RetryPolicy, TaskApplication
-from ledgerq.queue.submit import cancel_task, submit_task
+from ledgerq.queue.reads import get_runs, queue_stats, run_history
+from ledgerq.queue.submission.application import RetryPolicy, TaskApplication
+from ledgerq.queue.submission.submit import cancel_task, submit_task
 from ledgerq.store.db import StateDB
 
 LEASE_TTL = 2.0

@@ -396,7 +396,7 @@ class Tx(abc.ABC):
         """Delete every projection row of an entity (rebuild only)."""
 
     # ------------------------------------------------------------ the archive
-    # ``ledgerq archive`` (ledgerq.queue.archive): the runs it moves out are listed in
+    # ``ledgerq archive`` (ledgerq.queue.maintenance.archive): the runs it moves out are listed in
     # ``ledgerq_archive_batch`` for the one transaction that copies and deletes them; the
     # log's DELETE guard admits a fact only while its entity is listed there.
 
@@ -503,7 +503,7 @@ class Tx(abc.ABC):
     def stuck_runs(self, policy: EntityPolicy, kind: str, now: float, grace: float,
                    limit: int) -> tuple[int, list[tuple[str, str, str]]]:
         """(count, first ``limit`` (id, status, why)) of one kind of stuck run
-        (:data:`STUCK_KINDS`; see :func:`ledgerq.projections.read_models.queue_stats`)."""
+        (:data:`STUCK_KINDS`; see :func:`ledgerq.queue.reads.queue_stats`)."""
 
 
 Unit = Callable[[Tx], T]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ledgerq import StateDB
-from ledgerq.queue.archive import archive_runs
+from ledgerq.queue.maintenance.archive import archive_runs
 from ledgerq.store.sqlite import archive_file
 
 

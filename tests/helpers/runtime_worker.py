@@ -25,7 +25,7 @@ from typing import Any
 
 from ledgerq import StateDB
 from ledgerq.queue import Worker
-from ledgerq.queue.launcher import ExecuteFn
+from ledgerq.queue.worker.launcher import ExecuteFn
 
 
 def marker_executor(path: str, worker_id: str, hold: float, keyed_hold: float) -> ExecuteFn:

@@ -21,7 +21,8 @@ from typing import Any
 from runtime_worker import marker_executor
 
 from ledgerq import StateDB
-from ledgerq.queue import Worker, scheduler
+from ledgerq.queue import Worker
+from ledgerq.queue.scheduling import scheduler
 
 
 def hang_in_first_fire(flag: Path) -> None:

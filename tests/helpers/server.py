@@ -85,7 +85,7 @@ def serve(db: str, *, token: str | None = TOKEN, args: Sequence[str] = (),
 def counts(db: str) -> tuple[int, int]:
     """(runs, facts) in the database: what "nothing written" compares."""
     from ledgerq import StateDB
-    from ledgerq.projections.read_models import fact_count, list_runs
+    from ledgerq.queue.reads import fact_count, list_runs
 
     async def read() -> tuple[int, int]:
         async with StateDB(db) as handle:

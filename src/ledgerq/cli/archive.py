@@ -45,7 +45,7 @@ def archive(
     are kept and counted as skipped. Look an archived run up with
     ``ledgerq show --archive FILE ID``.
     """
-    from ledgerq.queue.archive import archive_runs, list_archives, parse_before
+    from ledgerq.queue.maintenance.archive import archive_runs, list_archives, parse_before
 
     path = db_path(ctx, db)
     if list_them:

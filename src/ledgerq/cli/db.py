@@ -105,7 +105,7 @@ async def resolve_run(handle: StateDB, run_id: str) -> str:
     """The full id of the run ``run_id`` names (a whole id, or a unique prefix or suffix
     of 4+ characters), or one error line: an unknown run is a domain failure."""
     from ledgerq.cli.failures import text_option
-    from ledgerq.projections.read_models import resolve_run_id
+    from ledgerq.queue.reads import resolve_run_id
 
     text_option(run_id, "ID")
     try:

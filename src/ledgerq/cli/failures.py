@@ -14,7 +14,7 @@ import typer
 
 from ledgerq.cli.render import printable
 from ledgerq.errors import DatabaseError
-from ledgerq.queue.application import check_text
+from ledgerq.queue.submission.application import check_text
 
 #: Exit codes.
 OK, DOMAIN_FAILURE, USAGE_ERROR = 0, 1, 2

@@ -12,7 +12,7 @@ from ledgerq.cli.app import app
 from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import DOMAIN_FAILURE
 from ledgerq.cli.render import JsonOption, emit_json, err_console, out, printable
-from ledgerq.projections.read_models import fact_count
+from ledgerq.queue.reads import fact_count
 
 
 def drift_dict(d: Any) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def logs(
 ) -> None:
     """Print the tail of a run's stdout and stderr, recorded when it ended (read-only)."""
     from ledgerq.cli.db import resolve_run
-    from ledgerq.projections.read_models import get_run
+    from ledgerq.queue.reads import get_run
 
     path = db_path(ctx, db)
 

@@ -12,7 +12,7 @@ from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
 from ledgerq.cli.render import JsonOption, emit_json, err_console, printable
 from ledgerq.cli.watch import since_time
 from ledgerq.errors import InvalidInput
-from ledgerq.projections.read_models import RUN_ENTITY
+from ledgerq.queue.reads import RUN_ENTITY
 
 #: Runs read per page when a bulk retry collects what it matches.
 PAGE = 500
@@ -47,8 +47,8 @@ def retry(
     from ledgerq.cli.app import current_user
     from ledgerq.cli.db import resolve_run
     from ledgerq.lifecycle.models import Actor
-    from ledgerq.projections.read_models import list_runs
-    from ledgerq.queue.rerun import retry_runs
+    from ledgerq.queue.reads import list_runs
+    from ledgerq.queue.submission.rerun import retry_runs
 
     ids = list(run_ids or [])
     statuses = list(status or [])

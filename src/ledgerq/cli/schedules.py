@@ -1,6 +1,6 @@
 """``ledgerq schedule add|ls|show|pause|resume|rm``: schedules as data.
 
-Every command here is a thin shell over :mod:`ledgerq.queue.schedules` (validated there,
+Every command here is a thin shell over :mod:`ledgerq.queue.scheduling.schedules` (validated there,
 once): a refused definition is one line and exit 2, nothing written; an unknown schedule
 is exit 1.
 """
@@ -84,8 +84,8 @@ def add(
     json_out: JsonOption = False,
 ) -> None:
     """Add a schedule; prints its id."""
-    from ledgerq.queue.application import RetryPolicy, TaskApplication
-    from ledgerq.queue.schedules import add_schedule
+    from ledgerq.queue.scheduling.schedules import add_schedule
+    from ledgerq.queue.submission.application import RetryPolicy, TaskApplication
 
     text_option(name, "NAME")
     args = task_args(kind, command, argv, args_json, arg)
@@ -124,7 +124,7 @@ def _when(row: dict[str, Any]) -> str:
 def _overview(ctx: typer.Context, db: str | None, *, ref: str | None = None,
               include_retired: bool = False) -> list[dict[str, Any]]:
     from ledgerq.errors import NotFound
-    from ledgerq.queue.scheduler import schedule_overview
+    from ledgerq.queue.scheduling.scheduler import schedule_overview
 
     path = db_path(ctx, db)
 
@@ -192,7 +192,7 @@ def show(
 
 def _change(ctx: typer.Context, db: str | None, ref: str, verb: str, actor: str | None) -> None:
     from ledgerq.errors import NotFound
-    from ledgerq.queue import schedules
+    from ledgerq.queue.scheduling import schedules
 
     text_option(ref, "SCHEDULE")
     fn = {"pause": schedules.pause_schedule, "resume": schedules.resume_schedule,

@@ -16,7 +16,7 @@ from ledgerq.cli.render import JsonOption, cell, emit_json, fmt_age, fmt_ts, out
 @app.command()
 def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False) -> None:
     """Counts per status, the oldest queued run's age, and what each worker is running."""
-    from ledgerq.projections.read_models import RUN_ENTITY, queue_stats
+    from ledgerq.queue.reads import RUN_ENTITY, queue_stats
 
     path = db_path(ctx, db)
 

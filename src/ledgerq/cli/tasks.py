@@ -33,7 +33,7 @@ from ledgerq.cli.render import (
     printable,
     styled_status,
 )
-from ledgerq.projections.read_models import RUN_ENTITY, run_status
+from ledgerq.queue.reads import RUN_ENTITY, run_status
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
@@ -48,7 +48,7 @@ def parse_json(raw: str, option: str) -> Any:
     The parser recurses: JSON nested thousands of levels deep raised a bare
     RecursionError traceback before the application's depth limit could refuse it.
     """
-    from ledgerq.queue.application import MAX_ARGS_DEPTH
+    from ledgerq.queue.submission.application import MAX_ARGS_DEPTH
 
     try:
         return json.loads(raw)
@@ -189,7 +189,7 @@ def submit(
     json_out: JsonOption = False,
 ) -> None:
     """Submit one task; prints its run id. Validated exactly like submit_task()."""
-    from ledgerq.queue.application import RetryPolicy, TaskApplication, validate
+    from ledgerq.queue.submission.application import RetryPolicy, TaskApplication, validate
 
     args = task_args(kind, command, argv, args_json, arg)
     retry = None
@@ -225,7 +225,7 @@ def submit(
     path = db_path(ctx, db)
 
     async def go() -> tuple[str, str]:
-        from ledgerq.queue.submit import submit_task
+        from ledgerq.queue.submission.submit import submit_task
 
         async with open_db(ctx, path, must_exist=False) as handle:
             try:
@@ -272,8 +272,8 @@ def ls(
 
     if follow:
         catch_stop_signals()
-    from ledgerq.projections.read_models import list_runs
-    from ledgerq.queue.application import (
+    from ledgerq.queue.reads import list_runs
+    from ledgerq.queue.submission.application import (
         ACTION_ALIASES,
         ACTION_KINDS,
         EXECUTION_TARGETS,
@@ -345,7 +345,7 @@ async def _schedule_of(handle: StateDB, row: dict[str, Any]) -> dict[str, Any] |
     fired it and the specs know schedules."""
     from ledgerq.errors import NotFound
     from ledgerq.queue.moves import SCHEDULE_ENTITY
-    from ledgerq.queue.schedules import get_schedule
+    from ledgerq.queue.scheduling.schedules import get_schedule
 
     if not row.get("schedule_id") or SCHEDULE_ENTITY not in handle.registry.entities:
         return None
@@ -357,7 +357,7 @@ async def _schedule_of(handle: StateDB, row: dict[str, Any]) -> dict[str, Any] |
 
 
 def schedule_slot(slot: float, tz: str) -> str:
-    from ledgerq.queue.slots import iso
+    from ledgerq.queue.scheduling.slots import iso
 
     return iso(slot, tz)
 
@@ -378,7 +378,7 @@ def show(
 ) -> None:
     """Show one run: its row and its full fact history."""
     from ledgerq.cli.watch import catch_stop_signals
-    from ledgerq.projections.read_models import get_run, run_history
+    from ledgerq.queue.reads import get_run, run_history
 
     if archive is not None:
         if follow:
@@ -414,7 +414,7 @@ def _show_archived(ctx: typer.Context, archive: Path, run_id: str, json_out: boo
     """``show --archive``: the same rendering as a live run's, from the file alone (no
     database is opened)."""
     from ledgerq.errors import NotFound
-    from ledgerq.queue.archive import read_archived_run
+    from ledgerq.queue.maintenance.archive import read_archived_run
 
     text_option(run_id, "ID")
     policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
@@ -493,7 +493,7 @@ def cancel(
     Exit 1 when it had already ended: the cancel is a conflict and writes nothing.
     """
     from ledgerq.lifecycle.models import Actor
-    from ledgerq.queue.submit import cancel_task
+    from ledgerq.queue.submission.submit import cancel_task
 
     path = db_path(ctx, db)
     # The actor and the summary are stored on the fact: text the database can hold.

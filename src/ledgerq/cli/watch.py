@@ -34,7 +34,7 @@ from ledgerq.cli.render import (
 )
 from ledgerq.durations import parse_duration
 from ledgerq.errors import InvalidInput
-from ledgerq.projections.read_models import RUN_ENTITY
+from ledgerq.queue.reads import RUN_ENTITY
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import EntityPolicy
@@ -117,7 +117,7 @@ def follow_runs(ctx: typer.Context, path: str, policy: EntityPolicy, *, statuses
     """``ls --follow``: print every move of a run matching the filters from ``since``
     (default now) on, until SIGINT/SIGTERM (exit 0). ``--status`` matches the state a
     move enters."""
-    from ledgerq.projections.read_models import FactFollower, get_runs
+    from ledgerq.queue.reads import FactFollower, get_runs
 
     async def go() -> None:
         async with open_db(ctx, path, readonly=True) as handle:
@@ -146,7 +146,7 @@ def follow_run(ctx: typer.Context, path: str, policy: EntityPolicy, run_id: str,
     """``show --follow``: print the run's moves after ``after_version`` as they happen;
     stop when it has ended (its recorded output is printed then) or at SIGINT/SIGTERM."""
     from ledgerq.cli.output import print_output
-    from ledgerq.projections.read_models import get_run, run_history
+    from ledgerq.queue.reads import get_run, run_history
 
     async def go() -> dict[str, Any] | None:
         async with open_db(ctx, path, readonly=True) as handle:
@@ -194,7 +194,7 @@ def wait(
 
     from ledgerq.cli.db import resolve_run
     from ledgerq.lifecycle.registry import SUCCEEDED
-    from ledgerq.projections.read_models import get_runs
+    from ledgerq.queue.reads import get_runs
 
     limit: float | None = None
     if timeout is not None:

@@ -17,8 +17,9 @@ from ledgerq.cli.app import app
 from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
 from ledgerq.cli.render import printable
-from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS, runtime
-from ledgerq.queue.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES
+from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS
+from ledgerq.queue.worker import service as runtime
+from ledgerq.queue.worker.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES
 
 #: ``ledgerq worker`` runs a worker; ``ledgerq worker stop ID`` (cli/workers.py) asks one
 #: to drain. A group whose callback is the worker itself, so both spellings work.
@@ -94,7 +95,7 @@ def worker(
         return
     from ledgerq.durations import parse_duration
     from ledgerq.errors import InvalidInput
-    from ledgerq.queue.application import EXECUTION_TARGETS
+    from ledgerq.queue.submission.application import EXECUTION_TARGETS
 
     runtime_limit = None
     if max_runtime is not None:
@@ -107,7 +108,7 @@ def worker(
 
     targets = list(target or ["host"])
     check_choice("execution target", targets, sorted(EXECUTION_TARGETS))
-    from ledgerq.queue.config import served_queues
+    from ledgerq.queue.worker.config import served_queues
 
     try:
         served_queues(queue)
@@ -123,8 +124,8 @@ def worker(
     path = db_path(ctx, db)
 
     async def go() -> None:
-        from ledgerq.queue.launcher import default_execute
-        from ledgerq.queue.runtime import DEFAULT_LOCK_DIR, Worker
+        from ledgerq.queue.worker.launcher import default_execute
+        from ledgerq.queue.worker.service import DEFAULT_LOCK_DIR, Worker
 
         async with open_db(ctx, path, must_exist=False) as handle:
             holder: dict[str, str] = {}

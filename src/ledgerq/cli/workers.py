@@ -18,7 +18,7 @@ from ledgerq.cli.worker import worker_app
 @app.command("workers")
 def workers(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False) -> None:
     """Every worker: id, host, capabilities, heartbeat age, what it runs (read-only)."""
-    from ledgerq.projections.read_models import worker_statuses
+    from ledgerq.queue.reads import worker_statuses
 
     path = db_path(ctx, db)
 
@@ -61,7 +61,7 @@ def stop(
     worker notices it within a second. Exit 1 when no worker has that id.
     """
     from ledgerq.errors import NotFound
-    from ledgerq.queue.recycling import request_worker_stop
+    from ledgerq.queue.worker.recycling import request_worker_stop
 
     text_option(worker_id, "ID")
     path = db_path(ctx, db)

@@ -75,7 +75,8 @@ _JSON_KEPT = ("{", "[", '"')
 def sent_plan(tx: Tx, policy: EntityPolicy, columns: tuple[str, ...]) -> SentPlan | None:
     """The plan of creations that send ``columns``, kept in the policy's cache by the
     dialect and the columns; None where :func:`_sent_patch` gives None."""
-    plans = (CACHES.get(id(policy)) or cache_of(policy)).sent_plans
+    plans: dict[tuple[Any, ...], SentPlan | None] = (
+        CACHES.get(id(policy)) or cache_of(policy)).sent_plans
     key = (type(tx), columns)
     if key in plans:
         return plans[key]

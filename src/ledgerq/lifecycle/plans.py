@@ -51,7 +51,7 @@ def move_plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str,
               patch: dict[str, Any], whole_row: bool, skip_locked: bool) -> Plan:
     """The plan of a move of this shape from ``observed``, kept in the policy's cache by
     the shape and the dialect, whose statements it holds."""
-    plans = (CACHES.get(id(policy)) or cache_of(policy)).plans
+    plans: dict[tuple[Any, ...], Plan] = (CACHES.get(id(policy)) or cache_of(policy)).plans
     key = (type(tx), observed, to_state, reason.code, actor.type, tuple(guard), tuple(patch),
            not reason.evidence_refs, whole_row, skip_locked)
     found = plans.get(key)

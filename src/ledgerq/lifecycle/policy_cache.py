@@ -11,8 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ledgerq.lifecycle.creation import SentPlan
-    from ledgerq.lifecycle.plans import Plan
     from ledgerq.lifecycle.registry import EntityPolicy
 
 #: Shapes remembered per policy, of moves and of creations each; past this many (a caller
@@ -31,10 +29,13 @@ class PolicyCache:
         #: Per ``json_text`` (see ``check_values``): per column, the exact types whose
         #: values need no further look.
         self.plain_types: dict[bool, dict[str, frozenset[type]]] = {}
-        #: Move plans by the move's shape and dialect (see ``plans.move_plan``).
-        self.plans: dict[tuple[Any, ...], Plan] = {}
-        #: Creation plans by dialect and the columns sent (see ``creation.sent_plan``).
-        self.sent_plans: dict[tuple[Any, ...], SentPlan | None] = {}
+        #: Move plans (``plans.Plan``) by the move's shape and dialect (see
+        #: ``plans.move_plan``). Typed by their owners where they are read, so this module
+        #: imports nothing of the engine's.
+        self.plans: dict[tuple[Any, ...], Any] = {}
+        #: Creation plans (``creation.SentPlan`` or None) by dialect and the columns sent
+        #: (see ``creation.sent_plan``).
+        self.sent_plans: dict[tuple[Any, ...], Any] = {}
 
 
 #: Every policy's cache, by the policy's id. Hot paths read it as

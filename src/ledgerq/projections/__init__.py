@@ -1,30 +1,9 @@
-"""Projections: how facts fold into rows; history, verify and rebuild; read models."""
+"""Projections: how facts fold into rows; history, verify and rebuild.
+
+The queue's read models (runs listed, one run with its history, queue statistics,
+waiting for runs to end) are the queue's own: ``ledgerq.queue``.
+"""
 
 from ledgerq.projections.log import Drift, RebuildReport, VerifyReport, history, rebuild, verify
-from ledgerq.projections.read_models import (
-    QueueStats,
-    RunPage,
-    get_run,
-    list_runs,
-    queue_stats,
-    resolve_run_id,
-    run_history,
-    wait_for_runs,
-)
 
-__all__ = [
-    "Drift",
-    "QueueStats",
-    "RebuildReport",
-    "RunPage",
-    "VerifyReport",
-    "get_run",
-    "history",
-    "list_runs",
-    "queue_stats",
-    "rebuild",
-    "resolve_run_id",
-    "run_history",
-    "verify",
-    "wait_for_runs",
-]
+__all__ = ["Drift", "RebuildReport", "VerifyReport", "history", "rebuild", "verify"]

@@ -35,14 +35,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ledgerq.projections.read_models import (
+from ledgerq.queue import moves
+from ledgerq.queue.reads import (
     QueueStats,
     WaitHistogram,
     claim_wait_histogram,
     fact_counts,
     queue_stats,
 )
-from ledgerq.queue import moves
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
 from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.projections.log import verify
-from ledgerq.projections.read_models import queue_stats, run_status
+from ledgerq.queue.reads import queue_stats, run_status
 from ledgerq.web import metrics
 from ledgerq.web.auth import require_read
 from ledgerq.web.diagram import edge_label, edges_of, render_svg
@@ -41,7 +41,7 @@ async def workers(request: Request) -> list[dict[str, Any]]:
             summary="Schedules with their next fire time and last fire", responses=READ)
 async def schedules(request: Request) -> list[dict[str, Any]]:
     from ledgerq.queue.moves import SCHEDULE_ENTITY
-    from ledgerq.queue.scheduler import schedule_overview
+    from ledgerq.queue.scheduling.scheduler import schedule_overview
 
     db = db_of(request)
     if SCHEDULE_ENTITY not in db.registry.entities:

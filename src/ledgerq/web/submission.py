@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from ledgerq.errors import InvalidInput
-from ledgerq.queue.application import RetryPolicy, TaskApplication, shown
+from ledgerq.queue.submission.application import RetryPolicy, TaskApplication, shown
 
 FIELDS = {f.name: f for f in dataclasses.fields(TaskApplication)}
 REQUIRED = [name for name, f in FIELDS.items()

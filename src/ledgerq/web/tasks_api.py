@@ -9,13 +9,13 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Requ
 
 from ledgerq.errors import IdempotencyConflict, InvalidInput
 from ledgerq.lifecycle.models import Actor
-from ledgerq.projections.read_models import (
+from ledgerq.queue.reads import (
     SUMMARY_COLUMNS,
     get_run,
     page_runs,
     run_history,
 )
-from ledgerq.queue.submit import cancel_task, submit_task
+from ledgerq.queue.submission.submit import cancel_task, submit_task
 from ledgerq.web.auth import require_read, require_write
 from ledgerq.web.limits import parse_json
 from ledgerq.web.models import Cancelled, Created, Error, TaskDetail, TaskPage
@@ -65,7 +65,7 @@ async def submit(request: Request, response: Response,
         at = time.time()
         # A keyed submit is timed by this call, so its row tells whether this call made
         # it; an unkeyed one always makes a row, and may share its transaction with the
-        # submits of concurrent requests (ledgerq.queue.joined), which a given time rules
+        # submits of concurrent requests (ledgerq.queue.submission.joined), which a given time rules
         # out.
         keyed = app.idempotency_key is not None
         run_id = await submit_task(db, app, now=at if keyed else None, actor=SUBMITTER)

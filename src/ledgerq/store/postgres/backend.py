@@ -61,7 +61,8 @@ T = TypeVar("T")
 #: Connections per handle: a worker's concurrent claims, renewals and terminal writes.
 POOL_SIZE = 8
 #: Asyncio connections per handle for units sent alone, at most: single statements, each
-#: over in one round trip, and concurrent submits share one already (ledgerq.queue.joined).
+#: over in one round trip, and concurrent submits share one already
+#: (ledgerq.queue.submission.joined).
 #: None is opened until a unit is first sent alone (a worker's handle sends none); one
 #: is then kept for the next (see _send_alone). While this many are in flight, the next
 #: unit goes to a pool thread, as every unit did.

@@ -556,7 +556,7 @@ SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablena
 DEALLOCATE ALL
 
 -- ------------------------------------------------------------ the archive
--- (ledgerq/queue/archive.py; the listed entities are ledgerq_archive_batch's rows)
+-- (ledgerq/queue/maintenance/archive.py; the listed entities are ledgerq_archive_batch's rows)
 
 -- name: mark_ended
 -- A row that never moved has no updated_at: its creation stands in. A terminal row's

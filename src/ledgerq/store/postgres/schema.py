@@ -62,7 +62,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_version
 CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_idempotency
   ON status_transitions(entity_type, entity_id, idempotency_key)
   WHERE idempotency_key IS NOT NULL;
--- The archive's sanctioned path (ledgerq.queue.archive): a fact may be deleted only
+-- The archive's sanctioned path (ledgerq.queue.maintenance.archive): a fact may be deleted only
 -- while its entity is listed here, by the transaction that archives it and clears the
 -- list again before it commits (no other transaction ever sees its rows); every other
 -- UPDATE, DELETE and TRUNCATE is refused as before.

@@ -11,7 +11,7 @@ archive repeats, so the two can be matched).
 The file is written under a temporary name, fsynced, and only then renamed into place
 (:func:`publish`): a file under the final name is always complete. This module is the
 only code that touches a file's bytes; what goes in it is decided by
-:mod:`ledgerq.queue.archive`.
+:mod:`ledgerq.queue.maintenance.archive`.
 """
 
 from __future__ import annotations

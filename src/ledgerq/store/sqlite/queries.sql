@@ -374,7 +374,7 @@ SELECT name FROM pragma_table_info(?) ORDER BY cid
 SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?
 
 -- ------------------------------------------------------------ the archive
--- (ledgerq/queue/archive.py; the listed entities are ledgerq_archive_batch's rows)
+-- (ledgerq/queue/maintenance/archive.py; the listed entities are ledgerq_archive_batch's rows)
 
 -- name: mark_ended
 -- A row that never moved has no updated_at: its creation stands in. A terminal row's

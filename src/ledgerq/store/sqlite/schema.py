@@ -56,7 +56,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS uq_status_transitions_idempotency
 CREATE TRIGGER IF NOT EXISTS status_transitions_no_update
   BEFORE UPDATE ON status_transitions
   BEGIN SELECT RAISE(ABORT, 'status_transitions is append-only: UPDATE refused'); END;
--- The archive's sanctioned path (ledgerq.queue.archive): a fact may be deleted only
+-- The archive's sanctioned path (ledgerq.queue.maintenance.archive): a fact may be deleted only
 -- while its entity is listed here, by the transaction that archives it and clears the
 -- list again before it commits; every other DELETE is refused as before.
 CREATE TABLE IF NOT EXISTS ledgerq_archive_batch (

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledgerq.codec import dumps
-from ledgerq.queue import orphans
+from ledgerq.queue.worker import orphans
 
 ExecuteFn = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
 

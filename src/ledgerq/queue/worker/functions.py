@@ -1,7 +1,7 @@
 """Worker functions: heartbeat, reap, claim and execute under leases.
 
 The ADR-0071 queue's function API, with its signatures and defaults; each call
-builds one :class:`~ledgerq.queue.config.WorkerConfig` and hands it to the modules
+builds one :class:`~ledgerq.queue.worker.config.WorkerConfig` and hands it to the modules
 that do the work (heartbeat, reaper, promotion, claim, supervision, outcomes). The
 names tests and callers import from here are re-exported from those modules.
 
@@ -19,8 +19,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ledgerq.queue.claim import PAGE_SIZE, SCAN_CAP, ClaimPass, claim_pass, claim_runs
-from ledgerq.queue.config import (
+from ledgerq.queue.maintenance.promotion import SWEEP_CHUNK, promote_due
+from ledgerq.queue.maintenance.reaper import MAX_LEASE_ATTEMPTS, reap_expired_leases
+from ledgerq.queue.maintenance.stuck import PROCESS_STUCK, STUCK_RETRY_SECONDS, StuckRow, StuckRows
+from ledgerq.queue.worker.claim import PAGE_SIZE, SCAN_CAP, ClaimPass, claim_pass, claim_runs
+from ledgerq.queue.worker.config import (
     DEFAULT_CLAIM_LIMIT,
     DEFAULT_HEARTBEAT_TTL_SECONDS,
     DEFAULT_LEASE_TTL_SECONDS,
@@ -30,14 +33,11 @@ from ledgerq.queue.config import (
     WorkerConfig,
     check_interval_for,
 )
-from ledgerq.queue.executors import Executors
-from ledgerq.queue.heartbeat import beat
-from ledgerq.queue.launcher import ExecuteFn
-from ledgerq.queue.outcomes import DETAIL_LIMIT, Outcome
-from ledgerq.queue.promotion import SWEEP_CHUNK, promote_due
-from ledgerq.queue.reaper import MAX_LEASE_ATTEMPTS, reap_expired_leases
-from ledgerq.queue.stuck import PROCESS_STUCK, STUCK_RETRY_SECONDS, StuckRow, StuckRows
-from ledgerq.queue.supervision import (
+from ledgerq.queue.worker.executors import Executors
+from ledgerq.queue.worker.heartbeat import beat
+from ledgerq.queue.worker.launcher import ExecuteFn
+from ledgerq.queue.worker.outcomes import DETAIL_LIMIT, Outcome
+from ledgerq.queue.worker.supervision import (
     RENEW_FRACTION,
     TIMEOUT_EXIT_CODE,
     LeaseLost,

@@ -49,7 +49,7 @@ from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
-from ledgerq.projections.read_models import RUN_ENTITY, decode_fact, decode_row
+from ledgerq.queue.reads import RUN_ENTITY, decode_fact, decode_row
 from ledgerq.store.sqlite import archive_file
 
 if TYPE_CHECKING:

@@ -39,12 +39,13 @@ from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
-from ledgerq.queue import moves, wakeup
-from ledgerq.queue.application import digest
+from ledgerq.queue import moves
 from ledgerq.queue.runs import run_policy
-from ledgerq.queue.schedules import application_from_json, schedule_policy
-from ledgerq.queue.slots import Cadence, cadence, iso
-from ledgerq.queue.submit import run_row
+from ledgerq.queue.scheduling.schedules import application_from_json, schedule_policy
+from ledgerq.queue.scheduling.slots import Cadence, cadence, iso
+from ledgerq.queue.submission.application import digest
+from ledgerq.queue.submission.submit import run_row
+from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
     from ledgerq.operations import Database
@@ -218,7 +219,7 @@ async def schedule_overview(db: Database, *, include_retired: bool = False,
                             ) -> list[dict[str, Any]]:
     """Schedules (or the one named ``ref``) with ``next_fire_at`` and ``last_fire`` (id,
     status, slot_at, ended_at, exit_code of the fire with the latest slot, or None)."""
-    from ledgerq.queue.schedules import get_schedule, list_schedules
+    from ledgerq.queue.scheduling.schedules import get_schedule, list_schedules
 
     rpol = run_policy(db)
     ts = time.time() if now is None else now

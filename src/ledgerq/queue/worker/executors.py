@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ledgerq.queue.launcher import ExecuteFn, default_execute
+from ledgerq.queue.worker.launcher import ExecuteFn, default_execute
 
 
 @dataclass

@@ -15,10 +15,10 @@ from typing import Any
 
 from ledgerq.errors import InvalidInput
 from ledgerq.operations import DEFAULT_QUEUE
-from ledgerq.queue.application import queue_name_problem
-from ledgerq.queue.executors import Executors
-from ledgerq.queue.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES, ExecuteFn
-from ledgerq.queue.leases import LeaseReads
+from ledgerq.queue.submission.application import queue_name_problem
+from ledgerq.queue.worker.executors import Executors
+from ledgerq.queue.worker.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES, ExecuteFn
+from ledgerq.queue.worker.leases import LeaseReads
 
 DEFAULT_LEASE_TTL_SECONDS = 300.0
 #: A worker whose heartbeat is older than this is presumed dead.

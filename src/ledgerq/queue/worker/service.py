@@ -3,7 +3,7 @@
 One asyncio loop heartbeats, reaps, promotes due retries, fires due schedule slots (unless
 ``scheduler=False``) and claims only as many rows as it has free capacity; each claimed
 row that does not end in its executor's first step runs on in its own task (lease renewal,
-deadline, cancel notice, OS lock per key: see :mod:`ledgerq.queue.supervision`), and the
+deadline, cancel notice, OS lock per key: see :mod:`ledgerq.queue.worker.supervision`), and the
 outcomes of those that do are written together.
 A submission in the same process wakes the loop at once; otherwise it polls.
 """
@@ -27,25 +27,26 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq.errors import DatabaseDamaged, DatabaseError, DatabaseGone
 from ledgerq.lifecycle.models import Actor
-from ledgerq.queue import moves, orphans, wakeup
-from ledgerq.queue.claim import claim_pass
-from ledgerq.queue.config import (
+from ledgerq.queue import moves
+from ledgerq.queue.maintenance.promotion import promote_due
+from ledgerq.queue.maintenance.reaper import reap_expired_leases
+from ledgerq.queue.maintenance.stuck import STUCK_RETRY_SECONDS, StuckRows
+from ledgerq.queue.maintenance.undeclared import UNDECLARED_EVERY, UndeclaredReport
+from ledgerq.queue.scheduling.scheduler import fire_due
+from ledgerq.queue.worker import orphans, wakeup
+from ledgerq.queue.worker.claim import claim_pass
+from ledgerq.queue.worker.config import (
     DEFAULT_CLAIM_LIMIT,
     DEFAULT_HEARTBEAT_TTL_SECONDS,
     Authorize,
     RunContext,
     WorkerConfig,
 )
-from ledgerq.queue.executors import Executors
-from ledgerq.queue.heartbeat import beat
-from ledgerq.queue.launcher import OUTPUT_TAIL_BYTES, ExecuteFn
-from ledgerq.queue.promotion import promote_due
-from ledgerq.queue.reaper import reap_expired_leases
-from ledgerq.queue.recycling import Recycling
-from ledgerq.queue.scheduler import fire_due
-from ledgerq.queue.stuck import STUCK_RETRY_SECONDS, StuckRows
-from ledgerq.queue.supervision import begin_runs, write_ended
-from ledgerq.queue.undeclared import UNDECLARED_EVERY, UndeclaredReport
+from ledgerq.queue.worker.executors import Executors
+from ledgerq.queue.worker.heartbeat import beat
+from ledgerq.queue.worker.launcher import OUTPUT_TAIL_BYTES, ExecuteFn
+from ledgerq.queue.worker.recycling import Recycling
+from ledgerq.queue.worker.supervision import begin_runs, write_ended
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from weakref import WeakKeyDictionary
 
 from ledgerq.operations import Tx
-from ledgerq.queue.stuck import is_database_failure
+from ledgerq.queue.maintenance.stuck import is_database_failure
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB

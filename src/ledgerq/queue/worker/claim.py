@@ -36,14 +36,14 @@ from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
-from ledgerq.queue.config import (
+from ledgerq.queue.maintenance.stuck import StuckRows, describe, is_database_failure, tracked
+from ledgerq.queue.runs import claim_reason, perform, run_policy, worker_actor
+from ledgerq.queue.worker.config import (
     DEFAULT_CLAIM_LIMIT,
     DEFAULT_HEARTBEAT_TTL_SECONDS,
     DEFAULT_LEASE_TTL_SECONDS,
     WorkerConfig,
 )
-from ledgerq.queue.runs import claim_reason, perform, run_policy, worker_actor
-from ledgerq.queue.stuck import StuckRows, describe, is_database_failure, tracked
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB

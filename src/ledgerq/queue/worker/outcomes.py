@@ -20,14 +20,14 @@ from ledgerq.lifecycle.moves import MoveTerms, apply_moves
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves
-from ledgerq.queue.application import RetryPolicy
+from ledgerq.queue.maintenance.promotion import settle_dependents
+from ledgerq.queue.maintenance.stuck import is_database_failure
 from ledgerq.queue.moves import Move
-from ledgerq.queue.promotion import settle_dependents
 from ledgerq.queue.runs import no_lease, run_policy, terms, worker_actor
-from ledgerq.queue.stuck import is_database_failure
+from ledgerq.queue.submission.application import RetryPolicy
 
 if TYPE_CHECKING:
-    from ledgerq.queue.config import RunContext
+    from ledgerq.queue.worker.config import RunContext
     from ledgerq.store.db import StateDB
 
 log = logging.getLogger("ledgerq.worker")

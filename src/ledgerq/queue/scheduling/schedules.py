@@ -8,7 +8,7 @@ records fires under its own ids through :func:`~ledgerq.queue.record_scheduled_f
 while ``schedule_definitions`` holds what ledgerq's scheduler needs to fire.
 
 Everything is validated here, once, before a transaction (a bad cron expression is
-quoted back, an unknown timezone named); :mod:`ledgerq.queue.scheduler` trusts what is
+quoted back, an unknown timezone named); :mod:`ledgerq.queue.scheduling.scheduler` trusts what is
 stored.
 """
 
@@ -27,15 +27,15 @@ from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import DEFAULT_QUEUE, Tx
 from ledgerq.queue import moves
-from ledgerq.queue.application import (
+from ledgerq.queue.moves import Move
+from ledgerq.queue.runs import perform
+from ledgerq.queue.scheduling.slots import check_definition
+from ledgerq.queue.submission.application import (
     RetryPolicy,
     TaskApplication,
     check_text,
     validate,
 )
-from ledgerq.queue.moves import Move
-from ledgerq.queue.runs import perform
-from ledgerq.queue.slots import check_definition
 
 if TYPE_CHECKING:
     from ledgerq.operations import Database

@@ -15,8 +15,11 @@ from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import DEFAULT_QUEUE, PRIORITY_COLUMN, QUEUE_COLUMN, Tx
-from ledgerq.queue import joined, moves, wakeup
-from ledgerq.queue.application import (
+from ledgerq.queue import moves
+from ledgerq.queue.capabilities import host_scoped_concurrency_key
+from ledgerq.queue.runs import perform, resolve_dependents, run_policy
+from ledgerq.queue.submission import joined
+from ledgerq.queue.submission.application import (
     DEFAULT_LIMITS,
     MESSAGE_ITEMS,
     SubmitLimits,
@@ -25,8 +28,7 @@ from ledgerq.queue.application import (
     shown,
     validate_encoded,
 )
-from ledgerq.queue.capabilities import host_scoped_concurrency_key
-from ledgerq.queue.runs import perform, resolve_dependents, run_policy
+from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB
@@ -241,7 +243,7 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
 
 
 def _joinable(app: TaskApplication) -> bool:
-    """Whether a submit may share its unit with others (:mod:`ledgerq.queue.joined`): not
+    """Whether a submit may share its unit with others (:mod:`ledgerq.queue.submission.joined`): not
     one that takes a lock (its idempotency key's, on PostgreSQL) or reads other runs (its
     dependencies). A joint then holds no lock that a concurrent one, in this process or
     another, could wait for while holding one it waits for."""
@@ -250,7 +252,8 @@ def _joinable(app: TaskApplication) -> bool:
 
 def _insert_joined(tx: Tx, items: Sequence[tuple[TaskApplication, str]], now: float, *,
                    policy: EntityPolicy, host: str, actor: Actor) -> list[str]:
-    """:func:`_insert_all` of submits joined in one turn (:mod:`ledgerq.queue.joined`)."""
+    """:func:`_insert_all` of submits joined in one turn (see
+    :mod:`ledgerq.queue.submission.joined`)."""
     return _insert_all(tx, policy, [app for app, _ in items], now, host, actor,
                        [text for _, text in items])
 

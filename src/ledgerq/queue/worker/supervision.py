@@ -25,17 +25,6 @@ from typing import TYPE_CHECKING, Any
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.lifecycle.values import value_problem
 from ledgerq.queue import moves
-from ledgerq.queue.config import RunContext
-from ledgerq.queue.launcher import ExecuteFn, OutputCapture, capturing
-from ledgerq.queue.leases import until_next_check
-from ledgerq.queue.locks import KeyLock
-from ledgerq.queue.outcomes import (
-    Ended,
-    Outcome,
-    lost_outcome,
-    record_outcome,
-    record_outcomes,
-)
 from ledgerq.queue.runs import (
     MalformedRow,
     decode_run,
@@ -43,6 +32,17 @@ from ledgerq.queue.runs import (
     perform,
     run_policy,
     worker_actor,
+)
+from ledgerq.queue.worker.config import RunContext
+from ledgerq.queue.worker.launcher import ExecuteFn, OutputCapture, capturing
+from ledgerq.queue.worker.leases import until_next_check
+from ledgerq.queue.worker.locks import KeyLock
+from ledgerq.queue.worker.outcomes import (
+    Ended,
+    Outcome,
+    lost_outcome,
+    record_outcome,
+    record_outcomes,
 )
 
 if TYPE_CHECKING:

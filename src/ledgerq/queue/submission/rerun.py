@@ -25,15 +25,16 @@ from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import DEFAULT_QUEUE, Tx
-from ledgerq.queue import moves, wakeup
-from ledgerq.queue.application import (
+from ledgerq.queue import moves
+from ledgerq.queue.runs import run_policy
+from ledgerq.queue.submission.application import (
     RetryPolicy,
     TaskApplication,
     digest,
     validate,
 )
-from ledgerq.queue.runs import run_policy
-from ledgerq.queue.submit import run_row
+from ledgerq.queue.submission.submit import run_row
+from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Tx
 from ledgerq.queue import moves
-from ledgerq.queue.promotion import settle_dependents
+from ledgerq.queue.maintenance.promotion import settle_dependents
+from ledgerq.queue.maintenance.stuck import StuckRows, Swept, isolated, record, tracked, unskipped
 from ledgerq.queue.runs import lease_of, no_lease, perform, run_policy
-from ledgerq.queue.stuck import StuckRows, Swept, isolated, record, tracked, unskipped
 
 if TYPE_CHECKING:
     from ledgerq.store.db import StateDB

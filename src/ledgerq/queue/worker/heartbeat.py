@@ -15,7 +15,7 @@ from ledgerq.codec import dumps
 from ledgerq.operations import Tx
 
 if TYPE_CHECKING:
-    from ledgerq.queue.config import WorkerConfig
+    from ledgerq.queue.worker.config import WorkerConfig
     from ledgerq.store.db import StateDB
 
 async def beat(db: StateDB, config: WorkerConfig, now: float | None = None) -> None:

@@ -1,0 +1,1 @@
+"""Maintenance passes: expired leases, due retries and dependencies, stuck rows, archiving."""

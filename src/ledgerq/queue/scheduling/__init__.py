@@ -1,0 +1,1 @@
+"""Schedules: their rows, when their slots fall, and the pass that fires them."""

@@ -1,0 +1,1 @@
+"""The worker: claims under leases, supervision of what runs, outcomes, the Worker service."""
