@@ -13,6 +13,9 @@ from ledgerq.cli.app import app
 from ledgerq.cli.db import DbOption, db_path, root_specs
 from ledgerq.cli.failures import die
 
+#: A token file holds one token on its first line; anything this long is not one.
+MAX_TOKEN_FILE_BYTES = 64 * 1024
+
 
 def read_token(token_file: Path | None) -> str | None:
     """The token from --token-file (its first line), else $LEDGERQ_API_TOKEN, else None."""
@@ -20,12 +23,19 @@ def read_token(token_file: Path | None) -> str | None:
 
     if token_file is not None:
         try:
-            text = token_file.read_text(encoding="utf-8")
+            with token_file.open("rb") as f:
+                # Bounded: /dev/zero or a wrong path to a large file must not be read whole.
+                raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
+            text = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             die(f"--token-file: cannot read {token_file}: {exc}")
-        token = text.strip()
+        if len(raw) > MAX_TOKEN_FILE_BYTES:
+            die(f"--token-file: {token_file} is larger than {MAX_TOKEN_FILE_BYTES} bytes; "
+                "it should hold the token on its first line")
+        lines = text.splitlines()
+        token = lines[0].strip() if lines else ""
         if not token:
-            die(f"--token-file: {token_file} is empty")
+            die(f"--token-file: the first line of {token_file} is empty")
         return token
     return os.environ.get(TOKEN_ENV) or None
 

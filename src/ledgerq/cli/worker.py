@@ -170,7 +170,17 @@ def worker(
             if metrics_port is not None:
                 from ledgerq.web.metrics import exporter as serve_metrics
 
-                exporter = asyncio.create_task(serve_metrics(handle, metrics_port))
+                bound = asyncio.Event()
+                exporter = asyncio.create_task(serve_metrics(handle, metrics_port,
+                                                             bound=bound))
+                serving = asyncio.create_task(bound.wait())
+                await asyncio.wait({exporter, serving}, return_when=asyncio.FIRST_COMPLETED)
+                serving.cancel()
+                if exporter.done() and exporter.exception() is not None:
+                    # A worker that says it exports metrics and does not would go unseen
+                    # by every dashboard that scrapes it: refuse to start instead.
+                    die(f"--metrics-port {metrics_port}: cannot serve metrics: "
+                        f"{exporter.exception()}")
             try:
                 await w.run()
             finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -222,10 +223,17 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         value = loads(raw)
     except Exception:
         value = None
-    if (not isinstance(value, list) or len(value) != 2 or isinstance(value[0], bool)
-            or not isinstance(value[0], int | float) or not isinstance(value[1], str)):
+    position: float | None = None
+    if (isinstance(value, list) and len(value) == 2 and not isinstance(value[0], bool)
+            and isinstance(value[0], int | float) and isinstance(value[1], str)
+            and "\x00" not in value[1]):
+        try:
+            position = float(value[0])  # (an integer of 400 digits overflows a float)
+        except OverflowError:
+            position = None
+    if position is None or not math.isfinite(position):
         raise InvalidInput(f"cursor {cursor[:40]!r} is not a cursor this server made")
-    return float(value[0]), value[1]
+    return position, value[1]
 
 
 async def page_runs(db: StateDB, *, statuses: Iterable[str] | None = None,

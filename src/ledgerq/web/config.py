@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from ledgerq.errors import InvalidInput
 
@@ -16,6 +17,8 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 #: on ``args`` is 64 levels; this bounds the decoder for every other field too).
 DEFAULT_MAX_JSON_DEPTH = 100
 TOKEN_ENV = "LEDGERQ_API_TOKEN"
+#: The names a loopback server answers to, beside the address it is bound to.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 
 def is_loopback(host: str) -> bool:
@@ -26,6 +29,18 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _is_origin(text: str) -> bool:
+    """Whether ``text`` is a browser origin: ``http(s)://host[:port]`` and nothing else."""
+    parts = urlsplit(text)
+    try:
+        parts.port  # noqa: B018  (a port that is not a number raises)
+    except ValueError:
+        return False
+    return (parts.scheme in ("http", "https") and bool(parts.hostname)
+            and not (parts.path or parts.query or parts.fragment or parts.username)
+            and text == text.strip() and not text.endswith(":"))
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,22 @@ class ServeConfig:
                 "pass --token-file (or bind 127.0.0.1)")
         if self.max_body_bytes < 1 or self.max_json_depth < 1:
             raise InvalidInput("body and depth limits must be >= 1")
+        for origin in self.cors_origins:
+            self._check_origin(origin)
+
+    def _check_origin(self, origin: str) -> None:
+        """A CORS origin is ``scheme://host[:port]`` (what a browser sends), or ``*``
+        only where every read needs the token: a wildcard on an open server lets any web
+        page a user visits read the queue through the user's browser."""
+        if origin == "*":
+            if self.token is None or self.public_read:
+                raise InvalidInput(
+                    "--cors-origin '*' lets any web page read the queue through a "
+                    "visitor's browser: it needs an API token and no --public-read")
+            return
+        if not _is_origin(origin):
+            raise InvalidInput(f"--cors-origin {origin!r} is not an origin: give "
+                               "scheme://host[:port], e.g. https://ops.example.com")
 
     def hosts(self) -> list[str]:
         """The Host header values accepted: on a loopback bind only loopback names, so a
@@ -65,5 +96,9 @@ class ServeConfig:
         if self.allowed_hosts:
             return list(self.allowed_hosts)
         if is_loopback(self.host):
-            return ["127.0.0.1", "localhost", "[::1]", "::1", "testserver"]
+            # The address it is bound to as well (127.0.0.2 is loopback too), in both
+            # spellings an IPv6 Host header may take.
+            bound = self.host.strip("[]")
+            return list(dict.fromkeys([*LOOPBACK_NAMES, bound, f"[{bound}]" if ":" in bound
+                                       else bound]))
         return ["*"]

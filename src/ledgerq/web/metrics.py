@@ -139,12 +139,14 @@ def render(snapshot: Snapshot) -> bytes:
 
 
 async def exporter(db: StateDB, port: int, *, host: str = "127.0.0.1",
-                   interval: float = 5.0) -> None:
+                   interval: float = 5.0, bound: asyncio.Event | None = None) -> None:
     """Serve ``/metrics`` of ``db`` on ``port`` for a worker process, until cancelled.
 
     prometheus_client's server runs in a thread and cannot await the database, so this
     task refreshes the snapshot every ``interval`` seconds and the thread serves the
-    latest one. A failed refresh keeps the last snapshot (and is logged).
+    latest one. A failed refresh keeps the last snapshot (and is logged). ``bound`` is
+    set once the port is served; a port that cannot be bound ends the task with its
+    OSError before that.
     """
     from prometheus_client import start_http_server
 
@@ -152,6 +154,8 @@ async def exporter(db: StateDB, port: int, *, host: str = "127.0.0.1",
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     server, thread = start_http_server(port, addr=host, registry=registry)
+    if bound is not None:
+        bound.set()
     delay = min(interval, 0.5)  # soon after start: the worker has registered by then
     try:
         while True:

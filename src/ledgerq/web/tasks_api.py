@@ -15,6 +15,7 @@ from ledgerq.queue.reads import (
     page_runs,
     run_history,
 )
+from ledgerq.queue.submission.application import check_text
 from ledgerq.queue.submission.submit import cancel_task, submit_task
 from ledgerq.web.auth import require_read, require_write
 from ledgerq.web.limits import parse_json
@@ -59,6 +60,7 @@ async def submit(request: Request, response: Response,
     from ledgerq.web.submission import application_from_json
 
     try:
+        idempotency_key = utf8_header(idempotency_key, "Idempotency-Key")
         body = parse_json(await request.body(), request.app.state.config.max_json_depth)
         app = application_from_json(body, idempotency_key)
         db = db_of(request)
@@ -98,6 +100,10 @@ async def list_tasks(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
 ) -> TaskPage:
     try:
+        for name, values in (("status", status), ("kind", kind), ("target", target),
+                             ("queue", queue), ("cursor", [cursor] if cursor else None)):
+            for value in values or ():
+                check_text(value, name)
         page = await page_runs(db_of(request), statuses=status, kinds=kind, targets=target,
                                cursor=cursor, limit=limit, columns=LIST_COLUMNS,
                                queues=queue)
@@ -106,7 +112,30 @@ async def list_tasks(
     return TaskPage(items=page.items, next_cursor=page.next_cursor)
 
 
-TaskId = Annotated[str, Path(max_length=256, description="The run's full id.")]
+def utf8_header(value: str | None, name: str) -> str | None:
+    """A header's value as the UTF-8 text the client sent. HTTP servers decode header
+    bytes as Latin-1, so ``café`` arrives as ``cafÃ©``; read back as UTF-8 it is what the
+    client meant (and equals the same text in a JSON body). Not UTF-8: InvalidInput."""
+    if value is None or value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise InvalidInput(f"the {name} header is not UTF-8 text") from None
+
+
+async def known_id(task_id: Annotated[str, Path(max_length=256,
+                                                 description="The run's full id.")]) -> str:
+    """A run id from the path; one no run can have (NUL, not UTF-8) is simply unknown,
+    answered 404 like any other, never sent to the database."""
+    try:
+        check_text(task_id, "id")
+    except InvalidInput:
+        raise HTTPException(404, "no such run") from None
+    return task_id
+
+
+TaskId = Annotated[str, Depends(known_id)]
 
 
 @router.get("/{task_id}", response_model=TaskDetail, dependencies=[Depends(require_read)],
