@@ -15,6 +15,14 @@ from datetime import datetime
 
 from ledgerq.errors import InvalidInput
 
+#: The latest instant ledgerq stores: 9999-12-31T23:59:59Z. Every time a caller gives
+#: (a submit's ``now``, ``not_before``, a schedule's start) must lie in [0, MAX_EPOCH]:
+#: every renderer and ``datetime`` can show it, and adding a duration to it stays finite.
+MAX_EPOCH = 253_402_300_799.0
+#: The longest span ledgerq stores (a timeout, a retry delay, a schedule's interval):
+#: 100 years. Longer spans mean "never" and overflow the clocks that add them.
+MAX_DURATION = 100 * 365.25 * 86400.0
+
 #: Seconds per unit.
 UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -38,6 +46,27 @@ def parse_duration(text: str, what: str = "duration") -> float:
         raise InvalidInput(f"{what}: {text!r} is not a duration (a finite, non-negative "
                            "span is needed)")
     return seconds
+
+
+def check_instant(value: object, what: str) -> float:
+    """``value`` as epoch seconds within [0, :data:`MAX_EPOCH`], or InvalidInput naming
+    ``what``: a time far outside that range breaks every renderer and clock after it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and 0 <= value <= MAX_EPOCH):
+        raise InvalidInput(f"{what} must be epoch seconds between 0 and {MAX_EPOCH:.0f} "
+                           f"(9999-12-31), got {value!r}")
+    return float(value)
+
+
+def check_span(value: object, what: str, *, positive: bool = False) -> float:
+    """``value`` as seconds within [0, :data:`MAX_DURATION`] (above 0 if ``positive``),
+    or InvalidInput naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and 0 <= value <= MAX_DURATION) or (positive and value <= 0):
+        low = "above 0" if positive else "at least 0"
+        raise InvalidInput(f"{what} must be a number of seconds {low} and at most "
+                           f"{MAX_DURATION:.0f} (100 years), got {value!r}")
+    return float(value)
 
 
 def parse_instant(text: str, what: str = "time") -> float:

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ledgerq.codec import dumps
+
+#: What one fact may carry (every fact is kept forever, and shown by every reader: a 20 MB
+#: summary made each cancel 64 MB and the dashboard fetch it every second).
+MAX_ACTOR_ID_LENGTH = 256
+MAX_SUMMARY_LENGTH = 4096
+MAX_EVIDENCE_REFS = 100
+#: Encoded JSON, evidence references and metadata each.
+MAX_REASON_JSON_BYTES = 64 * 1024
 
 ActorType = Literal["scheduler", "operator", "system", "webhook", "agent"]
 
@@ -14,7 +24,7 @@ class Actor(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     type: ActorType
-    id: str
+    id: str = Field(max_length=MAX_ACTOR_ID_LENGTH)
 
 
 class StateReason(BaseModel):
@@ -22,9 +32,18 @@ class StateReason(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     code: str
-    summary: str = ""
-    evidence_refs: list[dict[str, Any]] = Field(default_factory=list)
+    summary: str = Field(default="", max_length=MAX_SUMMARY_LENGTH)
+    evidence_refs: list[dict[str, Any]] = Field(default_factory=list,
+                                                max_length=MAX_EVIDENCE_REFS)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("evidence_refs", "metadata")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        # Most reasons carry neither: nothing to encode then.
+        if value and len(dumps(value)) > MAX_REASON_JSON_BYTES:
+            raise ValueError(f"at most {MAX_REASON_JSON_BYTES:,} bytes of JSON")
+        return value
 
 
 class TransitionRequest(BaseModel):

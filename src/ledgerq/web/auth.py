@@ -28,7 +28,7 @@ def token_matches(expected: str, presented: str) -> bool:
 
 
 def _check(request: Request, credentials: HTTPAuthorizationCredentials | None,
-           *, write: bool) -> None:
+           *, write: bool, costly: bool = False) -> None:
     config = request.app.state.config
     expected: str | None = config.token
     if expected is None:
@@ -36,7 +36,7 @@ def _check(request: Request, credentials: HTTPAuthorizationCredentials | None,
             raise HTTPException(403, "this server has no API token, so it is read-only: "
                                      "start it with LEDGERQ_API_TOKEN or --token-file")
         return
-    if not write and config.public_read:
+    if not write and not costly and config.public_read:
         return
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise HTTPException(401, "missing bearer token (Authorization: Bearer <token>)",
@@ -51,6 +51,13 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
 async def require_read(request: Request, credentials: Credentials) -> None:
     """Dependency of every read route."""
     _check(request, credentials, write=False)
+
+
+async def require_costly_read(request: Request, credentials: Credentials) -> None:
+    """Dependency of reads that fold the whole log (``/api/verify``: seconds at a few
+    hundred thousand facts): the token even under ``--public-read``, so an anonymous
+    caller cannot keep the database busy."""
+    _check(request, credentials, write=False, costly=True)
 
 
 async def require_write(request: Request, credentials: Credentials) -> None:

@@ -13,7 +13,7 @@ from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.projections.log import verify
 from ledgerq.queue.reads import queue_stats, run_status
 from ledgerq.web import metrics
-from ledgerq.web.auth import require_read
+from ledgerq.web.auth import require_costly_read, require_read
 from ledgerq.web.diagram import edge_label, edges_of, render_svg
 from ledgerq.web.models import (
     Error,
@@ -108,7 +108,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-@router.get("/api/verify", response_model=VerifyOut, dependencies=read, tags=["queue"],
+@router.get("/api/verify", response_model=VerifyOut,
+            dependencies=[Depends(require_costly_read)], tags=["queue"],
             summary="Compare every projection row with the fold of its facts",
             responses=READ)
 async def verify_route(request: Request) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from ledgerq.codec import dumpb, dumps, loads
+from ledgerq.durations import check_instant, check_span
 from ledgerq.errors import InvalidInput
 from ledgerq.operations import DEFAULT_QUEUE
 
@@ -25,6 +26,11 @@ ACTION_ALIASES: Mapping[str, str] = {"playbook": "play"}
 EXECUTION_TARGETS: frozenset[str] = frozenset(
     {"host", "local_worktree", "daytona", "remote_agent", "process"}
 )
+
+
+#: Bounds of a RetryPolicy: past them a policy means "forever" and overflows its delays.
+MAX_RETRY_ATTEMPTS = 1000
+MAX_RETRY_FACTOR = 100.0
 
 
 @dataclass(frozen=True)
@@ -47,18 +53,28 @@ class RetryPolicy:
                 or self.max_attempts < 1):
             raise InvalidInput(f"RetryPolicy.max_attempts must be an int >= 1, "
                                f"not {self.max_attempts!r}")
+        if self.max_attempts > MAX_RETRY_ATTEMPTS:
+            raise InvalidInput(f"RetryPolicy.max_attempts must be at most "
+                               f"{MAX_RETRY_ATTEMPTS:,}, not {self.max_attempts!r}")
         for name in ("base_delay", "factor", "max_delay", "jitter"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise InvalidInput(f"RetryPolicy.{name} must be a finite number >= 0, "
                                    f"not {value!r}")
-        if self.factor < 1:
-            raise InvalidInput(f"RetryPolicy.factor must be >= 1, not {self.factor!r}")
+        check_span(self.base_delay, "RetryPolicy.base_delay")
+        check_span(self.max_delay, "RetryPolicy.max_delay")
+        if not 1 <= self.factor <= MAX_RETRY_FACTOR:
+            raise InvalidInput(f"RetryPolicy.factor must be between 1 and "
+                               f"{MAX_RETRY_FACTOR:g}, not {self.factor!r}")
         if self.jitter > 1:
             raise InvalidInput(f"RetryPolicy.jitter is a fraction in [0, 1], not {self.jitter!r}")
 
     def delay(self, failed_runs: int, rng: random.Random | None = None) -> float:
-        base = min(self.max_delay, self.base_delay * self.factor ** max(0, failed_runs - 1))
+        try:
+            grown = self.base_delay * self.factor ** max(0, failed_runs - 1)
+        except OverflowError:  # (a thousand doublings: capped, never a supervisor's crash)
+            grown = math.inf
+        base = min(self.max_delay, grown)
         if self.jitter:
             base *= 1 + (rng or random).uniform(-self.jitter, self.jitter)
         return max(0.0, base)
@@ -433,6 +449,8 @@ def validate_encoded(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIM
                           or not math.isfinite(t) or t <= 0):
         raise InvalidInput(f"timeout_seconds must be a positive number or None, "
                            f"got {shown(t)}")
+    if t is not None:
+        check_span(t, "timeout_seconds", positive=True)
     deps = app.depends_on
     # A tuple or list first: the Sequence check is an ABC's, a few times slower.
     if type(deps) not in (tuple, list) and (isinstance(deps, str)
@@ -451,6 +469,7 @@ def validate_encoded(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIM
         if isinstance(nb, bool) or not isinstance(nb, int | float) or not math.isfinite(nb):
             raise InvalidInput(f"not_before must be epoch seconds (a finite number) or None, "
                                f"got {shown(nb)}")
+        check_instant(nb, "not_before")
         if deps:
             # A dependent starts when its dependencies succeed; a start time on top of
             # that would need a second wait after the release. Refused, not ignored.

@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import dumps
+from ledgerq.durations import check_instant
 from ledgerq.errors import IdempotencyConflict, InvalidInput, NotFound
 from ledgerq.lifecycle.creation import create_entities, create_entity
 from ledgerq.lifecycle.ids import new_id
-from ledgerq.lifecycle.models import Actor, StateReason
+from ledgerq.lifecycle.models import MAX_SUMMARY_LENGTH, Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import DEFAULT_QUEUE, PRIORITY_COLUMN, QUEUE_COLUMN, Tx
 from ledgerq.queue import moves
@@ -24,6 +25,7 @@ from ledgerq.queue.submission.application import (
     MESSAGE_ITEMS,
     SubmitLimits,
     TaskApplication,
+    check_text,
     digest,
     shown,
     validate_encoded,
@@ -218,7 +220,7 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
         normalized.append(valid)
         texts.append(text)
     policy = run_policy(db)
-    ts = time.time() if now is None else now
+    ts = time.time() if now is None else check_instant(now, "now")
     # The host scopes serialization tokens' concurrency keys (run_row): a batch that asks
     # for no capability at all needs no system call to name it.
     needs_host = not host and any(a.required_capabilities for a in normalized)
@@ -266,7 +268,12 @@ async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = 
     the child, and its own terminal write then conflicts harmlessly.
     """
     policy = run_policy(db)
-    ts = time.time() if now is None else now
+    ts = time.time() if now is None else check_instant(now, "now")
+    if len(summary) > MAX_SUMMARY_LENGTH:
+        # Facts are kept forever and shown by every reader: bounded where they come in.
+        raise InvalidInput(f"summary is {len(summary):,} characters; the limit is "
+                           f"{MAX_SUMMARY_LENGTH:,}")
+    check_text(summary, "summary")
 
     def unit(tx: Tx) -> bool:
         # Read as a move reads (under the row's lock where writers run at once), so a

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ledgerq.durations import check_span
 from ledgerq.errors import InvalidInput
 from ledgerq.operations import DEFAULT_QUEUE
 from ledgerq.queue.submission.application import queue_name_problem
@@ -107,8 +108,15 @@ class WorkerConfig:
         ``execution_targets`` None means ``host``; ``check_interval`` None follows the
         lease (:func:`check_interval_for`); ``queues`` None means the default queue.
         """
-        if lease_ttl <= 0 or (check_interval is not None and check_interval <= 0):
-            raise ValueError("lease_ttl and check_interval must be positive")
+        # NaN compares false with everything: a plain "<= 0" test let it through, and a
+        # NaN or infinite lease then made every claim's expiry unusable.
+        check_span(lease_ttl, "lease_ttl", positive=True)
+        check_span(heartbeat_ttl, "heartbeat_ttl", positive=True)
+        if check_interval is not None:
+            check_span(check_interval, "check_interval", positive=True)
+        if isinstance(claim_limit, bool) or not isinstance(claim_limit, int) \
+                or claim_limit < 0:
+            raise InvalidInput(f"claim_limit must be an int >= 0, not {claim_limit!r}")
         if check_interval is None:
             # A caller who asks for a short lease gets one: the checks follow the lease.
             check_interval = check_interval_for(lease_ttl)

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ledgerq.durations import check_span
 from ledgerq.errors import DatabaseDamaged, DatabaseError, DatabaseGone
 from ledgerq.lifecycle.models import Actor
 from ledgerq.queue import moves
@@ -113,12 +114,14 @@ class Worker:
                  scheduler: bool = True, output_tail: int = OUTPUT_TAIL_BYTES,
                  max_tasks: int | None = None, max_runtime: float | None = None,
                  queues: Iterable[str] | None = None) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, not {capacity}")
-        if claim_cooldown < 0:
-            raise ValueError(f"claim_cooldown must be >= 0, not {claim_cooldown}")
-        if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be positive, not {poll_interval}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be an int >= 1, not {capacity!r}")
+        # Every span checked as a number of seconds a clock can add (NaN, infinity and
+        # 1e308 were accepted, and a worker given them never claimed).
+        check_span(claim_cooldown, "claim_cooldown")
+        check_span(poll_interval, "poll_interval", positive=True)
+        check_span(shutdown_grace, "shutdown_grace")
+        check_span(stuck_retry, "stuck_retry")
         if db.readonly:
             # Every pass writes (heartbeat, claims, outcomes): refused here, not retried
             # and logged every poll for as long as the process lives.
