@@ -137,3 +137,24 @@ def test_dashboard_follows_a_task_to_completed(browser: Any, site: Server) -> No
     shoot(page, "task.png")
     context.close()
     assert errors == []
+
+
+def test_a_task_address_that_is_not_an_id_is_said_and_the_page_lives_on(
+        browser: Any, site: Server) -> None:
+    """A hand-edited ``#/task/%E0%A4%A`` cannot be decoded: the page says so and shows the
+    overview instead of throwing on every tick with the last view left standing."""
+    errors: list[str] = []
+    context = browser.new_context()
+    page = context.new_page()
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.goto(site.url + "/")
+    page.wait_for_selector("#login:not([hidden])", timeout=WAIT_MS)
+    page.fill("#token", TOKEN)
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("#overview:not([hidden])", timeout=WAIT_MS)
+    page.evaluate("location.hash = '#/task/%E0%A4%A'")
+    page.wait_for_selector("#error:has-text('not a task address')", timeout=WAIT_MS)
+    page.wait_for_selector("#overview:not([hidden])", timeout=WAIT_MS)
+    page.wait_for_timeout(2500)  # more ticks: none may throw
+    context.close()
+    assert errors == []

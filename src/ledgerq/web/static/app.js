@@ -185,7 +185,15 @@ async function refreshTask(id) {
 
 function route() {
   const hash = location.hash || "#/";
-  if (hash.startsWith("#/task/")) return { view: "task", id: decodeURIComponent(hash.slice(7)) };
+  if (hash.startsWith("#/task/")) {
+    // A hand-edited or truncated address (#/task/%E0%A4%A) is no id: say so and show the
+    // overview, rather than throw on every tick and leave the last view standing.
+    try {
+      return { view: "task", id: decodeURIComponent(hash.slice(7)) };
+    } catch (err) {
+      return { view: "overview", problem: "not a task address: " + hash };
+    }
+  }
   return { view: "overview" };
 }
 
@@ -195,7 +203,7 @@ async function tick() {
   try {
     if (where.view === "task") await refreshTask(where.id); else await refreshOverview();
     show(where.view);
-    problem.textContent = "";
+    problem.textContent = where.problem || "";
     document.getElementById("live").textContent = "live \u00b7 " + new Date().toLocaleTimeString();
   } catch (err) {
     if (err instanceof Unauthorized) {
