@@ -119,12 +119,11 @@ def without(step: str) -> Iterator[None]:
             for module in checking:
                 module.check_values = values.check_values
     else:
-        saved = SqlTx.dependents_of
-        SqlTx.dependents_of = lambda self, policy, run_ids: []  # type: ignore[method-assign]
+        SqlTx.list_dependents = lambda self, policy, run_ids: []  # type: ignore[method-assign]
         try:
             yield
         finally:
-            SqlTx.dependents_of = saved  # type: ignore[method-assign]
+            del SqlTx.list_dependents  # (back to SharedOps' own)
 
 
 def main() -> None:

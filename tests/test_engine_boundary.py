@@ -1,8 +1,11 @@
-"""What the engine refuses at its boundary and its exact swap."""
+"""What the engine refuses at its boundary and its exact swap; which layer imports which,
+and that both dialects implement every protocol of store operations."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import inspect
 import math
 from pathlib import Path
 from typing import Any
@@ -13,8 +16,16 @@ from ledgerq import StateDB
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
 from ledgerq.lifecycle.engine import apply_move
-from ledgerq.operations import Tx
+from ledgerq.operations import EventStore
 from ledgerq.projections import verify
+from ledgerq.queue.maintenance.store import MaintenanceTx
+from ledgerq.queue.scheduling.store import SchedulingTx
+from ledgerq.queue.store import ReadsTx, SharedTx
+from ledgerq.queue.submission.store import SubmissionTx
+from ledgerq.queue.worker.store import ServiceTx, WorkerTx
+from ledgerq.store.postgres.tx import PostgresTx
+from ledgerq.store.sqlite.tx import SqliteTx
+from ledgerq.store.sqltx import SqlTx
 from lifecycle_support import fact_count, new_dispatch, new_run, request, row
 
 RUN = "schedule_run"
@@ -143,23 +154,23 @@ async def test_two_moves_from_one_version_never_both_apply(tmp_path: Path) -> No
             return first
 
         assert (await db.write(stale)).applied
-        def lagging(tx: Tx) -> Any:
+        def lagging(tx: SqlTx) -> Any:
             # A reader that saw the row one version ago (what READ COMMITTED allows).
-            real = tx.entity_for_move
+            real = tx.read_for_move
 
             def stale_read(policy: Any, entity_id: str, cols: tuple[str, ...],
                            **kw: Any) -> Any:
                 got = real(policy, entity_id, cols, **kw)
                 return None if got is None else (got[0], got[1] - 1, *got[2:])
 
-            tx.entity_for_move = stale_read  # type: ignore[method-assign]
+            tx.read_for_move = stale_read  # type: ignore[method-assign]
             try:
                 # from_state None: the move is computed from the (stale) read, so the
                 # engine reads first and the swap must hold the version it read.
                 return apply_move(tx, policy, rid, None, "running", reason, actor,
                                   patch={"lease_expires_at": 2.0})
             finally:
-                del tx.entity_for_move
+                del tx.read_for_move
 
         second = await db.write(lagging)
         assert not second.applied
@@ -181,3 +192,110 @@ async def test_creation_refuses_engine_maintained_columns(db: StateDB, column: s
                      reason=StateReason(code="run.queued.submitted"),
                      actor=Actor(type="system", id="t"))
     assert await fact_count(db) == facts
+
+
+# ---------------------------------------------------------------- the layers' imports
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "ledgerq"
+#: The drivers: only ``store/<dialect>/`` imports one.
+DRIVERS = ("sqlite3", "aiosqlite", "psycopg", "psycopg_pool")
+
+
+def imported(package: str) -> dict[str, set[str]]:
+    """Every module each file under ``src/ledgerq/<package>`` imports (a file's own
+    relative imports resolved), wherever the import stands: at the top, inside a
+    function, or only for type checking."""
+    found: dict[str, set[str]] = {}
+    top = SRC / package
+    files = [top.with_suffix(".py")] if top.with_suffix(".py").is_file() else \
+        sorted(top.rglob("*.py"))
+    for path in files:
+        names: set[str] = set()
+        parts = ("ledgerq", *path.relative_to(SRC).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = parts[:len(parts) - node.level]
+                    base = ".".join((*up, base)) if base else ".".join(up)
+                names.add(base)
+                names.update(f"{base}.{a.name}" for a in node.names)
+        found[str(path.relative_to(SRC.parent))] = names
+    return found
+
+
+def offending(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{path}: {name}" for path, names in imported(package).items()
+                  for name in names
+                  if any(name == f or name.startswith(f + ".") for f in forbidden))
+
+
+def test_the_store_imports_nothing_of_the_queue() -> None:
+    """The store is below the queue: the queue's protocols match its transaction class by
+    structure, and what a statement needs of the queue's vocabulary comes as arguments."""
+    assert offending("store", ("ledgerq.queue",)) == []
+
+
+def test_the_engine_imports_neither_the_store_nor_the_queue() -> None:
+    for package in ("lifecycle", "projections", "operations"):
+        assert offending(package, ("ledgerq.store", "ledgerq.queue")) == [], package
+
+
+def test_only_the_dialects_import_a_driver() -> None:
+    found = [hit for package in [p.name for p in SRC.iterdir()
+                                 if p.suffix == ".py" or (p / "__init__.py").exists()]
+             for hit in offending(package.removesuffix(".py"), DRIVERS)
+             if not hit.startswith(("ledgerq/store/sqlite/", "ledgerq/store/postgres/"))]
+    assert found == []
+
+
+# ---------------------------------------------------------------- the protocols
+
+#: Every protocol of store operations: the engine's, and the queue's (each owned by the
+#: package that calls them).
+PROTOCOLS = (EventStore, SharedTx, ReadsTx, SubmissionTx, WorkerTx, MaintenanceTx,
+             SchedulingTx, ServiceTx)
+
+
+def declared(protocol: type) -> dict[str, Any]:
+    """The operations (methods and properties) ``protocol`` declares, its bases' too."""
+    out: dict[str, Any] = {}
+    for cls in reversed(protocol.__mro__):
+        if not getattr(cls, "_is_protocol", False) or cls.__module__ == "typing":
+            continue
+        out.update((name, value) for name, value in vars(cls).items()
+                   if not name.startswith("_")
+                   and (inspect.isfunction(value) or isinstance(value, property)))
+    return out
+
+
+@pytest.mark.parametrize("tx_class", [SqliteTx, PostgresTx])
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=[p.__name__ for p in PROTOCOLS])
+def test_each_protocol_is_implemented_by_both_dialects(protocol: type,
+                                                       tx_class: type) -> None:
+    """What mypy checks of ``StateDB`` (it is a ``Database`` of every protocol), at run
+    time: each operation is the dialect's own (not the protocol's empty stub), with the
+    protocol's parameters."""
+    operations = declared(protocol)
+    assert operations, f"{protocol.__name__} declares no operations?"
+    for name, stub in operations.items():
+        impl = inspect.getattr_static(tx_class, name, None)
+        assert impl is not None and impl is not stub, \
+            f"{tx_class.__name__} does not implement {protocol.__name__}.{name}"
+        if inspect.isfunction(stub):
+            assert inspect.signature(impl).parameters.keys() == \
+                inspect.signature(stub).parameters.keys(), f"{protocol.__name__}.{name}"
+
+
+def test_each_operation_is_declared_once() -> None:
+    """A wing's protocol lists what it alone calls; what several call is declared once,
+    in the protocol they share."""
+    owners: dict[str, list[str]] = {}
+    for protocol in PROTOCOLS:
+        for name, value in vars(protocol).items():
+            if not name.startswith("_") and (inspect.isfunction(value)
+                                             or isinstance(value, property)):
+                owners.setdefault(name, []).append(protocol.__name__)
+    assert {n: o for n, o in owners.items() if len(o) > 1} == {}

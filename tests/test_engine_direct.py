@@ -38,11 +38,11 @@ from ledgerq.lifecycle.engine import (
     create_entity,
 )
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy, default_registry
-from ledgerq.operations import Tx
 from ledgerq.projections import verify
 from ledgerq.queue import RetryPolicy, TaskApplication, runs, submit_many, submit_task
 from ledgerq.queue.submission.application import digest, validate
 from ledgerq.queue.submission.submit import run_row
+from ledgerq.store.sqltx import SqlTx
 from lifecycle_support import new_dispatch, new_run, run_values, snapshot
 
 RUN = default_registry().entity("schedule_run")
@@ -76,8 +76,8 @@ def traced(fn: Callable[[sqlite3.Connection], Any]
     """
     statements: list[str] = []
 
-    def unit(tx: Tx) -> Any:
-        # Every statement of a Tx goes through its execute/executemany (either dialect).
+    def unit(tx: SqlTx) -> Any:
+        # Every statement of a transaction goes through its execute/executemany (either dialect).
         execute, executemany = tx.execute, tx.executemany  # type: ignore[attr-defined]
 
         def traced(sql: str, params: Any = ()) -> Any:
@@ -578,8 +578,8 @@ async def test_a_fact_written_from_the_values_sent_is_the_fact_read_back(
     give the same facts and the same rows (ids apart)."""
     apps = applications()
 
-    def unit(read_back: bool) -> Callable[[Tx], list[str]]:
-        def fn(tx: Tx) -> list[str]:
+    def unit(read_back: bool) -> Callable[[SqlTx], list[str]]:
+        def fn(tx: SqlTx) -> list[str]:
             if read_back:
                 tx.stores_as_sent = False
             rows = [run_row(validate(a), NOW, HOST, "queued", [], digest(a), policy=RUN)

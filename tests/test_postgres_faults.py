@@ -56,7 +56,7 @@ async def running(worker: Worker) -> AsyncIterator[None]:
 
 
 async def left(db: StateDB) -> int:
-    stats = await db.read(lambda tx: tx.status_counts(db.registry.entity(ENTITY)))
+    stats = await db.read(lambda tx: tx.count_statuses(db.registry.entity(ENTITY)))
     return sum(n for s, n in stats.items() if s not in TERMINAL)
 
 
@@ -74,7 +74,7 @@ async def assert_each_ran_once(db: StateDB, ids: list[str], ex: Counting) -> Non
     twice = {k: n for k, n in Counter(ex.calls).items() if n > 1}
     assert twice == {}, f"ran more than once: {twice}"
     assert sorted(set(ex.calls)) == sorted(ids)
-    statuses = await db.read(lambda tx: tx.statuses(db.registry.entity(ENTITY), ids))
+    statuses = await db.read(lambda tx: tx.read_statuses(db.registry.entity(ENTITY), ids))
     assert set(statuses.values()) == {"completed"}
     report = await verify(db)
     assert report.ok, report.drift[:5]
@@ -160,9 +160,9 @@ async def test_a_submit_on_connections_the_server_closed_is_written_once(pg_targ
             await asyncio.sleep(0.3)  # the server's goodbye reaches the pooled sockets
             ids.append(await submit_task(db, TaskApplication("agent", {"after": i}, "host")))
         policy = db.registry.entity(ENTITY)
-        statuses = await db.read(lambda tx: tx.statuses(policy, ids))
+        statuses = await db.read(lambda tx: tx.read_statuses(policy, ids))
         assert statuses == dict.fromkeys(ids, "queued")
-        facts = [await db.read(lambda tx, r=r: tx.facts_of(ENTITY, r)) for r in ids]
+        facts = [await db.read(lambda tx, r=r: tx.read_facts(ENTITY, r)) for r in ids]
         assert [len(f) for f in facts] == [1] * len(ids)
         report = await verify(db)
         assert report.ok, report.drift[:5]

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from ledgerq.lifecycle.registry import Registry, default_registry
-from ledgerq.operations import Tx
+from ledgerq.queue.moves import CANDIDATE_COLUMNS, DEFAULT_QUEUE, expired_columns
 from ledgerq.store.sqlite.schema import create_schema
 from ledgerq.store.sqlite.tx import SqliteTx
+from ledgerq.store.sqltx import SqlTx
 
 REGISTRY: Registry = default_registry()
 POLICY = REGISTRY.entity("schedule_run")
@@ -36,29 +37,35 @@ class PlanTx(SqliteTx):
         return self.conn.execute(sql, params)
 
 
-Op = Callable[[Tx], object]
+Op = Callable[[SqlTx], object]
+#: What a claim pass passes with each page it reads.
+CLAIM: dict[str, Any] = {"columns": CANDIDATE_COLUMNS, "default_queue": DEFAULT_QUEUE}
 # (what, the operation, the index its plan must use)
 QUERIES: list[tuple[str, Op, str]] = [
-    ("claim scan, first page", lambda tx: tx.claim_page(POLICY, ["workflow"], "default",
-                                                        None, 50),
+    ("claim scan, first page",
+     lambda tx: tx.read_claim_page(POLICY, ["workflow"], "default", None, 50, **CLAIM),
      "idx_schedule_runs_claim_order"),
-    ("claim scan, next page", lambda tx: tx.claim_page(POLICY, ["workflow"], "default",
-                                                       (5, 0.0, ""), 50),
+    ("claim scan, next page",
+     lambda tx: tx.read_claim_page(POLICY, ["workflow"], "default", (5, 0.0, ""), 50, **CLAIM),
      "idx_schedule_runs_claim_order"),
-    ("claim scan page, no kind excluded", lambda tx: tx.claim_page(POLICY, [], "q1",
-                                                                   (0, 0.0, ""), 50),
+    ("claim scan page, no kind excluded",
+     lambda tx: tx.read_claim_page(POLICY, [], "q1", (0, 0.0, ""), 50, **CLAIM),
      "idx_schedule_runs_claim_order"),
-    ("running concurrency keys", lambda tx: tx.running_keys(POLICY), "idx_schedule_runs_lease"),
-    ("is this key running", lambda tx: tx.key_running(POLICY, "host:gpu"),
+    ("running concurrency keys", lambda tx: tx.list_running_keys(POLICY),
+     "idx_schedule_runs_lease"),
+    ("is this key running", lambda tx: tx.is_key_running(POLICY, "host:gpu"),
      "idx_schedule_runs_concurrency"),
-    ("expired leases", lambda tx: tx.expired_leases(POLICY, 1.0), "idx_schedule_runs_lease"),
-    ("due retries", lambda tx: tx.due_retries(POLICY, 1.0), "idx_schedule_runs_retry_due"),
-    ("settled waiting runs", lambda tx: tx.settled_waiting(POLICY), "idx_schedule_runs_waiting"),
-    ("dependents of a run", lambda tx: tx.dependents_of(POLICY, ["x"]),
+    ("expired leases",
+     lambda tx: tx.list_expired_leases(POLICY, 1.0, columns=expired_columns(POLICY)),
+     "idx_schedule_runs_lease"),
+    ("due retries", lambda tx: tx.list_due_retries(POLICY, 1.0), "idx_schedule_runs_retry_due"),
+    ("settled waiting runs", lambda tx: tx.list_settled_waiting(POLICY),
      "idx_schedule_runs_waiting"),
-    ("idempotency key lookup", lambda tx: tx.run_by_idempotency_key(POLICY, "k"),
+    ("dependents of a run", lambda tx: tx.list_dependents(POLICY, ["x"]),
+     "idx_schedule_runs_waiting"),
+    ("idempotency key lookup", lambda tx: tx.find_run_by_idempotency_key(POLICY, "k"),
      "uq_schedule_runs_idempotency_key"),
-    ("a move's read", lambda tx: tx.entity_for_move(POLICY, "x", ("lease_token", "leased_by")),
+    ("a move's read", lambda tx: tx.read_for_move(POLICY, "x", ("lease_token", "leased_by")),
      "sqlite_autoindex_schedule_runs_1"),
     ("a move's update", lambda tx: tx.update_entity(
         POLICY, "x", observed="queued", version=1, to_state="running",
@@ -68,7 +75,7 @@ QUERIES: list[tuple[str, Op, str]] = [
         POLICY, "x", observed="queued", version=None, to_state="running",
         changes={"updated_at": 1.0}, guards={"leased_by": None}, returning=("version",)),
      "sqlite_autoindex_schedule_runs_1"),
-    ("an entity's history", lambda tx: tx.facts_of("schedule_run", "x"),
+    ("an entity's history", lambda tx: tx.read_facts("schedule_run", "x"),
      "uq_status_transitions_version"),
 ]
 
@@ -107,7 +114,7 @@ async def test_postgres_claim_pages_read_the_claim_index_in_order(pg_target: str
     async with StateDB(pg_target) as db:
         policy = db.registry.entity("schedule_run")
 
-        def probe(tx: Tx) -> list[str]:
+        def probe(tx: SqlTx) -> list[str]:
             plans: list[str] = []
             real = tx.execute
 
@@ -119,8 +126,8 @@ async def test_postgres_claim_pages_read_the_claim_index_in_order(pg_target: str
 
             real("SET LOCAL enable_seqscan = off")
             tx.execute = recording  # type: ignore[method-assign]
-            tx.claim_page(policy, ["workflow"], "default", None, 50)
-            tx.claim_page(policy, [], "q1", (5, 0.0, ""), 50)
+            tx.read_claim_page(policy, ["workflow"], "default", None, 50, **CLAIM)
+            tx.read_claim_page(policy, [], "q1", (5, 0.0, ""), 50, **CLAIM)
             return plans
 
         plans = await db.read(probe)
@@ -135,7 +142,7 @@ async def stale_queue(db: Any) -> list[str]:
     submits leaves them until autovacuum's next ANALYZE); the first 12 ids."""
     from ledgerq.queue import TaskApplication, submit_many
 
-    def stale(tx: Tx) -> None:
+    def stale(tx: SqlTx) -> None:
         tx.execute("ANALYZE schedule_runs")
         tx.execute("ALTER TABLE schedule_runs SET (autovacuum_enabled = false)")
 
@@ -145,7 +152,7 @@ async def stale_queue(db: Any) -> list[str]:
         "SELECT id FROM schedule_runs ORDER BY id LIMIT 12")]
 
 
-def explained(tx: Tx, *, deep: bool = True) -> list[dict[str, Any]]:
+def explained(tx: SqlTx, *, deep: bool = True) -> list[dict[str, Any]]:
     """From here on, every statement ``tx`` runs is first run under ``EXPLAIN ANALYZE`` (in
     a savepoint rolled back), its plan appended to the list returned; if ``deep``,
     sequential scans are priced out, as on a deep table."""
@@ -179,7 +186,7 @@ async def explained_claims(db: Any, ids: list[str], limit: int, *, deep: bool = 
     :func:`explained`); its plans and how many rows it claimed."""
     policy = db.registry.entity("schedule_run")
 
-    def probe(tx: Tx) -> tuple[list[dict[str, Any]], int]:
+    def probe(tx: SqlTx) -> tuple[list[dict[str, Any]], int]:
         plans = explained(tx, deep=deep)
         claimed = tx.claim_entities(
             policy, [(i, {"leased_by": None}, {"leased_by": "w1"}) for i in ids],
@@ -247,7 +254,7 @@ async def test_postgres_moves_sent_together_read_their_own_rows_alone(
         policy = db.registry.entity("schedule_run")
         ids = await stale_queue(db)
 
-        def probe(tx: Tx) -> tuple[list[dict[str, Any]], list[int | None]]:
+        def probe(tx: SqlTx) -> tuple[list[dict[str, Any]], list[int | None]]:
             plans = explained(tx)
             changes = {"leased_by": "w1", "updated_at": 2.0, "status_evidence_refs": "[]"}
             return plans, tx.update_entities_with_facts(policy, [SentMove(
@@ -278,7 +285,7 @@ def test_the_oldest_queued_run_is_found_through_the_claim_order_index() -> None:
             [("a", 5), ("a", 0), ("b", 1), ("b", 1), ("c", -2)] * 40)])
     c.execute("ANALYZE")
     tx = PlanTx(c)
-    assert tx.oldest_queued_at(POLICY) == min(100.0 - i for i in range(200))
+    assert tx.find_oldest_queued_at(POLICY) == min(100.0 - i for i in range(200))
     kinds = {" ".join(p) for p in tx.plans}
     assert len(tx.plans) >= 4 and len(kinds) >= 3, tx.plans
     for plan in tx.plans:

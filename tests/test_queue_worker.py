@@ -419,13 +419,13 @@ async def test_a_pass_reads_the_running_keys_only_when_a_candidate_has_one(
     offered: a pass of plain runs never reads them (a statement, a round trip on
     PostgreSQL), and a keyed one still finds its key running and passes it over."""
     reads: list[int] = []
-    real = SqlTx.running_keys
+    real = SqlTx.list_running_keys
 
-    def running_keys(self: SqlTx, policy: Any) -> set[str]:
+    def list_running_keys(self: SqlTx, policy: Any) -> set[str]:
         reads.append(1)
         return real(self, policy)
 
-    monkeypatch.setattr(SqlTx, "running_keys", running_keys)
+    monkeypatch.setattr(SqlTx, "list_running_keys", list_running_keys)
     plain = [await submit(qdb, now=NOW + i) for i in range(2)]
     got = await claim_runs(qdb, worker_id="w1", now=NOW + 5, advertised_capabilities=[GPU])
     assert [r["id"] for r in got.claimed] == plain and reads == []

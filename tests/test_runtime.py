@@ -29,7 +29,6 @@ from helpers.trace import count_write_locks
 from ledgerq import StateDB
 from ledgerq.lifecycle import Actor, StateReason
 from ledgerq.lifecycle.engine import create_entity
-from ledgerq.operations import Tx
 from ledgerq.projections import history, rebuild, verify
 from ledgerq.queue import (
     MAX_LEASE_ATTEMPTS,
@@ -342,7 +341,7 @@ async def test_a_row_entering_queued_wakes_listening_workers_from_any_path(
         rec = Recorder()
         w = make_worker(db, lock_dir, poll_interval=30.0, execute=rec)
 
-        def created(status: str, **extra: Any) -> Callable[[Tx], str]:
+        def created(status: str, **extra: Any) -> Callable[[SqlTx], str]:
             row = {**run_row(task(), time.time(), "host", status, [], "digest",
                              policy=policy), **extra}
             move = {"queued": moves.SUBMITTED, "delayed": moves.SUBMITTED_DELAYED}[status]
@@ -569,13 +568,13 @@ async def test_concurrent_runs_share_one_lease_read_per_check(
     boundaries: each check interval costs about one read for all of them, not one per
     run, and every renewal still lands before its lease would lapse."""
     lease_reads: list[int] = []
-    real = SqlTx.lease_rows
+    real = SqlTx.read_leases
 
-    def spy(self: SqlTx, policy: Any, ids: Any) -> Any:
+    def spy(self: SqlTx, policy: Any, ids: Any, **kw: Any) -> Any:
         lease_reads.append(len(ids))
-        return real(self, policy, ids)
+        return real(self, policy, ids, **kw)
 
-    monkeypatch.setattr(SqlTx, "lease_rows", spy)
+    monkeypatch.setattr(SqlTx, "read_leases", spy)
     rec = Recorder()
     w = make_worker(rdb, lock_dir, execute=rec, capacity=30, lease_ttl=0.9, check_interval=0.1)
     ids = []

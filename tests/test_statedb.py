@@ -18,8 +18,8 @@ from ledgerq import StateDB
 from ledgerq.errors import DatabaseError, IntegrityViolation
 from ledgerq.lifecycle import StateReason, create
 from ledgerq.lifecycle.engine import create_entity
-from ledgerq.operations import Tx
 from ledgerq.projections import verify
+from ledgerq.store.sqltx import SqlTx
 from lifecycle_support import SYSTEM, move, new_dispatch, new_run, row, run_values
 
 RUN = "schedule_run"
@@ -153,16 +153,16 @@ async def test_a_unit_that_reads_first_takes_the_lock_only_when_it_writes(
         other.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
         runs: list[int] = []
 
-        def look(tx: Tx) -> str:
+        def look(tx: SqlTx) -> str:
             runs.append(threading.get_ident())
-            found = tx.entity_row(policy, rid)
+            found = tx.read_entity(policy, rid)
             assert found is not None
             return str(found["status"])
 
         assert await asyncio.wait_for(db.write(look, reads_first=True), 1) == "queued"
         assert runs == [threading.get_ident()]
 
-        def look_then_create(tx: Tx) -> str:
+        def look_then_create(tx: SqlTx) -> str:
             look(tx)
             return create_entity(tx, policy, run_values(), actor=SYSTEM,
                                  reason=StateReason(code="run.queued.submitted"))
@@ -191,8 +191,8 @@ async def test_a_unit_that_reads_first_runs_again_when_another_writer_came_betwe
         rid = await new_run(db)
         seen: list[int] = []
 
-        def count_then_create(tx: Tx) -> None:
-            n = len(tx.entities_by_id(policy, [rid]))
+        def count_then_create(tx: SqlTx) -> None:
+            n = len(tx.read_entities(policy, [rid]))
             seen.append(n)
             if len(seen) == 1:  # another process writes between this read and our write
                 other = sqlite3.connect(db_path, isolation_level=None)

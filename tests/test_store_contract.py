@@ -1,4 +1,8 @@
-"""The store contract: every operation of :class:`ledgerq.operations.Tx`, on every dialect.
+"""The store contract: every store operation, on every dialect.
+
+The operations are declared by the engine (:class:`ledgerq.operations.EventStore`) and by
+the queue's wings (``ledgerq.queue.store``, ``ledgerq.queue.<wing>.store``); that both
+dialects implement every one of them is checked in ``tests/test_engine_boundary.py``.
 
 River's ``riverdrivertest`` is the model: one suite, each driver run through it. Each
 test here calls named operations directly inside ``db.write``/``db.read`` and checks what
@@ -9,7 +13,6 @@ fails here by operation name, not somewhere deep in a queue test.
 from __future__ import annotations
 
 import asyncio
-import inspect
 from typing import Any
 
 import pytest
@@ -20,22 +23,17 @@ from ledgerq.codec import dumps, loads
 from ledgerq.errors import IntegrityViolation
 from ledgerq.lifecycle.facts import Fact
 from ledgerq.lifecycle.ids import new_id
-from ledgerq.operations import (
-    CANDIDATE_COLUMNS,
-    FACT_COLUMNS,
-    STUCK_KINDS,
-    ClaimFacts,
-    SentMove,
-    Tx,
-    expired_columns,
-    lease_columns,
-)
+from ledgerq.operations import FACT_COLUMNS, ClaimFacts, SentMove
+from ledgerq.queue.moves import CANDIDATE_COLUMNS, DEFAULT_QUEUE, expired_columns, lease_columns
+from ledgerq.queue.store import STUCK_KINDS
 from ledgerq.store.postgres.tx import PostgresTx
 from ledgerq.store.queries import Queries
-from ledgerq.store.sqlite.tx import SqliteTx
+from ledgerq.store.sqltx import SqlTx
 from lifecycle_support import new_run
 
 DIALECTS = ("ledgerq.store.sqlite", "ledgerq.store.postgres")
+#: What a claim pass passes with each page it reads (the queue's vocabulary).
+CLAIM: dict[str, Any] = {"columns": CANDIDATE_COLUMNS, "default_queue": DEFAULT_QUEUE}
 
 
 #: Statements only PostgreSQL needs: what SQLite's single writer makes unnecessary (row
@@ -64,18 +62,6 @@ def test_both_dialects_define_the_same_query_names() -> None:
     assert names[0] == names[1] - POSTGRES_ONLY, (
         f"only in sqlite: {sorted(names[0] - names[1])}; "
         f"only in postgres: {sorted(names[1] - names[0])}")
-
-
-@pytest.mark.parametrize("tx_class", [SqliteTx, PostgresTx])
-def test_every_operation_is_implemented(tx_class: type[Tx]) -> None:
-    abstract = getattr(tx_class, "__abstractmethods__", frozenset())
-    assert not abstract, f"{tx_class.__name__} lacks {sorted(abstract)}"
-    declared = {n for n, v in vars(Tx).items() if getattr(v, "__isabstractmethod__", False)}
-    assert declared, "Tx declares no operations?"
-    for name in declared:
-        impl = getattr(tx_class, name)
-        assert inspect.signature(impl).parameters.keys() == \
-            inspect.signature(getattr(Tx, name)).parameters.keys(), name
 
 
 RUN = "schedule_run"
@@ -109,15 +95,15 @@ async def test_insert_and_read_back(db: StateDB) -> None:
     stored = await db.write(lambda tx: tx.insert_entity(policy, values))
     assert stored["id"] == values["id"] and stored["lease_attempts"] == 0  # a default
     assert loads(stored["action_args"]) == {"a": [1, 2]}  # JSON comes back as JSON text
-    got = await db.read(lambda tx: tx.entity_row(policy, values["id"]))
+    got = await db.read(lambda tx: tx.read_entity(policy, values["id"]))
     assert got == stored
-    assert await db.read(lambda tx: tx.entity_row(policy, "nope")) is None
-    assert await db.read(lambda tx: tx.statuses(policy, [values["id"], "nope"])) == {
+    assert await db.read(lambda tx: tx.read_entity(policy, "nope")) is None
+    assert await db.read(lambda tx: tx.read_statuses(policy, [values["id"], "nope"])) == {
         values["id"]: "queued"}
     many = [row_values() for _ in range(3)]
     cols = tuple(many[0])
     await db.write(lambda tx: tx.insert_entities(policy, cols, [list(r.values()) for r in many]))
-    found = await db.read(lambda tx: tx.entities_by_id(policy, [r["id"] for r in many]))
+    found = await db.read(lambda tx: tx.read_entities(policy, [r["id"] for r in many]))
     assert sorted(r["id"] for r in found) == sorted(r["id"] for r in many)
 
 
@@ -126,7 +112,7 @@ async def test_update_entity_is_a_compare_and_swap(db: StateDB) -> None:
     values = row_values(leased_by=None)
     rid = values["id"]
     await db.write(lambda tx: tx.insert_entity(policy, values))
-    assert await db.write(lambda tx: tx.entity_for_move(policy, rid, ("leased_by",))) == \
+    assert await db.write(lambda tx: tx.read_for_move(policy, rid, ("leased_by",))) == \
         ("queued", 1, None)
 
     def swap(version: int, guard: Any) -> Any:
@@ -183,7 +169,7 @@ async def test_a_swap_statement_is_made_once_and_runs_in_any_transaction(
     first, second = row_values(leased_by=None), row_values(leased_by=None)
     for values in (first, second):
         await db.write(lambda tx, v=values: tx.insert_entity(policy, v))
-    unread, read = await db.write(lambda tx: tuple(tx.swap_statement(
+    unread, read = await db.write(lambda tx: tuple(tx.prepare_swap(
         policy, same_state=False, change_cols=("leased_by", "updated_at"),
         guard_cols=("leased_by",), read=read, skip_locked=False,
         returning=("leased_by",) if read else ("version", "leased_by"))
@@ -198,7 +184,7 @@ async def test_a_swap_statement_is_made_once_and_runs_in_any_transaction(
     assert await swap(unread, first["id"], None, None) is None  # moved on
     assert await swap(read, second["id"], 2, None) is None  # version decides
     assert await swap(read, second["id"], 1, None) == {"leased_by": "w1"}
-    assert await db.read(lambda tx: tx.statuses(policy, [first["id"], second["id"]])) == {
+    assert await db.read(lambda tx: tx.read_statuses(policy, [first["id"], second["id"]])) == {
         first["id"]: "running", second["id"]: "running"}
 
 
@@ -215,7 +201,7 @@ async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB)
     reason = StateReason(code="run.started.ok")
     actor = Actor(type="system", id="w")
 
-    def traced(tx: Tx, frm: str, to: str, entity: str = rid) -> tuple[Any, list[str]]:
+    def traced(tx: SqlTx, frm: str, to: str, entity: str = rid) -> tuple[Any, list[str]]:
         seen: list[str] = []
         real = tx.execute
 
@@ -239,7 +225,7 @@ async def test_a_move_naming_its_state_runs_no_read_before_its_swap(db: StateDB)
     assert seen[:2] == [swap[0], "SELECT"] and "INSERT" not in seen
     with pytest.raises(LookupError):
         await db.write(lambda tx: traced(tx, "queued", "running", "no-such-run"))
-    facts = await db.read(lambda tx: tx.facts_of(RUN, rid))
+    facts = await db.read(lambda tx: tx.read_facts(RUN, rid))
     assert [f["entity_version"] for f in facts] == [1, 2]
 
 
@@ -265,7 +251,7 @@ async def test_oldest_queued_is_the_minimum_over_every_queue_and_priority(
     for r in rows:
         await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
     expected = {"one level": 3.0, "levels and queues": 7.5, "none queued": None}[layout]
-    assert await db.read(lambda tx: tx.oldest_queued_at(policy)) == expected
+    assert await db.read(lambda tx: tx.find_oldest_queued_at(policy)) == expected
 
 
 def test_a_facts_fields_are_the_logs_columns() -> None:
@@ -286,7 +272,7 @@ async def test_many_facts_append_as_given(db: StateDB) -> None:
                   idempotency_key=None if i % 2 else f"k{i}") for i in range(7)]
     await db.write(lambda tx: tx.append_facts([list(f) for f in facts]))  # any sequence
     for eid in ("e0", "e1", "e2"):
-        got = await db.read(lambda tx, eid=eid: tx.facts_of(RUN, eid))
+        got = await db.read(lambda tx, eid=eid: tx.read_facts(RUN, eid))
         want = [f for f in facts if f.entity_id == eid]
         assert [g["id"] for g in got] == [f.id for f in want]
         for g, f in zip(got, want, strict=True):
@@ -298,7 +284,7 @@ async def test_many_facts_append_as_given(db: StateDB) -> None:
     fresh = fact(entity_id="e9", created_at=9.0)
     with pytest.raises(IntegrityViolation):  # the second repeats (e0, 1): neither is kept
         await db.write(lambda tx: tx.append_facts([fresh, facts[0]._replace(id=new_id())]))
-    assert await db.read(lambda tx: tx.facts_of(RUN, "e9")) == []
+    assert await db.read(lambda tx: tx.read_facts(RUN, "e9")) == []
 
 
 @pytest.mark.parametrize("field, value, carried", [
@@ -341,14 +327,14 @@ async def test_facts_append_and_stream(db: StateDB) -> None:
              for eid in ("b", "a") for v in (1, 2)]
     await db.write(lambda tx: tx.append_facts(facts))
     assert await db.read(lambda tx: tx.count_facts()) == 4
-    streamed = await db.read(lambda tx: list(tx.fact_stream(RUN)))
+    streamed = await db.read(lambda tx: list(tx.stream_facts(RUN)))
     assert [(f[0], f[2]) for f in streamed] == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
     assert [loads(f[3]) for f in streamed] == [{"x": 1}, {"x": 2}, {"x": 1}, {"x": 2}]
-    of_a = await db.read(lambda tx: tx.facts_of(RUN, "a"))
+    of_a = await db.read(lambda tx: tx.read_facts(RUN, "a"))
     assert [f["entity_version"] for f in of_a] == [1, 2]
-    assert await db.read(lambda tx: tx.fact_by_idempotency_key(RUN, "a", "key-a-2")) == (
+    assert await db.read(lambda tx: tx.find_fact_by_idempotency_key(RUN, "a", "key-a-2")) == (
         facts[3].id, None, "queued")
-    assert await db.read(lambda tx: tx.fact_by_idempotency_key(RUN, "a", "other")) is None
+    assert await db.read(lambda tx: tx.find_fact_by_idempotency_key(RUN, "a", "other")) is None
     with pytest.raises(IntegrityViolation):  # (entity, version) is unique
         await db.write(lambda tx: tx.append_facts([facts[0]._replace(id=new_id())]))
 
@@ -357,7 +343,7 @@ async def test_savepoint_rolls_back_alone(db: StateDB) -> None:
     policy = await policy_of(db)
     kept, lost = row_values(), row_values()
 
-    def unit(tx: Tx) -> str:
+    def unit(tx: SqlTx) -> str:
         tx.insert_entity(policy, kept)
         with pytest.raises(RuntimeError), tx.savepoint():
             tx.insert_entity(policy, lost)
@@ -367,7 +353,7 @@ async def test_savepoint_rolls_back_alone(db: StateDB) -> None:
         return "ok"
 
     assert await db.write(unit) == "ok"
-    got = await db.read(lambda tx: tx.statuses(policy, [kept["id"], lost["id"]]))
+    got = await db.read(lambda tx: tx.read_statuses(policy, [kept["id"], lost["id"]]))
     assert got == {kept["id"]: "queued"}
 
 
@@ -381,15 +367,15 @@ async def test_a_write_alone_is_the_same_write_however_it_is_sent(db: StateDB) -
     policy = await policy_of(db)
     reason, actor = StateReason(code="run.queued.submitted"), Actor(type="system", id="t")
 
-    def create(tx: Tx, values: dict[str, Any]) -> str:
+    def create(tx: SqlTx, values: dict[str, Any]) -> str:
         fields = {k: v for k, v in values.items() if k != "version"}  # (the engine's own)
         return create_entity(tx, policy, fields, reason=reason, actor=actor)
 
     one, two, three, never = row_values(), row_values(), row_values(), row_values()
     assert await db.write(lambda tx: create(tx, one), alone=True) == one["id"]
 
-    def read_then_create(tx: Tx) -> dict[str, str]:
-        seen = tx.statuses(policy, [one["id"], two["id"]])
+    def read_then_create(tx: SqlTx) -> dict[str, str]:
+        seen = tx.read_statuses(policy, [one["id"], two["id"]])
         create(tx, two)
         return seen
 
@@ -397,16 +383,16 @@ async def test_a_write_alone_is_the_same_write_however_it_is_sent(db: StateDB) -
     assert await db.write(lambda tx: [create(tx, three), create(tx, row_values())],
                           alone=True) == [three["id"], ANY_ID]
 
-    def create_then_raise(tx: Tx) -> None:
+    def create_then_raise(tx: SqlTx) -> None:
         create(tx, never)
         raise RuntimeError("undo me")
 
     with pytest.raises(RuntimeError, match="undo me"):
         await db.write(create_then_raise, alone=True)
     ids = [one["id"], two["id"], three["id"], never["id"]]
-    got = await db.read(lambda tx: tx.statuses(policy, ids))
+    got = await db.read(lambda tx: tx.read_statuses(policy, ids))
     assert got == dict.fromkeys(ids[:3], "queued")
-    facts = await db.read(lambda tx: [len(tx.facts_of(RUN, i)) for i in ids])
+    facts = await db.read(lambda tx: [len(tx.read_facts(RUN, i)) for i in ids])
     assert facts == [1, 1, 1, 0]
 
 
@@ -426,23 +412,23 @@ async def test_a_write_that_reads_first_reads_then_writes_in_one_transaction(
     first, second = row_values(), row_values()
     await db.write(lambda tx: tx.insert_entity(policy, first))
 
-    def read_then_insert(tx: Tx) -> dict[str, str]:
-        seen = tx.statuses(policy, [first["id"], second["id"]])
+    def read_then_insert(tx: SqlTx) -> dict[str, str]:
+        seen = tx.read_statuses(policy, [first["id"], second["id"]])
         tx.insert_entity(policy, second)
         return seen
 
     assert await db.write(read_then_insert, reads_first=True) == {first["id"]: "queued"}
 
-    def read_insert_raise(tx: Tx) -> None:
+    def read_insert_raise(tx: SqlTx) -> None:
         tx.insert_entity(policy, row_values(id="left-behind"))
         raise RuntimeError("undo me")
 
     with pytest.raises(RuntimeError):
         await db.write(read_insert_raise, reads_first=True)
-    got = await db.read(lambda tx: tx.statuses(policy, [first["id"], second["id"],
-                                                        "left-behind"]))
+    got = await db.read(lambda tx: tx.read_statuses(policy, [first["id"], second["id"],
+                                                             "left-behind"]))
     assert got == {first["id"]: "queued", second["id"]: "queued"}
-    assert await db.write(lambda tx: tx.statuses(policy, [second["id"]]),
+    assert await db.write(lambda tx: tx.read_statuses(policy, [second["id"]]),
                           reads_first=True) == {second["id"]: "queued"}
 
 
@@ -451,11 +437,11 @@ async def test_worker_rows(db: StateDB) -> None:
                                                   '["default"]'))
     await db.write(lambda tx: tx.upsert_worker("w1", '["gpu"]', '["host"]', 7.0, "h", 43,
                                                   '["a", "b"]'))
-    assert await db.read(lambda tx: tx.worker_heartbeat("w1")) == 7.0
-    assert await db.read(lambda tx: tx.worker_heartbeat("nobody")) is None
-    assert await db.read(lambda tx: tx.workers()) == [
+    assert await db.read(lambda tx: tx.read_worker_heartbeat("w1")) == 7.0
+    assert await db.read(lambda tx: tx.read_worker_heartbeat("nobody")) is None
+    assert await db.read(lambda tx: tx.list_workers()) == [
         {"worker_id": "w1", "hostname": "h", "pid": 43, "last_heartbeat_at": 7.0}]
-    (row,) = await db.read(lambda tx: tx.worker_rows())
+    (row,) = await db.read(lambda tx: tx.list_worker_rows())
     queues = loads(row["queues"]) if isinstance(row["queues"], str) else row["queues"]
     assert queues == ["a", "b"]  # the latest heartbeat's queues (jsonb comes back decoded)
 
@@ -463,14 +449,14 @@ async def test_worker_rows(db: StateDB) -> None:
 async def test_worker_stop_requests(db: StateDB) -> None:
     await db.write(lambda tx: tx.upsert_worker("w1", "[]", '["host"]', 5.0, "h", 42,
                                                   '["default"]'))
-    assert await db.read(lambda tx: tx.worker_stop_requested("w1")) is None
+    assert await db.read(lambda tx: tx.read_worker_stop_request("w1")) is None
     assert await db.write(lambda tx: tx.request_worker_stop("w1", 9.0)) is True
     assert await db.write(lambda tx: tx.request_worker_stop("nobody", 9.0)) is False
-    assert await db.read(lambda tx: tx.worker_stop_requested("w1")) == 9.0
+    assert await db.read(lambda tx: tx.read_worker_stop_request("w1")) == 9.0
     # A heartbeat keeps the request: only the worker process it was meant for decides.
     await db.write(lambda tx: tx.upsert_worker("w1", "[]", '["host"]', 10.0, "h", 42,
                                                   '["default"]'))
-    rows = await db.read(lambda tx: tx.worker_rows())
+    rows = await db.read(lambda tx: tx.list_worker_rows())
     assert [(r["worker_id"], r["stop_requested_at"], r["started_at"]) for r in rows] == [
         ("w1", 9.0, 5.0)]
 
@@ -478,19 +464,19 @@ async def test_worker_stop_requests(db: StateDB) -> None:
 async def test_facts_after_and_since_filters(db: StateDB) -> None:
     policy = await policy_of(db)
     ids = [await new_run(db) for _ in range(3)]
-    everything = await db.read(lambda tx: tx.facts_after(RUN, "", 100))
+    everything = await db.read(lambda tx: tx.read_facts_after(RUN, "", 100))
     # In id order: the millisecond each was made in, then random bits.
     assert [f["id"] for f in everything] == sorted(f["id"] for f in everything)
     assert sorted(f["entity_id"] for f in everything) == sorted(ids)
-    after_first = await db.read(lambda tx: tx.facts_after(RUN, everything[0]["id"], 100))
+    after_first = await db.read(lambda tx: tx.read_facts_after(RUN, everything[0]["id"], 100))
     assert after_first == everything[1:]
-    assert len(await db.read(lambda tx: tx.facts_after(RUN, "", 2))) == 2
-    assert await db.read(lambda tx: tx.facts_after("dispatch", "", 100)) == []
+    assert len(await db.read(lambda tx: tx.read_facts_after(RUN, "", 2))) == 2
+    assert await db.read(lambda tx: tx.read_facts_after("dispatch", "", 100)) == []
     for rid, created, updated in (("early", 1.0, 30.0), ("late", 1.0, 50.0),
                                   ("never_moved", 45.0, None)):
         await db.write(lambda tx, r=rid, c=created, u=updated: tx.insert_entity(
             policy, row_values(id=r, created_at=c, updated_at=u, action_kind="since")))
-    total, rows = await db.read(lambda tx: tx.run_page(
+    total, rows = await db.read(lambda tx: tx.read_page(
         policy, {"action_kind": ["since"]}, ("id",), 10, 0, since=("updated_at", 40.0)))
     assert total == 2 and sorted(r["id"] for r in rows) == ["late", "never_moved"]
 
@@ -509,38 +495,43 @@ async def test_queue_scans(db: StateDB) -> None:
     ]
     for r in rows:
         await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
-    page = await db.read(lambda tx: tx.claim_page(policy, ["skipme"], "default", None, 10))
+    page = await db.read(lambda tx: tx.read_claim_page(
+        policy, ["skipme"], "default", None, 10, **CLAIM))
     assert [r["id"] for r in page] == ["q1", "q3"]
     assert set(page[0]) == set(CANDIDATE_COLUMNS)
-    page = await db.read(lambda tx: tx.claim_page(policy, [], "default", (0, 1.0, "q1"), 1))
+    page = await db.read(lambda tx: tx.read_claim_page(
+        policy, [], "default", (0, 1.0, "q1"), 1, **CLAIM))
     assert [r["id"] for r in page] == ["q2"]
-    expired = await db.read(lambda tx: tx.expired_leases(policy, 10.0))
+    expired = await db.read(lambda tx: tx.list_expired_leases(
+        policy, 10.0, columns=expired_columns(policy)))
     assert [r["id"] for r in expired] == ["r1"] and set(expired[0]) == set(expired_columns(policy))
-    assert await db.read(lambda tx: tx.expired_leases(policy, 100.0, limit=1)) != []
-    assert [r["id"] for r in await db.read(lambda tx: tx.due_retries(policy, 4.0))] == ["rw"]
-    assert await db.read(lambda tx: tx.due_retries(policy, 3.9)) == []
-    due = await db.read(lambda tx: tx.due_starts(policy, 6.0))
+    assert await db.read(lambda tx: tx.list_expired_leases(
+        policy, 100.0, limit=1, columns=expired_columns(policy))) != []
+    assert [r["id"] for r in await db.read(lambda tx: tx.list_due_retries(policy, 4.0))] == ["rw"]
+    assert await db.read(lambda tx: tx.list_due_retries(policy, 3.9)) == []
+    due = await db.read(lambda tx: tx.list_due_starts(policy, 6.0))
     assert due == [{"id": "d1", "not_before": 6.0}]
-    assert await db.read(lambda tx: tx.due_starts(policy, 5.9)) == []
-    assert await db.read(lambda tx: tx.running_keys(policy)) == {"h:gpu"}
-    assert await db.read(lambda tx: tx.key_running(policy, "h:gpu"))
-    assert not await db.read(lambda tx: tx.key_running(policy, "h:other"))
-    leases = await db.read(lambda tx: tx.lease_rows(policy, ["r1", "q1"]))
+    assert await db.read(lambda tx: tx.list_due_starts(policy, 5.9)) == []
+    assert await db.read(lambda tx: tx.list_running_keys(policy)) == {"h:gpu"}
+    assert await db.read(lambda tx: tx.is_key_running(policy, "h:gpu"))
+    assert not await db.read(lambda tx: tx.is_key_running(policy, "h:other"))
+    leases = await db.read(lambda tx: tx.read_leases(
+        policy, ["r1", "q1"], columns=lease_columns(policy)))
     assert {r["id"]: r["leased_by"] for r in leases} == {"r1": "w1", "q1": None}
     assert set(leases[0]) == set(lease_columns(policy)) == {
         "id", "status", "leased_by", "lease_expires_at", "lease_token"}
-    assert await db.read(lambda tx: tx.running_by_worker(policy)) == {"w1": 1, "w2": 1}
-    assert await db.read(lambda tx: tx.oldest_queued_at(policy)) == 1.0
-    assert (await db.read(lambda tx: tx.status_counts(policy))) == {
+    assert await db.read(lambda tx: tx.count_running_by_worker(policy)) == {"w1": 1, "w2": 1}
+    assert await db.read(lambda tx: tx.find_oldest_queued_at(policy)) == 1.0
+    assert (await db.read(lambda tx: tx.count_statuses(policy))) == {
         "queued": 3, "running": 2, "retry_wait": 1, "delayed": 1}
-    total, got = await db.read(lambda tx: tx.run_page(
+    total, got = await db.read(lambda tx: tx.read_page(
         policy, {"status": ["queued", "running"], "action_kind": ["k"]}, ("id", "status"), 2, 1))
     assert total == 4 and len(got) == 2 and set(got[0]) == {"id", "status"}
-    assert await db.read(lambda tx: tx.ids_matching(policy, "q", suffix=False, limit=5)) == [
+    assert await db.read(lambda tx: tx.list_ids_matching(policy, "q", suffix=False, limit=5)) == [
         "q1", "q2", "q3"]
-    assert await db.read(lambda tx: tx.ids_matching(policy, "1", suffix=True, limit=5)) == [
+    assert await db.read(lambda tx: tx.list_ids_matching(policy, "1", suffix=True, limit=5)) == [
         "d1", "q1", "r1"]
-    assert (await db.write(lambda tx: tx.entity_for_move(policy, "q1", (), skip_locked=True))
+    assert (await db.write(lambda tx: tx.read_for_move(policy, "q1", (), skip_locked=True))
             == ("queued", 1))
     # Claim order: priority descending, then (queued_at, id); one queue at a time; a
     # page continues within its cursor's priority level, then goes below it.
@@ -549,15 +540,18 @@ async def test_queue_scans(db: StateDB) -> None:
               row_values(id="n1", queued_at=0.5, priority=-1),
               row_values(id="o1", queued_at=0.1, priority=9, queue="other")):
         await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
-    page = await db.read(lambda tx: tx.claim_page(policy, [], "default", None, 10))
+    page = await db.read(lambda tx: tx.read_claim_page(policy, [], "default", None, 10, **CLAIM))
     assert [r["id"] for r in page] == ["p5b", "p5a", "q1", "q2", "q3", "n1"]
-    page = await db.read(lambda tx: tx.claim_page(policy, [], "default", (5, 8.0, "p5b"), 2))
+    page = await db.read(lambda tx: tx.read_claim_page(
+        policy, [], "default", (5, 8.0, "p5b"), 2, **CLAIM))
     assert [r["id"] for r in page] == ["p5a", "q1"]
-    page = await db.read(lambda tx: tx.claim_page(policy, [], "default", (0, 3.0, "q3"), 5))
+    page = await db.read(lambda tx: tx.read_claim_page(
+        policy, [], "default", (0, 3.0, "q3"), 5, **CLAIM))
     assert [r["id"] for r in page] == ["n1"]
-    page = await db.read(lambda tx: tx.claim_page(policy, [], "other", None, 5))
+    page = await db.read(lambda tx: tx.read_claim_page(policy, [], "other", None, 5, **CLAIM))
     assert [(r["id"], r["priority"], r["queue"]) for r in page] == [("o1", 9, "other")]
-    assert await db.read(lambda tx: tx.claim_page(policy, [], "nobody", None, 5)) == []
+    assert await db.read(lambda tx: tx.read_claim_page(
+        policy, [], "nobody", None, 5, **CLAIM)) == []
 
 
 async def test_dependencies_and_settling(db: StateDB) -> None:
@@ -575,28 +569,28 @@ async def test_dependencies_and_settling(db: StateDB) -> None:
             text = dumps({"not": "a list"})  # jsonb holds only JSON: the nearest breakage
         values = row_values(id=rid, status="waiting_dependency", depends_on=text)
         await db.write(lambda tx, v=values: tx.insert_entity(policy, v))
-    waiting = await db.read(lambda tx: tx.waiting_runs(policy, list(waits)))
+    waiting = await db.read(lambda tx: tx.list_waiting_runs(policy, list(waits)))
     assert {r[0] for r in waiting} == set(waits)
-    assert {r[0] for r in await db.read(lambda tx: tx.dependents_of(policy, [done]))} == {
+    assert {r[0] for r in await db.read(lambda tx: tx.list_dependents(policy, [done]))} == {
         "w-ok", "w-bad"}
     # Of several ended runs at once: each dependent once, however many it names.
-    both = await db.read(lambda tx: tx.dependents_of(policy, [done, bad, "nobody"]))
+    both = await db.read(lambda tx: tx.list_dependents(policy, [done, bad, "nobody"]))
     assert sorted(r[0] for r in both) == ["w-bad", "w-ok"]
-    assert await db.read(lambda tx: tx.dependents_of(policy, ["nobody"])) == []
+    assert await db.read(lambda tx: tx.list_dependents(policy, ["nobody"])) == []
     # w-bad: a dependency ended badly; w-none: nothing to wait for; w-ok waits on "done",
     # still queued. The broken row never settles.
-    assert set(await db.read(lambda tx: tx.settled_waiting(policy))) == {"w-bad", "w-none"}
-    n, sample = await db.read(lambda tx: tx.stuck_runs(policy, "waiting", 0.0, 0.0, 10))
+    assert set(await db.read(lambda tx: tx.list_settled_waiting(policy))) == {"w-bad", "w-none"}
+    n, sample = await db.read(lambda tx: tx.find_stuck_runs(policy, "waiting", 0.0, 0.0, 10))
     assert n == 1 and sample[0][0] == "w-broken"
 
 
 async def test_stuck_kinds_all_answer(db: StateDB) -> None:
     policy = await policy_of(db)
     for kind in STUCK_KINDS:
-        n, sample = await db.read(lambda tx, k=kind: tx.stuck_runs(policy, k, 100.0, 1.0, 5))
+        n, sample = await db.read(lambda tx, k=kind: tx.find_stuck_runs(policy, k, 100.0, 1.0, 5))
         assert (n, sample) == (0, [])
     with pytest.raises(ValueError, match="unknown kind"):
-        await db.read(lambda tx: tx.stuck_runs(policy, "other", 0.0, 0.0, 1))
+        await db.read(lambda tx: tx.find_stuck_runs(policy, "other", 0.0, 0.0, 1))
 
 
 async def test_schedules_and_rebuild_operations(db: StateDB) -> None:
@@ -606,13 +600,13 @@ async def test_schedules_and_rebuild_operations(db: StateDB) -> None:
     assert await db.fetch_all("SELECT id, name FROM schedules") == [
         {"id": "s1", "name": "nightly"}]
     rid = await new_run(db)
-    rows = await db.read(lambda tx: list(tx.rows_in_id_order(policy)))
+    rows = await db.read(lambda tx: list(tx.stream_entities(policy)))
     assert [r["id"] for r in rows] == [rid]
 
-    def wipe(tx: Tx) -> int:
+    def wipe(tx: SqlTx) -> int:
         tx.defer_constraints()
-        tx.delete_rows(policy)
-        return len(tx.statuses(policy, [rid]))
+        tx.delete_entities(policy)
+        return len(tx.read_statuses(policy, [rid]))
 
     assert await db.write(wipe) == 0
     await db.write(lambda tx: tx.notify_claimable())  # harmless everywhere
@@ -661,12 +655,12 @@ async def test_a_claimants_read_skips_a_row_another_transaction_holds(db: StateD
         holder.execute("BEGIN")
         holder.execute("SELECT id FROM schedule_runs WHERE id = ? FOR UPDATE", (rid,))
         got = await asyncio.wait_for(db.write(
-            lambda tx: tx.entity_for_move(policy, rid, (), skip_locked=True)), 5)
+            lambda tx: tx.read_for_move(policy, rid, (), skip_locked=True)), 5)
         assert got is None
         holder.execute("ROLLBACK")
     finally:
         holder.close()
-    assert await db.write(lambda tx: tx.entity_for_move(policy, rid, (), skip_locked=True)) \
+    assert await db.write(lambda tx: tx.read_for_move(policy, rid, (), skip_locked=True)) \
         == ("queued", 1)
 
 
@@ -707,12 +701,12 @@ async def test_keyset_pages_and_log_aggregates(db: StateDB) -> None:
     for r in rows:
         await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
     cols = ("id", "created_at", "action_kind")
-    first = await db.read(lambda tx: tx.run_page_before(policy, {}, cols, None, 3))
+    first = await db.read(lambda tx: tx.read_page_before(policy, {}, cols, None, 3))
     assert [r["id"] for r in first] == ["p6", "p5", "p4"] and set(first[0]) == set(cols)
     after = (first[-1]["created_at"], first[-1]["id"])
-    rest = await db.read(lambda tx: tx.run_page_before(policy, {}, cols, after, 10))
+    rest = await db.read(lambda tx: tx.read_page_before(policy, {}, cols, after, 10))
     assert [r["id"] for r in rest] == ["p3", "p2", "p1", "p0"]
-    only_a = await db.read(lambda tx: tx.run_page_before(
+    only_a = await db.read(lambda tx: tx.read_page_before(
         policy, {"action_kind": ["a"], "status": []}, cols, (2.0, "p5"), 10))
     assert [r["id"] for r in only_a] == ["p4", "p2", "p1"]
 
@@ -725,13 +719,13 @@ async def test_keyset_pages_and_log_aggregates(db: StateDB) -> None:
         waited("x", 4, "run.started.ok", 23.0),
         waited("y", 1, "run.queued.submitted", 5.0), waited("y", 2, "run.started.ok", 6.0),
     ]))
-    assert await db.read(lambda tx: tx.fact_counts()) == [
+    assert await db.read(lambda tx: tx.count_facts_by_reason()) == [
         (RUN, "run.queued.lease_expired", 1), (RUN, "run.queued.submitted", 2),
         (RUN, "run.started.ok", 3)]
     cumulative, count, total = await db.read(
-        lambda tx: tx.wait_histogram(RUN, "run.started.ok", [0.5, 1.0, 2.0]))
+        lambda tx: tx.read_wait_histogram(RUN, "run.started.ok", [0.5, 1.0, 2.0]))
     assert (cumulative, count, total) == ([1, 2, 2], 3, 4.5)
-    assert await db.read(lambda tx: tx.wait_histogram(RUN, "nothing", [1.0])) == ([0], 0, 0.0)
+    assert await db.read(lambda tx: tx.read_wait_histogram(RUN, "nothing", [1.0])) == ([0], 0, 0.0)
 
 
 async def test_claim_entities_swaps_in_order_until_the_limit(db: StateDB) -> None:
@@ -752,7 +746,7 @@ async def test_claim_entities_swaps_in_order_until_the_limit(db: StateDB) -> Non
     assert [(r["id"], r["status"], r["version"], r["lease_token"], r["leased_by"],
              r["updated_at"]) for r in got] == [
         (rids[0], "running", 2, "t0", "w1", 2.0), (rids[2], "running", 2, "t2", "w1", 2.0)]
-    assert [(await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ())))
+    assert [(await db.write(lambda tx, r=r: tx.read_for_move(policy, r, ())))
             for r in rids] == [("running", 2), ("queued", 2), ("running", 2), ("queued", 1)]
     again = await db.write(lambda tx: tx.claim_entities(
         policy, rows, observed="queued", to_state="running", changes={}, limit=5))
@@ -786,8 +780,8 @@ async def test_claim_entities_with_facts_writes_a_fact_for_each_row_claimed(
         changes={"updated_at": 2.0, "status_evidence_refs": '["e"]'}, limit=2, facts=facts))
     assert [(r["id"], r["version"], r["lease_token"]) for r in got] == [
         (rids[0], 2, "t0"), (rids[2], 2, "t2")]
-    written = await db.read(lambda tx: tx.facts_of(RUN, rids[0]) + tx.facts_of(RUN, rids[1])
-                            + tx.facts_of(RUN, rids[2]) + tx.facts_of(RUN, rids[3]))
+    written = await db.read(lambda tx: tx.read_facts(RUN, rids[0]) + tx.read_facts(RUN, rids[1])
+                            + tx.read_facts(RUN, rids[2]) + tx.read_facts(RUN, rids[3]))
     claims = [f for f in written if f["status"] == "running"]
     assert sorted(f["id"] for f in claims) == sorted(ids)
     by_run = {f["entity_id"]: f for f in claims}
@@ -893,7 +887,7 @@ async def test_writes_together_commit_apart_from_one_that_raises(db: StateDB) ->
     rids = [await new_run(db) for _ in range(5)]
 
     def move(rid: str, fail: bool) -> Any:
-        def unit(tx: Tx) -> Any:
+        def unit(tx: SqlTx) -> Any:
             got = tx.update_entity(policy, rid, observed="queued", version=None,
                                    to_state="running", changes={"leased_by": "w1"},
                                    guards={}, returning=("version",))
@@ -906,7 +900,7 @@ async def test_writes_together_commit_apart_from_one_that_raises(db: StateDB) ->
                                    return_exceptions=True)
     assert [r if isinstance(r, dict) else type(r).__name__ for r in results] == \
         [{"version": 2}, {"version": 2}, "RuntimeError", {"version": 2}, {"version": 2}]
-    states = [await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ())) for r in rids]
+    states = [await db.write(lambda tx, r=r: tx.read_for_move(policy, r, ())) for r in rids]
     assert states == [("running", 2), ("running", 2), ("queued", 1), ("running", 2),
                       ("running", 2)]
 
@@ -933,7 +927,7 @@ async def test_update_entities_with_facts_writes_a_fact_only_where_its_swap_matc
     assert await move("someone") == [None]  # guard does not match: no fact
     assert await move(None) == [2]
     assert await move(None) == [None]  # moved on
-    facts = await db.read(lambda tx: tx.facts_of(RUN, rid))
+    facts = await db.read(lambda tx: tx.read_facts(RUN, rid))
     assert [(f["entity_version"], f["status"], loads(f["patch"])) for f in facts][1:] == \
         [(2, "running", {"leased_by": "w1"})]
 
@@ -949,11 +943,11 @@ async def test_update_entities_with_facts_takes_each_move_in_order(db: StateDB) 
         sent_move(rids[3], None, to_state=None),
         sent_move(rids[0], None, worker="w2")]))  # rids[0] moved on by the first
     assert got == [2, None, 2, 2, None]
-    states = [await db.write(lambda tx, r=r: tx.entity_for_move(policy, r, ("leased_by",)))
+    states = [await db.write(lambda tx, r=r: tx.read_for_move(policy, r, ("leased_by",)))
               for r in rids]
     assert states == [("running", 2, "w1"), ("queued", 1, None), ("running", 2, "w1"),
                       ("queued", 2, "w1")]
-    facts = {r: await db.read(lambda tx, r=r: tx.facts_of(RUN, r)) for r in rids}
+    facts = {r: await db.read(lambda tx, r=r: tx.read_facts(RUN, r)) for r in rids}
     assert [len(facts[r]) for r in rids] == [2, 1, 2, 2]
     assert [(f["entity_version"], f["status"]) for f in facts[rids[3]]] == \
         [(1, "queued"), (2, "queued")]
@@ -994,14 +988,14 @@ async def test_update_entities_with_facts_together_store_what_one_at_a_time_stor
         return {k: v for k, v in row.items() if k not in drop}
 
     for t, a in zip(together, alone, strict=True):
-        rt = await db.read(lambda tx, r=t: tx.entity_row(policy, r))
-        ra = await db.read(lambda tx, r=a: tx.entity_row(policy, r))
+        rt = await db.read(lambda tx, r=t: tx.read_entity(policy, r))
+        ra = await db.read(lambda tx, r=a: tx.read_entity(policy, r))
         assert same(rt, t) == same(ra, a)
-        ft = await db.read(lambda tx, r=t: tx.facts_of(RUN, r))
-        fa = await db.read(lambda tx, r=a: tx.facts_of(RUN, r))
+        ft = await db.read(lambda tx, r=t: tx.read_facts(RUN, r))
+        fa = await db.read(lambda tx, r=a: tx.read_facts(RUN, r))
         assert [{k: v for k, v in f.items() if k not in {"id", "entity_id"}} for f in ft[1:]] \
             == [{k: v for k, v in f.items() if k not in {"id", "entity_id"}} for f in fa[1:]]
-    moved = await db.read(lambda tx: tx.entity_row(policy, together[0]))
+    moved = await db.read(lambda tx: tx.read_entity(policy, together[0]))
     assert moved["status"] == "running" and moved["lease_expires_at"] == 1e10 / 3
     assert moved["stdout_tail"] == "out\u00e9 'x'" and moved["lease_attempts"] == 7
 
@@ -1018,8 +1012,8 @@ async def test_insert_entities_with_facts_complete_each_patch_from_its_stored_ro
         policy, cols, [(list(v.values()), f) for v, f in zip(given, facts, strict=True)],
         ("action_args", "lease_attempts")))
     for v in given:
-        row = await db.read(lambda tx, v=v: tx.entity_row(policy, v["id"]))
-        [written] = await db.read(lambda tx, v=v: tx.facts_of(RUN, v["id"]))
+        row = await db.read(lambda tx, v=v: tx.read_entity(policy, v["id"]))
+        [written] = await db.read(lambda tx, v=v: tx.read_facts(RUN, v["id"]))
         # The JSON column as the row stores its text (normalized on PostgreSQL), the
         # default as the database filled it in, and the patch sent as it was sent.
         assert loads(written["patch"]) == {"action_kind": "k", "fired_at": 1.0,

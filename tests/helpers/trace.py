@@ -1,7 +1,8 @@
 """Record every statement ledgerq's named operations run, on either backend.
 
-Every operation of a Tx goes through its ``execute``/``executemany``/``stream``; these
-wrap those methods of both dialects' classes for as long as a trace is on.
+Every operation of a transaction goes through its ``execute``/``executemany``/``stream``
+(:class:`~ledgerq.store.sqltx.base.SqlBase`'s, or the dialect's own); these wrap those
+methods for as long as a trace is on.
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from ledgerq.store.postgres.tx import PostgresTx
-from ledgerq.store.sqltx import SqlTx
+from ledgerq.store.sqltx.base import SqlBase
 
 _saved: list[tuple[type, str, Any]] = []
 
 
 def start() -> list[str]:
     statements: list[str] = []
-    for cls in (SqlTx, PostgresTx):
+    for cls in (SqlBase, PostgresTx):
         for name in ("execute", "executemany", "stream"):
             if name not in vars(cls):
                 continue

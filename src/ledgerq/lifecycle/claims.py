@@ -12,10 +12,10 @@ from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.plans import move_plan, stamp
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.lifecycle.values import DEFAULT_AS_JSON, check_values
-from ledgerq.operations import ClaimFacts, Tx
+from ledgerq.operations import ClaimFacts, EventStore
 
 
-def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, Any],
+def apply_claims(tx: EventStore, policy: EntityPolicy, rows: list[tuple[str, dict[str, Any],
                                                                   dict[str, Any]]],
                  from_state: str, to_state: str, reason: StateReason, actor: Actor, *,
                  limit: int, now: float | None = None) -> list[dict[str, Any]]:
@@ -70,7 +70,7 @@ def apply_claims(tx: Tx, policy: EntityPolicy, rows: list[tuple[str, dict[str, A
                                    ts, 0, {}, None), common, stored, exact=split is not None))
 
 
-def _claim_patch_split(tx: Tx, policy: EntityPolicy, changes: dict[str, Any],
+def _claim_patch_split(tx: EventStore, policy: EntityPolicy, changes: dict[str, Any],
                        patched: tuple[str, ...],
                        rows: list[tuple[str, dict[str, Any], dict[str, Any]]]
                        ) -> tuple[dict[str, Any], tuple[str, ...]] | None:

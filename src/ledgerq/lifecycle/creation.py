@@ -21,17 +21,17 @@ from ledgerq.lifecycle.values import (
     check_reason,
     check_values,
 )
-from ledgerq.operations import Tx
+from ledgerq.operations import EventStore
 
 
-def create_entity(tx: Tx, policy: EntityPolicy, values: dict[str, Any], *,
+def create_entity(tx: EventStore, policy: EntityPolicy, values: dict[str, Any], *,
                   reason: StateReason, actor: Actor, now: float | None = None,
                   idempotency_key: str | None = None) -> str:
     """Insert a projection row in an initial state plus its creation fact (in-transaction).
 
     The fact carries the row as stored (after type affinity, database defaults
     included), so folding the log recreates the row exactly: the values sent where the
-    column keeps them as sent (``Tx.exact_types``), the rest read back (or, on
+    column keeps them as sent (``EventStore.exact_types``), the rest read back (or, on
     PostgreSQL, taken by the server in the same statement).
     """
     ts = time.time() if now is None else now
@@ -72,7 +72,7 @@ class SentPlan(NamedTuple):
 _JSON_KEPT = ("{", "[", '"')
 
 
-def sent_plan(tx: Tx, policy: EntityPolicy, columns: tuple[str, ...]) -> SentPlan | None:
+def sent_plan(tx: EventStore, policy: EntityPolicy, columns: tuple[str, ...]) -> SentPlan | None:
     """The plan of creations that send ``columns``, kept in the policy's cache by the
     dialect and the columns; None where :func:`_sent_patch` gives None."""
     plans: dict[tuple[Any, ...], SentPlan | None] = (
@@ -109,7 +109,7 @@ _UNCHECKED: tuple[dict[str, Any], tuple[str, ...]] = ({}, ())
 _isfinite = math.isfinite
 
 
-def _sent_patch(tx: Tx, policy: EntityPolicy, row: dict[str, Any], *, checked: bool = False
+def _sent_patch(tx: EventStore, policy: EntityPolicy, row: dict[str, Any], *, checked: bool = False
                 ) -> tuple[dict[str, Any], tuple[str, ...]] | None:
     """:func:`_initial_patch` of ``row`` before it is stored, where the values sent are
     what the row will store: the patch of the sent values, and the columns whose stored
@@ -168,7 +168,7 @@ def _initial_patch(stored: dict[str, Any], policy: EntityPolicy) -> dict[str, An
             if (v is not None or k in defaults) and k not in _NOT_IN_PATCH}
 
 
-def _creation(tx: Tx, policy: EntityPolicy, values: dict[str, Any], reason: StateReason,
+def _creation(tx: EventStore, policy: EntityPolicy, values: dict[str, Any], reason: StateReason,
               ts: float) -> tuple[dict[str, Any], tuple[dict[str, Any], tuple[str, ...]] | None]:
     """The INSERT's column -> value map for a new row, and its creation fact's patch as
     sent (:func:`_sent_patch`); ValueError before anything is written."""
@@ -218,7 +218,7 @@ _CREATION_MAINTAINED = frozenset({"version", "status_reason_code", "status_reaso
 _READBACK_CHUNK = 500
 
 
-def create_entities(tx: Tx, policy: EntityPolicy,
+def create_entities(tx: EventStore, policy: EntityPolicy,
                     values: list[dict[str, Any]], *, reason: StateReason, actor: Actor,
                     now: float | None = None) -> list[str]:
     """:func:`create_entity` for many rows at once (in-transaction), in the given order.
@@ -257,13 +257,13 @@ def create_entities(tx: Tx, policy: EntityPolicy,
             # Each patch is known but for its row's columns to read back (see
             # create_entity): only those are read, of the rows that have any.
             wanted = {c: None for _, read in plans[i:i + _READBACK_CHUNK] for c in read}
-            stored = {r["id"]: r for r in tx.entities_by_id(
+            stored = {r["id"]: r for r in tx.read_entities(
                 policy, ids, columns=("id", *wanted))} if wanted else {}
             patches = [{**patch, **{c: stored[row["id"]][c] for c in read}}
                        for row, (patch, read) in zip(part, plans[i:i + _READBACK_CHUNK],
                                                      strict=True)]
         else:
-            stored = {r["id"]: r for r in tx.entities_by_id(policy, ids)}
+            stored = {r["id"]: r for r in tx.read_entities(policy, ids)}
             patches = [_initial_patch(stored[row["id"]], policy) for row in part]
         for row, patch in zip(part, patches, strict=True):
             # make_fact's fields, the reason's JSON encoded once for every row.
@@ -275,7 +275,7 @@ def create_entities(tx: Tx, policy: EntityPolicy,
     return [str(r["id"]) for r in rows]
 
 
-def _create_with_facts(tx: Tx, policy: EntityPolicy, rows: list[dict[str, Any]],
+def _create_with_facts(tx: EventStore, policy: EntityPolicy, rows: list[dict[str, Any]],
                        sent: list[tuple[dict[str, Any], tuple[str, ...]]],
                        reason: StateReason, actor: Actor, ts: float,
                        idempotency_key: str | None = None) -> None:

@@ -27,10 +27,10 @@ from ledgerq.lifecycle.values import (
     check_values,
     value_problem,
 )
-from ledgerq.operations import Database
+from ledgerq.operations import Database, EventStore
 
 
-def prepare(db: Database, request: TransitionRequest, guard: dict[str, Any] | None,
+def prepare(db: Database[EventStore], request: TransitionRequest, guard: dict[str, Any] | None,
             patch: dict[str, Any] | None) -> EntityPolicy:
     """Every check that needs no read; raises ValueError before anything is queued."""
     policy = db.registry.entity(request.entity_type)
@@ -39,7 +39,7 @@ def prepare(db: Database, request: TransitionRequest, guard: dict[str, Any] | No
     return policy
 
 
-async def transition(db: Database, request: TransitionRequest, *,
+async def transition(db: Database[EventStore], request: TransitionRequest, *,
                      guard: dict[str, Any] | None = None,
                      patch: dict[str, Any] | None = None,
                      now: float | None = None) -> TransitionResult:
@@ -52,7 +52,8 @@ async def transition(db: Database, request: TransitionRequest, *,
     return await db.write(lambda tx: apply_transition(tx, policy, request, guard, patch, now))
 
 
-async def create(db: Database, entity_type: str, values: dict[str, Any], *, reason: StateReason,
+async def create(db: Database[EventStore], entity_type: str, values: dict[str, Any], *,
+                 reason: StateReason,
                  actor: Actor, now: float | None = None) -> str:
     """Create one entity row in an initial state, with its creation fact, in one transaction."""
     policy = db.registry.entity(entity_type)

@@ -19,10 +19,10 @@ from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, Tran
 from ledgerq.lifecycle.plans import Plan, move_plan, stamp
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.lifecycle.values import check_allowed, check_reason, check_values
-from ledgerq.operations import SentMove, Tx
+from ledgerq.operations import EventStore, SentMove
 
 
-def apply_transition(tx: Tx, policy: EntityPolicy, request: TransitionRequest,
+def apply_transition(tx: EventStore, policy: EntityPolicy, request: TransitionRequest,
                      guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
                      now: float | None = None) -> TransitionResult:
     """The in-transaction half of :func:`~ledgerq.lifecycle.engine.transition`; callers
@@ -49,7 +49,7 @@ class Moved(NamedTuple):
     row: dict[str, Any] | None = None
 
 
-def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
+def apply_move(tx: EventStore, policy: EntityPolicy, entity_id: str,
                from_state: str | None, to_state: str, reason: StateReason, actor: Actor, *,
                guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
                now: float | None = None, idempotency_key: str = "",
@@ -63,7 +63,7 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
     against the policy, so nothing the spec does not declare is ever written.
     ``whole_row`` returns the row as the UPDATE left it (``RETURNING *``), which saves a
     claim its read-back. ``skip_locked`` makes a row another writer holds a conflict at
-    once instead of a wait (a claimant's move; see ``Tx.entity_for_move``); such a
+    once instead of a wait (a claimant's move; see ``EventStore.read_for_move``); such a
     conflict reports ``from_state``, since the row was not read. ``prepared``: the caller
     ran :func:`~ledgerq.lifecycle.engine.prepare` on these very values (``transition()``),
     so they are not checked twice.
@@ -102,7 +102,7 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
             # would have found it (no read: under contention most claims lose one).
             return _conflict(from_state)
     guard_cols = tuple(sorted(guard))
-    row = tx.entity_for_move(policy, entity_id, guard_cols, skip_locked=skip_locked)
+    row = tx.read_for_move(policy, entity_id, guard_cols, skip_locked=skip_locked)
     if row is None:
         if skip_locked:  # held by another writer (or gone): not this caller's to move
             return _conflict(from_state or "")
@@ -124,12 +124,12 @@ def apply_move(tx: Tx, policy: EntityPolicy, entity_id: str,
         # Another writer moved the row between the read and the swap (possible where
         # writers run at once: PostgreSQL's READ COMMITTED): the conflict reports the
         # status it left, as a conflict seen at the read would have.
-        now_row = tx.entity_for_move(policy, entity_id, ())
+        now_row = tx.read_for_move(policy, entity_id, ())
         return _conflict(observed if now_row is None else now_row[0])
     return done
 
 
-def _swap(tx: Tx, policy: EntityPolicy, plan: Plan, entity_id: str, reason: StateReason,
+def _swap(tx: EventStore, policy: EntityPolicy, plan: Plan, entity_id: str, reason: StateReason,
           actor: Actor, guard: dict[str, Any], patch: dict[str, Any], now: float | None,
           idempotency_key: str, version: int | None) -> Moved | None:
     """The compare-and-swap of a move the plan allows, and its fact; None when it matched
@@ -206,7 +206,7 @@ class MoveTerms(NamedTuple):
     now: float | None = None
 
 
-def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> list[Moved]:
+def apply_moves(tx: EventStore, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> list[Moved]:
     """:func:`apply_move` for each of ``moves``, in order, inside the caller's transaction.
 
     Where the values sent are what the rows store (PostgreSQL), every move is checked
@@ -238,7 +238,7 @@ def apply_moves(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]) -> lis
             for m, s, version in zip(moves, sent, done, strict=True)]
 
 
-def _checked_plan(tx: Tx, policy: EntityPolicy, m: MoveTerms) -> Plan:
+def _checked_plan(tx: EventStore, policy: EntityPolicy, m: MoveTerms) -> Plan:
     """The plan of a move that names the state it expects, its values checked: what
     :func:`apply_move` checks before its swap, in the same order."""
     plan = move_plan(tx, policy, m.from_state, m.to_state, m.reason, m.actor, m.guard,
@@ -250,7 +250,7 @@ def _checked_plan(tx: Tx, policy: EntityPolicy, m: MoveTerms) -> Plan:
     return plan
 
 
-def _swaps_then_facts(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]
+def _swaps_then_facts(tx: EventStore, policy: EntityPolicy, moves: Sequence[MoveTerms]
                       ) -> list[Moved]:
     """:func:`apply_move` for each of ``moves``, in order, each swap its own guarded
     statement reading back what its row stores, and the facts of those that matched
@@ -292,15 +292,15 @@ def _swaps_then_facts(tx: Tx, policy: EntityPolicy, moves: Sequence[MoveTerms]
     return out
 
 
-def _apply(tx: Tx, policy: EntityPolicy, m: MoveTerms) -> Moved:
+def _apply(tx: EventStore, policy: EntityPolicy, m: MoveTerms) -> Moved:
     return apply_move(tx, policy, m.entity_id, m.from_state, m.to_state, m.reason, m.actor,
                       guard=m.guard, patch=m.patch, now=m.now)
 
 
-def _stored_as_sent(tx: Tx, policy: EntityPolicy, patched: tuple[str, ...],
+def _stored_as_sent(tx: EventStore, policy: EntityPolicy, patched: tuple[str, ...],
                     changes: dict[str, Any]) -> bool:
     """Whether every patched value reads back from its column as the same value of the
-    same type (``Tx.exact_types``; no JSON column, no int sent to a float column): the
+    same type (``EventStore.exact_types``; no JSON column, no int sent to a float column): the
     fact's patch is then exactly what a read-back would have given."""
     for col in patched:
         value = changes[col]
@@ -318,9 +318,9 @@ def _conflict(observed: str) -> Moved:
     return Moved(False, observed, observed, new_id())
 
 
-def _replay(tx: Tx, entity_type: str, entity_id: str, to_state: str,
+def _replay(tx: EventStore, entity_type: str, entity_id: str, to_state: str,
             key: str) -> Moved | None:
-    found = tx.fact_by_idempotency_key(entity_type, entity_id, key)
+    found = tx.find_fact_by_idempotency_key(entity_type, entity_id, key)
     if found is None:
         return None
     fact_id, previous, status = found

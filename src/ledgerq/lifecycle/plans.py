@@ -16,7 +16,7 @@ from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.policy_cache import CACHES, PLAN_LIMIT, cache_of
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.lifecycle.values import check_allowed, check_reason
-from ledgerq.operations import Tx
+from ledgerq.operations import EventStore
 
 VOCABULARY_ERROR = "not in the declared transition vocabulary"
 
@@ -46,7 +46,7 @@ class Plan(NamedTuple):
     read: Any = None
 
 
-def move_plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str,
+def move_plan(tx: EventStore, policy: EntityPolicy, observed: str, to_state: str,
               reason: StateReason, actor: Actor, guard: dict[str, Any],
               patch: dict[str, Any], whole_row: bool, skip_locked: bool) -> Plan:
     """The plan of a move of this shape from ``observed``, kept in the policy's cache by
@@ -63,7 +63,7 @@ def move_plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str,
     return found
 
 
-def _make_plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str,
+def _make_plan(tx: EventStore, policy: EntityPolicy, observed: str, to_state: str,
                reason: StateReason, actor: Actor, guard: dict[str, Any],
                patch: dict[str, Any], whole_row: bool, skip_locked: bool) -> Plan:
     check_reason(policy, reason)  # (raised, never kept: a plan is made only past these)
@@ -84,10 +84,10 @@ def _make_plan(tx: Tx, policy: EntityPolicy, observed: str, to_state: str,
     change_cols = tuple(dict.fromkeys((*STAMPED, *fresh, *patch)))
 
     def statement(read: bool, returning: tuple[str, ...]) -> Any:
-        return tx.swap_statement(policy, same_state=same, change_cols=change_cols,
-                                 guard_cols=guard_cols, read=read,
-                                 skip_locked=skip_locked and not read,
-                                 returning=None if whole_row else returning)
+        return tx.prepare_swap(policy, same_state=same, change_cols=change_cols,
+                               guard_cols=guard_cols, read=read,
+                               skip_locked=skip_locked and not read,
+                               returning=None if whole_row else returning)
 
     return Plan(None, observed, to_state, moved_to, whole_row, skip_locked, fresh,
                 guard_cols, patched, statement(False, ("version", *patched)),

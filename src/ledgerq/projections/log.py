@@ -6,20 +6,18 @@ import itertools
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ledgerq.codec import loads
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
-
-if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+from ledgerq.operations import Database, EventStore
 
 
-async def history(db: StateDB, entity_type: str, entity_id: str) -> list[dict[str, Any]]:
+async def history(db: Database[EventStore], entity_type: str, entity_id: str) -> list[dict[str,
+                                                                                           Any]]:
     """Every fact of one entity, oldest first, keyed by the log's column names."""
     db.registry.entity(entity_type)
-    return await db.read(lambda tx: tx.facts_of(entity_type, entity_id))
+    return await db.read(lambda tx: tx.read_facts(entity_type, entity_id))
 
 
 @dataclass(frozen=True)
@@ -63,11 +61,11 @@ PROGRESS_EVERY = 5000
 Progress = Callable[[int], None]
 
 
-def _fact_groups(tx: Tx, policy: EntityPolicy, counter: list[int],
+def _fact_groups(tx: EventStore, policy: EntityPolicy, counter: list[int],
                  progress: Progress | None) -> Iterator[tuple[str, list[Any]]]:
     """One entity's facts at a time, in entity-id order, streamed from the log's unique
     (entity_type, entity_id, entity_version) index: no sort, no whole log in memory."""
-    for entity_id, facts in itertools.groupby(tx.fact_stream(policy.name),
+    for entity_id, facts in itertools.groupby(tx.stream_facts(policy.name),
                                               key=operator.itemgetter(0)):
         group = list(facts)
         before = counter[0]
@@ -92,13 +90,13 @@ def fold_rows(facts: list[Any], policy: EntityPolicy) -> dict[str, Any]:
     return row
 
 
-def _verify(tx: Tx, policies: list[EntityPolicy],
+def _verify(tx: EventStore, policies: list[EntityPolicy],
             progress: Progress | None = None) -> VerifyReport:
     """A merge of two ordered streams: rows by id, and facts by (entity id, version)."""
     report = VerifyReport(ok=True)
     counter = [0]
     for policy in policies:
-        rows = tx.rows_in_id_order(policy)
+        rows = tx.stream_entities(policy)
         groups = _fact_groups(tx, policy, counter, progress)
         json_columns = set(policy.json_columns)
         row = next(rows, None)
@@ -146,7 +144,7 @@ def _same_json(a: Any, b: Any) -> bool:
         return False
 
 
-async def verify(db: StateDB, *, progress: Progress | None = None) -> VerifyReport:
+async def verify(db: Database[EventStore], *, progress: Progress | None = None) -> VerifyReport:
     """Fold every entity's facts and compare with its projection row, in one snapshot.
 
     The file's integrity is checked first (``PRAGMA quick_check``): on a damaged file the
@@ -169,7 +167,7 @@ class RebuildReport:
     tables: dict[str, int]
 
 
-def _rebuild(tx: Tx, policies: list[EntityPolicy],
+def _rebuild(tx: EventStore, policies: list[EntityPolicy],
              progress: Progress | None = None) -> RebuildReport:
     # Other tables (workers, chained runs) reference projection rows; they are all
     # re-inserted before COMMIT, so checking foreign keys at commit time is exact. The
@@ -178,7 +176,7 @@ def _rebuild(tx: Tx, policies: list[EntityPolicy],
     tables: dict[str, int] = {}
     counter = [0]
     for policy in policies:
-        tx.delete_rows(policy)
+        tx.delete_entities(policy)
         cols = list(policy.columns)
         rows = 0
 
@@ -196,7 +194,7 @@ def _rebuild(tx: Tx, policies: list[EntityPolicy],
     return RebuildReport(rows=sum(tables.values()), facts=counter[0], tables=tables)
 
 
-async def rebuild(db: StateDB, *, progress: Progress | None = None) -> RebuildReport:
+async def rebuild(db: Database[EventStore], *, progress: Progress | None = None) -> RebuildReport:
     """Recreate every projection row from the log alone, in one transaction.
 
     Linear in the log: facts stream in index order and fold entity by entity into one

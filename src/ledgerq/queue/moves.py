@@ -1,4 +1,5 @@
-"""Every move the queue itself performs, named once, and the check that the specs allow them.
+"""Every move the queue itself performs, named once, the run columns and groups it relies
+on, and the check that the specs allow them.
 
 The spec decides which edges exist; the queue's code decides which of them it takes, with
 which reason code. Those choices live here, in one table, so that a spec directory that
@@ -17,17 +18,38 @@ from dataclasses import dataclass
 
 from ledgerq.lifecycle.registry import OUTCOMES, SUCCEEDED, EntityPolicy, Registry
 from ledgerq.lifecycle.spec import SpecError, SpecProblem
-from ledgerq.operations import LEASE_GROUP, SLOT_COLUMN
 
 #: The entity the queue runs.
 ENTITY = "schedule_run"
 #: The entity ledgerq's scheduler fires from (optional: specs without it have no scheduler).
 SCHEDULE_ENTITY = "schedule"
-#: The column group that makes a lease (cleared on requeue, guarded on by renewals and
-#: terminal writes, read by lease checks and the reaper).
-LEASE = LEASE_GROUP
+#: The run spec's column group that makes a lease (``[column_groups] lease = [...]``:
+#: cleared on requeue, guarded on by renewals and terminal writes, read by lease checks
+#: and the reaper).
+LEASE = "lease"
+#: What a claim pass reads of a candidate.
+CANDIDATE_COLUMNS = ("id", "queued_at", "required_capabilities", "execution_target",
+                     "concurrency_key", "lease_attempts", "priority", "queue")
+#: The claim order's columns (specs that predate them: every run is priority 0 in the
+#: default queue).
+PRIORITY_COLUMN = "priority"
+QUEUE_COLUMN = "queue"
+#: The queue a run waits in, and a worker serves, when none is named.
+DEFAULT_QUEUE = "default"
+#: The run column a fire of ledgerq's scheduler records its slot in (``schedule_run.toml``).
+SLOT_COLUMN = "slot_at"
 #: A move's source meaning "whatever state the row is in, if the spec allows the edge".
 ANY = "*"
+
+
+def lease_columns(policy: EntityPolicy) -> tuple[str, ...]:
+    """What a lease check reads of a run: its status and its lease, as the spec groups it."""
+    return ("id", "status", *policy.column_group(LEASE))
+
+
+def expired_columns(policy: EntityPolicy) -> tuple[str, ...]:
+    """What the reaper reads of an expired lease: the lease, and how often it expired."""
+    return ("id", *policy.column_group(LEASE), "lease_attempts")
 
 
 @dataclass(frozen=True, slots=True)

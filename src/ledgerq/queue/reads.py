@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 from ledgerq.codec import dumps, loads
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import PRIORITY_COLUMN, QUEUE_COLUMN, STUCK_KINDS, Tx
+from ledgerq.queue.moves import PRIORITY_COLUMN, QUEUE_COLUMN
+from ledgerq.queue.store import STUCK_KINDS
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.store import ReadsTx
 
 RUN_ENTITY = "schedule_run"
 #: JSON columns of status_transitions (a run's come from its spec), decoded on the way out.
@@ -43,7 +45,7 @@ def summary_columns(policy: EntityPolicy, columns: Iterable[str] = SUMMARY_COLUM
     return tuple(c for c in columns if c in policy.columns or c not in _OPTIONAL_SUMMARY)
 
 
-def stored_run_policy(db: StateDB) -> EntityPolicy:
+def stored_run_policy(db: Database[ReadsTx]) -> EntityPolicy:
     """The run entity as the database's table has it: a read-only open of a database
     not yet migrated to this release's specs lacks the columns they add."""
     return next((p for p in db.log_policies() if p.name == RUN_ENTITY),
@@ -82,7 +84,7 @@ def _decode(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def decode_run_row(db: StateDB, row: dict[str, Any]) -> dict[str, Any]:
+def decode_run_row(db: Database[ReadsTx], row: dict[str, Any]) -> dict[str, Any]:
     """A schedule_runs row with its JSON columns decoded (invalid JSON is left as text)."""
     return _decode(row, db.registry.entity(RUN_ENTITY).json_columns)
 
@@ -110,7 +112,7 @@ class RunPage:
     columns: tuple[str, ...] = SUMMARY_COLUMNS
 
 
-async def list_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
+async def list_runs(db: Database[ReadsTx], *, statuses: Iterable[str] | None = None,
                     kinds: Iterable[str] | None = None, targets: Iterable[str] | None = None,
                     limit: int = 50, offset: int = 0, since: float | None = None,
                     since_column: str = "updated_at",
@@ -129,14 +131,14 @@ async def list_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
     bound = None if since is None else (since_column, since)
     columns = summary_columns(stored)
 
-    def read(tx: Tx) -> RunPage:
-        total, rows = tx.run_page(policy, filters, columns, limit, offset, since=bound)
+    def read(tx: ReadsTx) -> RunPage:
+        total, rows = tx.read_page(policy, filters, columns, limit, offset, since=bound)
         return RunPage(rows, total, limit, offset, columns)
 
     return await db.read(read)
 
 
-async def resolve_run_id(db: StateDB, id_or_prefix: str) -> str:
+async def resolve_run_id(db: Database[ReadsTx], id_or_prefix: str) -> str:
     """The full id of the one run whose id is, starts with, or ends with ``id_or_prefix``.
 
     Run ids are time-ordered (UUIDv7): runs created minutes apart share their first
@@ -146,7 +148,7 @@ async def resolve_run_id(db: StateDB, id_or_prefix: str) -> str:
     LookupError when no run matches; ValueError when a piece is ambiguous.
     """
     policy = db.registry.entity(RUN_ENTITY)
-    if await db.read(lambda tx: tx.statuses(policy, [id_or_prefix])):
+    if await db.read(lambda tx: tx.read_statuses(policy, [id_or_prefix])):
         return id_or_prefix
     if len(id_or_prefix) >= MIN_PREFIX and "%" not in id_or_prefix and "_" not in id_or_prefix \
             and "\\" not in id_or_prefix:
@@ -162,39 +164,39 @@ async def resolve_run_id(db: StateDB, id_or_prefix: str) -> str:
     raise LookupError(f"no run {id_or_prefix}")
 
 
-def _ids_matching(tx: Tx, *, policy: EntityPolicy, piece: str, suffix: bool) -> list[str]:
-    return tx.ids_matching(policy, piece, suffix=suffix, limit=3)
+def _ids_matching(tx: ReadsTx, *, policy: EntityPolicy, piece: str, suffix: bool) -> list[str]:
+    return tx.list_ids_matching(policy, piece, suffix=suffix, limit=3)
 
 
-async def get_run(db: StateDB, run_id: str) -> dict[str, Any]:
+async def get_run(db: Database[ReadsTx], run_id: str) -> dict[str, Any]:
     """The full row of one run (JSON decoded); LookupError names the id when it is missing."""
     policy = db.registry.entity(RUN_ENTITY)
-    row = await db.read(lambda tx: tx.entity_row(policy, run_id))
+    row = await db.read(lambda tx: tx.read_entity(policy, run_id))
     if row is None:
         raise LookupError(f"no run {run_id}")
     return decode_run_row(db, row)
 
 
-async def get_runs(db: StateDB, run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+async def get_runs(db: Database[ReadsTx], run_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     """id -> full row (JSON decoded) of the runs that exist among ``run_ids``, in one read."""
     policy = db.registry.entity(RUN_ENTITY)
     ids = list(dict.fromkeys(run_ids))
-    rows = await db.read(lambda tx: tx.entities_by_id(policy, ids)) if ids else []
+    rows = await db.read(lambda tx: tx.read_entities(policy, ids)) if ids else []
     return {r["id"]: decode_run_row(db, r) for r in rows}
 
 
-async def run_status(db: StateDB, run_id: str) -> str | None:
+async def run_status(db: Database[ReadsTx], run_id: str) -> str | None:
     """The run's status now, or None when there is no such run."""
     policy = db.registry.entity(RUN_ENTITY)
-    return (await db.read(lambda tx: tx.statuses(policy, [run_id]))).get(run_id)
+    return (await db.read(lambda tx: tx.read_statuses(policy, [run_id]))).get(run_id)
 
 
-async def fact_count(db: StateDB) -> int:
+async def fact_count(db: Database[ReadsTx]) -> int:
     """Facts in the log (every entity)."""
     return await db.read(lambda tx: tx.count_facts())
 
 
-async def run_history(db: StateDB, run_id: str) -> list[dict[str, Any]]:
+async def run_history(db: Database[ReadsTx], run_id: str) -> list[dict[str, Any]]:
     """Every fact of one run, oldest first, with its JSON columns decoded."""
     from ledgerq.projections.log import history
 
@@ -236,7 +238,7 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     return position, value[1]
 
 
-async def page_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
+async def page_runs(db: Database[ReadsTx], *, statuses: Iterable[str] | None = None,
                     kinds: Iterable[str] | None = None, targets: Iterable[str] | None = None,
                     cursor: str | None = None, limit: int = 50,
                     columns: tuple[str, ...] = SUMMARY_COLUMNS,
@@ -257,7 +259,7 @@ async def page_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
         raise InvalidInput(f"no column {unknown[0]!r} in {policy.table}")
     before = decode_cursor(cursor) if cursor is not None else None
     filters = _run_filters(stored, statuses, kinds, targets, queues)
-    rows = await db.read(lambda tx: tx.run_page_before(policy, filters, cols, before,
+    rows = await db.read(lambda tx: tx.read_page_before(policy, filters, cols, before,
                                                         limit + 1))
     items = [decode_run_row(db, r) for r in rows[:limit]]
     last = items[-1] if len(rows) > limit else None
@@ -265,10 +267,10 @@ async def page_runs(db: StateDB, *, statuses: Iterable[str] | None = None,
                       encode_cursor(float(last["created_at"]), str(last["id"])))
 
 
-async def fact_counts(db: StateDB) -> list[tuple[str, str, int]]:
+async def fact_counts(db: Database[ReadsTx]) -> list[tuple[str, str, int]]:
     """(entity_type, reason_code, facts) for every pair in the log: how many times each
     transition happened since the database began (the log is append-only)."""
-    return await db.read(lambda tx: tx.fact_counts())
+    return await db.read(lambda tx: tx.count_facts_by_reason())
 
 
 @dataclass
@@ -281,7 +283,7 @@ class WaitHistogram:
     sum: float
 
 
-async def claim_wait_histogram(db: StateDB, bounds: Iterable[float]) -> WaitHistogram:
+async def claim_wait_histogram(db: Database[ReadsTx], bounds: Iterable[float]) -> WaitHistogram:
     """How long each claim waited in queued: from the fact that queued the run (its
     submission, a requeue, a retry falling due) to the fact of the claim, for every claim
     in the log."""
@@ -290,7 +292,7 @@ async def claim_wait_histogram(db: StateDB, bounds: Iterable[float]) -> WaitHist
     claim_code = CLAIM.code
     edges = sorted(float(b) for b in bounds)
     cumulative, count, total = await db.read(
-        lambda tx: tx.wait_histogram(RUN_ENTITY, claim_code, edges))
+        lambda tx: tx.read_wait_histogram(RUN_ENTITY, claim_code, edges))
     return WaitHistogram(edges, cumulative, count, total)
 
 
@@ -328,7 +330,7 @@ class WorkerStatus:
         return asdict(self)
 
 
-async def worker_statuses(db: StateDB, *, now: float | None = None) -> list[WorkerStatus]:
+async def worker_statuses(db: Database[ReadsTx], *, now: float | None = None) -> list[WorkerStatus]:
     """Every worker (by id) and the running runs each holds, from one snapshot.
 
     A database an older release made has no ``stop_requested_at`` until a writer opens it;
@@ -336,12 +338,12 @@ async def worker_statuses(db: StateDB, *, now: float | None = None) -> list[Work
     policy = db.registry.entity(RUN_ENTITY)
     ts = time.time() if now is None else now
 
-    def read(tx: Tx) -> list[WorkerStatus]:
+    def read(tx: ReadsTx) -> list[WorkerStatus]:
         held: dict[str, list[str]] = {}
         offset, page = 0, 1000
         while True:
-            _, rows = tx.run_page(policy, {"status": ["running"]}, ("id", "leased_by"),
-                                  page, offset)
+            _, rows = tx.read_page(policy, {"status": ["running"]}, ("id", "leased_by"),
+                                   page, offset)
             for r in rows:
                 if r["leased_by"] is not None:
                     held.setdefault(r["leased_by"], []).append(r["id"])
@@ -349,7 +351,7 @@ async def worker_statuses(db: StateDB, *, now: float | None = None) -> list[Work
                 break
             offset += page
         out: list[WorkerStatus] = []
-        for w in tx.worker_rows():
+        for w in tx.list_worker_rows():
             w = _decode(w, ("advertised_capabilities", "execution_targets", "queues"))
             asked = w.get("stop_requested_at")
             out.append(WorkerStatus(
@@ -398,7 +400,7 @@ class QueueStats:
         return asdict(self)
 
 
-async def queue_stats(db: StateDB, *, now: float | None = None,
+async def queue_stats(db: Database[ReadsTx], *, now: float | None = None,
                       stuck_after: float = STUCK_AFTER_SECONDS) -> QueueStats:
     """One consistent snapshot of the queue: per-status counts, oldest queued age, workers,
     and the runs stuck where no pass will move them (see :func:`_stuck_queries`)."""
@@ -414,17 +416,17 @@ async def queue_stats(db: StateDB, *, now: float | None = None,
     needs = {"lease": "running", "retry": "retry_wait", "waiting": "waiting_dependency"}
     kinds = [k for k in STUCK_KINDS if k not in needs or needs[k] in policy.states]
 
-    def read(tx: Tx) -> QueueStats:
+    def read(tx: ReadsTx) -> QueueStats:
         counts = dict.fromkeys(states, 0)
-        counts.update(tx.status_counts(policy))
-        oldest = tx.oldest_queued_at(policy)
-        running = tx.running_by_worker(policy)
+        counts.update(tx.count_statuses(policy))
+        oldest = tx.find_oldest_queued_at(policy)
+        running = tx.count_running_by_worker(policy)
         workers = [
             WorkerInfo(worker_id=w["worker_id"], hostname=w["hostname"], pid=w["pid"],
                        last_heartbeat_at=w["last_heartbeat_at"],
                        heartbeat_age_seconds=max(0.0, ts - w["last_heartbeat_at"]),
                        running=running.get(w["worker_id"], 0))
-            for w in tx.workers()
+            for w in tx.list_workers()
         ]
         stuck_runs: list[StuckRun] = []
         stuck = 0
@@ -432,8 +434,8 @@ async def queue_stats(db: StateDB, *, now: float | None = None,
         for kind in kinds:
             if kind == "undeclared" and not undeclared:
                 continue  # the counts already tell: skip a scan of the table
-            n, sample = tx.stuck_runs(policy, kind, ts, stuck_after,
-                                      STUCK_SAMPLE - len(stuck_runs))
+            n, sample = tx.find_stuck_runs(policy, kind, ts, stuck_after,
+                                           STUCK_SAMPLE - len(stuck_runs))
             stuck += n
             stuck_runs += [StuckRun(*r) for r in sample]
         return QueueStats(
@@ -445,7 +447,7 @@ async def queue_stats(db: StateDB, *, now: float | None = None,
     return await db.read(read)
 
 
-async def wait_for_runs(db: StateDB, run_ids: Iterable[str], *, timeout: float = 60.0,
+async def wait_for_runs(db: Database[ReadsTx], run_ids: Iterable[str], *, timeout: float = 60.0,
                         interval: float = 0.05) -> dict[str, str]:
     """Poll until every run is in a terminal state; returns id -> final status.
 
@@ -457,7 +459,7 @@ async def wait_for_runs(db: StateDB, run_ids: Iterable[str], *, timeout: float =
     terminal = policy.terminal
     deadline = time.monotonic() + timeout
     while True:
-        status = await db.read(lambda tx: tx.statuses(policy, ids)) if ids else {}
+        status = await db.read(lambda tx: tx.read_statuses(policy, ids)) if ids else {}
         missing = [i for i in ids if i not in status]
         if missing:
             raise LookupError(f"no run {missing[0]}")
@@ -495,7 +497,7 @@ class FactFollower:
     committed later than that after its id was made is missed. Reads only.
     """
 
-    def __init__(self, db: StateDB, entity_type: str = RUN_ENTITY, *,
+    def __init__(self, db: Database[ReadsTx], entity_type: str = RUN_ENTITY, *,
                  since: float | None = None, settle: float = FOLLOW_SETTLE_SECONDS,
                  clock: Any = time.time) -> None:
         self.db = db
@@ -526,8 +528,8 @@ class FactFollower:
         return [decode_fact(f) for f in found]
 
 
-def _facts_after(tx: Tx, *, entity_type: str, after: str) -> list[dict[str, Any]]:
-    return tx.facts_after(entity_type, after, FOLLOW_PAGE)
+def _facts_after(tx: ReadsTx, *, entity_type: str, after: str) -> list[dict[str, Any]]:
+    return tx.read_facts_after(entity_type, after, FOLLOW_PAGE)
 
 
 __all__ = [

@@ -10,12 +10,12 @@ from ledgerq.codec import loads
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.moves import Moved, MoveTerms, apply_move
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.moves import ENTITY, LEASE, Move
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.operations import Database, EventStore
+    from ledgerq.queue.store import SharedTx
 
 __all__ = ["ENTITY", "SYSTEM", "MalformedRow", "claim_reason", "decode_run", "lease_of",
            "move", "no_lease", "perform", "resolve_dependents", "run_policy", "terms",
@@ -24,7 +24,7 @@ __all__ = ["ENTITY", "SYSTEM", "MalformedRow", "claim_reason", "decode_run", "le
 SYSTEM = Actor(type="system", id="ledgerq")
 
 
-def run_policy(db: Database) -> EntityPolicy:
+def run_policy(db: Database[SharedTx]) -> EntityPolicy:
     """The run entity's policy, once its registry is known to allow every move the queue
     makes (:func:`ledgerq.queue.moves.check`): every queue entry point starts here, so a
     spec set missing an edge the queue needs is refused before anything is written."""
@@ -89,7 +89,7 @@ def claim_reason(worker_id: str) -> StateReason:
     return _shared_reason(moves.CLAIM.code, f"claimed by {worker_id}")
 
 
-def move(tx: Tx, policy: EntityPolicy, run_id: str, from_state: str | None,
+def move(tx: EventStore, policy: EntityPolicy, run_id: str, from_state: str | None,
          to_state: str, code: str, *, actor: Actor = SYSTEM, summary: str = "",
          guard: dict[str, Any] | None = None, patch: dict[str, Any] | None = None,
          metadata: dict[str, Any] | None = None, now: float | None = None,
@@ -115,7 +115,7 @@ def _reason_for(code: str, summary: str, metadata: dict[str, Any] | None = None
     return _reason(code, summary, metadata)
 
 
-def perform(tx: Tx, policy: EntityPolicy, run_id: str, which: Move, *,
+def perform(tx: EventStore, policy: EntityPolicy, run_id: str, which: Move, *,
             from_state: str | None = None, **options: Any) -> Moved:
     """One of the queue's own moves (:mod:`ledgerq.queue.moves`), through :func:`move`.
 
@@ -136,7 +136,7 @@ def terms(run_id: str, which: Move, *, actor: Actor, summary: str, guard: dict[s
                      actor, guard, patch, now)
 
 
-def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
+def resolve_dependents(tx: SharedTx, policy: EntityPolicy, run_ids: list[str],
                        *, waiting: bool = False, now: float | None = None) -> dict[str, int]:
     """Release or cancel waiting runs whose dependencies have all ended (in-transaction).
 
@@ -149,7 +149,7 @@ def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
     met = policy.states_with_outcome(SUCCEEDED)
     ts = time.time() if now is None else now
     counts = {"released": 0, "cancelled": 0}
-    todo = tx.waiting_runs(policy, run_ids) if waiting else tx.dependents_of(policy, run_ids)
+    todo = tx.list_waiting_runs(policy, run_ids) if waiting else tx.list_dependents(policy, run_ids)
     seen: set[str] = set()
     while todo:
         rid, deps_json = todo.pop()
@@ -160,7 +160,7 @@ def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
             deps = list(loads(deps_json) or [])
         except Exception:
             continue  # a hand-written row; verify() reports it, the queue leaves it alone
-        statuses = tx.statuses(policy, deps) if deps else {}
+        statuses = tx.read_statuses(policy, deps) if deps else {}
         ended_badly = [d for d in deps
                        if statuses.get(d) in policy.terminal and statuses[d] not in met]
         if ended_badly:
@@ -170,7 +170,7 @@ def resolve_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
                           patch={"ended_at": ts, "error_detail": why}, now=ts)
             if res.applied:
                 counts["cancelled"] += 1
-                todo += tx.dependents_of(policy, [rid])
+                todo += tx.list_dependents(policy, [rid])
         elif all(statuses.get(d) in met for d in deps):
             res = perform(tx, policy, rid, moves.DEPENDENCIES_MET, patch={"queued_at": ts},
                           now=ts)

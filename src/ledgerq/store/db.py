@@ -2,7 +2,9 @@
 
 ``StateDB("state.db")`` is a SQLite file (``":memory:"`` too); ``StateDB("postgresql://…")``
 (or ``postgres://``) is a PostgreSQL database. The handle chooses the dialect once and
-hands every unit of work a :class:`~ledgerq.operations.Tx` of that dialect; nothing
+hands every unit of work a transaction of that dialect (a subclass of
+:class:`~ledgerq.store.sqltx.SqlTx`, which implements the engine's
+:class:`~ledgerq.operations.EventStore` and every protocol of the queue's wings); nothing
 above it knows which one it is talking to.
 """
 
@@ -19,7 +21,7 @@ from ledgerq.extras import require
 from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import EntityPolicy, Registry, default_registry
-from ledgerq.operations import Tx
+from ledgerq.store.sqltx import SqlTx
 from ledgerq.store.timeouts import BUSY_TIMEOUT_MS
 
 T = TypeVar("T")
@@ -56,10 +58,10 @@ class Backend(Protocol):
     def is_open(self) -> bool: ...
     async def open(self) -> None: ...
     async def close(self) -> None: ...
-    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
+    async def write(self, fn: Callable[[SqlTx], T], *, bulk: bool = False,
                     reads_first: bool = False, alone: bool = False) -> T: ...
-    async def write_together(self, fn: Callable[[Tx], T]) -> T: ...
-    async def read(self, fn: Callable[[Tx], T]) -> T: ...
+    async def write_together(self, fn: Callable[[SqlTx], T]) -> T: ...
+    async def read(self, fn: Callable[[SqlTx], T]) -> T: ...
     async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
                         ) -> dict[str, Any] | None: ...
     async def fetch_all(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()
@@ -161,7 +163,7 @@ class StateDB:
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
+    async def write(self, fn: Callable[[SqlTx], T], *, bulk: bool = False,
                     reads_first: bool = False, alone: bool = False) -> T:
         """Run ``fn`` in a write transaction; if it raises, nothing it wrote survives.
 
@@ -181,7 +183,7 @@ class StateDB:
         """
         return await self._backend.write(fn, bulk=bulk, reads_first=reads_first, alone=alone)
 
-    async def write_together(self, fn: Callable[[Tx], T]) -> T:
+    async def write_together(self, fn: Callable[[SqlTx], T]) -> T:
         """:meth:`write`, allowed to share its transaction with concurrent ones (group
         commit): the terminal writes of a worker's runs.
 
@@ -191,7 +193,7 @@ class StateDB:
         """
         return await self._backend.write_together(fn)
 
-    async def read(self, fn: Callable[[Tx], T]) -> T:
+    async def read(self, fn: Callable[[SqlTx], T]) -> T:
         """Run ``fn`` inside one read-only snapshot (it never waits for a commit)."""
         return await self._backend.read(fn)
 

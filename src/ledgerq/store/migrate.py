@@ -25,7 +25,7 @@ from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.moves import apply_move
 from ledgerq.lifecycle.registry import EdgeRule, EntityPolicy, Registry, build_policy
 from ledgerq.lifecycle.spec import EntitySpec
-from ledgerq.operations import Tx
+from ledgerq.operations import EventStore
 
 
 class Catalog(evolution.Probe, abc.ABC):
@@ -71,8 +71,8 @@ class Catalog(evolution.Probe, abc.ABC):
         """Every id in ``state`` (the rows a mapping moves)."""
 
     @abc.abstractmethod
-    def tx(self) -> Tx:
-        """The dialect's Tx on this connection, for the facts of mapped moves."""
+    def tx(self) -> EventStore:
+        """The dialect's transaction on this connection, for the facts of mapped moves."""
 
 
 def wanted(registry: Registry) -> list[Normal]:

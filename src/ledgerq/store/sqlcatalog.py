@@ -2,7 +2,7 @@
 
 What a plan asks of the data (counts and a few ids), the recorded specs, and creating
 or dropping an entity's table are the same statements on SQLite and PostgreSQL, named in
-each dialect's ``queries.sql``; written once here, over the dialect's Tx (its queries,
+each dialect's ``*.sql``; written once here, over the dialect's SqlTx (its queries,
 placeholder and connection). Reading the schema back and altering a table are each
 dialect's own (``store/<dialect>/catalog.py``).
 """
@@ -15,7 +15,6 @@ from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.evolution import Normal
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.store import ddl
 from ledgerq.store.migrate import Catalog
 from ledgerq.store.sqltx import SqlTx
@@ -89,5 +88,5 @@ class SqlCatalog(Catalog):
     def drop(self, table: str) -> None:
         self.run(f"DROP TABLE {quote(table)}")
 
-    def tx(self) -> Tx:
+    def tx(self) -> SqlTx:
         return self._sql

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledgerq.operations import DEFAULT_QUEUE
+from ledgerq.queue.moves import DEFAULT_QUEUE
 from ledgerq.queue.submission.application import (
     MAX_PRIORITY,
     MAX_QUEUE_NAME_LENGTH,

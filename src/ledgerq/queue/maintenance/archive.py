@@ -48,12 +48,12 @@ from ledgerq.errors import DatabaseError, InvalidInput
 from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.queue.reads import RUN_ENTITY, decode_fact, decode_row
 from ledgerq.store.sqlite import archive_file
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.maintenance.store import MaintenanceTx
 
 
 @dataclass(frozen=True)
@@ -88,20 +88,20 @@ def parse_before(text: str, *, now: float | None = None) -> float:
                            "now (e.g. 30d, 12h)") from None
 
 
-def default_file(db: StateDB, now: float) -> Path:
+def default_file(db: Database[MaintenanceTx], now: float) -> Path:
     """``ledgerq-archive-<UTC time>.sqlite`` beside the SQLite file (else here)."""
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
     where = Path(db.file).resolve().parent if db.file is not None else Path.cwd()
     return where / f"ledgerq-archive-{stamp}.sqlite"
 
 
-def _referrers(db: StateDB, policy: EntityPolicy) -> list[tuple[EntityPolicy, str]]:
+def _referrers(db: Database[MaintenanceTx], policy: EntityPolicy) -> list[tuple[EntityPolicy, str]]:
     """Every (entity, column) whose foreign key points at the run table (the specs')."""
     return [(p, c) for p in db.registry.policies() for c, col in p.columns.items()
             if col.references == policy.table]
 
 
-def _select(tx: Tx, policy: EntityPolicy, referrers: list[tuple[EntityPolicy, str]],
+def _select(tx: MaintenanceTx, policy: EntityPolicy, referrers: list[tuple[EntityPolicy, str]],
             before: float, limit: int | None) -> tuple[int, int]:
     """List the runs to archive; (listed, skipped). Chains come off whole: taking a run
     off may make its own parent referenced, hence the loop to a fixed point."""
@@ -118,7 +118,7 @@ def _select(tx: Tx, policy: EntityPolicy, referrers: list[tuple[EntityPolicy, st
     return listed - skipped, skipped
 
 
-async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = None,
+async def archive_runs(db: Database[MaintenanceTx], *, before: float, to: str | Path | None = None,
                        dry_run: bool = False, limit: int | None = None,
                        now: float | None = None) -> ArchiveSummary:
     """Move ended runs older than ``before`` and all their facts into the file ``to``
@@ -152,16 +152,16 @@ async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = No
     types = {c: col.type for c, col in policy.columns.items()}
     published = [False]
 
-    def unit(tx: Tx) -> ArchiveSummary:
+    def unit(tx: MaintenanceTx) -> ArchiveSummary:
         runs, skipped = _select(tx, policy, referrers, float(before), limit)
         if dry_run or runs == 0:
-            facts = sum(1 for _ in tx.marked_facts(policy.name)) if runs else 0
+            facts = sum(1 for _ in tx.stream_marked_facts(policy.name)) if runs else 0
             tx.clear_marks()
             return ArchiveSummary(None, None, before, runs, facts, skipped, dry_run)
         try:
             wrote, facts, digest = archive_file.write(
-                path, manifest, policy.table, types, tx.marked_rows(policy),
-                tx.marked_facts(policy.name))
+                path, manifest, policy.table, types, tx.stream_marked_rows(policy),
+                tx.stream_marked_facts(policy.name))
             if wrote != runs:
                 raise DatabaseError(f"archive {batch}: listed {runs} runs but copied {wrote}; "
                                     "nothing was deleted")
@@ -195,7 +195,7 @@ async def archive_runs(db: StateDB, *, before: float, to: str | Path | None = No
         raise
 
 
-async def _check_target(db: StateDB, path: Path) -> None:
+async def _check_target(db: Database[MaintenanceTx], path: Path) -> None:
     if not path.parent.is_dir():
         raise InvalidInput(f"--to: directory {path.parent} does not exist")
     if path.exists():
@@ -207,7 +207,7 @@ async def _check_target(db: StateDB, path: Path) -> None:
                            "file: choose another --to")
 
 
-async def _recorded(db: StateDB, batch: str) -> bool:
+async def _recorded(db: Database[MaintenanceTx], batch: str) -> bool:
     """Whether the database recorded ``batch`` (True, keeping the file, when it cannot
     say: a file that may be the only copy of deleted runs is never removed)."""
     try:
@@ -216,9 +216,9 @@ async def _recorded(db: StateDB, batch: str) -> bool:
         return True
 
 
-async def list_archives(db: StateDB) -> list[dict[str, Any]]:
+async def list_archives(db: Database[MaintenanceTx]) -> list[dict[str, Any]]:
     """Every archive this database recorded, oldest first."""
-    return await db.read(lambda tx: tx.archives())
+    return await db.read(lambda tx: tx.list_archives())
 
 
 @dataclass(frozen=True)

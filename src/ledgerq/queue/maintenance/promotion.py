@@ -12,13 +12,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.maintenance.stuck import StuckRows, Swept, isolated, record, tracked, unskipped
 from ledgerq.queue.runs import perform, resolve_dependents, run_policy
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.maintenance.store import MaintenanceTx
+    from ledgerq.queue.store import SharedTx
 
 log = logging.getLogger("ledgerq.worker")
 
@@ -26,7 +27,7 @@ log = logging.getLogger("ledgerq.worker")
 SWEEP_CHUNK = 500
 
 
-def settle_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
+def settle_dependents(tx: SharedTx, policy: EntityPolicy, run_ids: list[str],
                       now: float) -> None:
     """Release or cancel the dependents of runs that just ended, never failing the end.
 
@@ -36,7 +37,7 @@ def settle_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
     """
     # Most runs have no dependents: look before opening a savepoint (the look is a read;
     # what can fail is moving them).
-    if not tx.dependents_of(policy, run_ids):
+    if not tx.list_dependents(policy, run_ids):
         return
     _, err = isolated(tx, functools.partial(resolve_dependents, now=now), tx, policy, run_ids)
     if err is not None:
@@ -44,24 +45,24 @@ def settle_dependents(tx: Tx, policy: EntityPolicy, run_ids: list[str],
                     ", ".join(run_ids), err)
 
 
-def _retry_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> bool:
+def _retry_one(tx: MaintenanceTx, policy: EntityPolicy, row: dict[str, Any], now: float) -> bool:
     return perform(tx, policy, row["id"], moves.RETRY_DUE,
                    guard={"retry_due_at": row["retry_due_at"]},
                    patch={"lease_attempts": 0, "retry_due_at": None, "queued_at": now},
                    now=now).applied
 
 
-def _start_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> bool:
+def _start_one(tx: MaintenanceTx, policy: EntityPolicy, row: dict[str, Any], now: float) -> bool:
     return perform(tx, policy, row["id"], moves.START_DUE, patch={"queued_at": now},
                    now=now).applied
 
 
-def _promote(tx: Tx, policy: EntityPolicy, now: float,
+def _promote(tx: MaintenanceTx, policy: EntityPolicy, now: float,
              skip: frozenset[str] = frozenset(), *, retries: bool = True,
              dependencies: bool = True, starts: bool = True) -> Swept:
     swept = Swept({"retried": 0, "released": 0, "cancelled": 0, "started": 0})
     if starts:
-        for row in tx.due_starts(policy, now):
+        for row in tx.list_due_starts(policy, now):
             if row["id"] in skip:
                 continue
             applied, err = isolated(tx, _start_one, tx, policy, row, now)
@@ -71,7 +72,7 @@ def _promote(tx: Tx, policy: EntityPolicy, now: float,
             swept.tried.append(row["id"])
             swept.counts["started"] += int(bool(applied))
     if retries:
-        for row in tx.due_retries(policy, now):
+        for row in tx.list_due_retries(policy, now):
             if row["id"] in skip:
                 continue
             applied, err = isolated(tx, _retry_one, tx, policy, row, now)
@@ -81,13 +82,13 @@ def _promote(tx: Tx, policy: EntityPolicy, now: float,
             swept.tried.append(row["id"])
             swept.counts["retried"] += int(bool(applied))
     if dependencies:
-        settled = [r for r in tx.settled_waiting(policy) if r not in skip]
+        settled = [r for r in tx.list_settled_waiting(policy) if r not in skip]
         for i in range(0, len(settled), SWEEP_CHUNK):
             _sweep(tx, policy, settled[i:i + SWEEP_CHUNK], now, swept)
     return swept
 
 
-def _sweep(tx: Tx, policy: EntityPolicy, ids: list[str], now: float,
+def _sweep(tx: MaintenanceTx, policy: EntityPolicy, ids: list[str], now: float,
            swept: Swept) -> None:
     """Settle waiting rows together; when that raises, row by row, so one row fails alone.
 
@@ -110,15 +111,15 @@ def _sweep(tx: Tx, policy: EntityPolicy, ids: list[str], now: float,
             swept.failures[rid] = err
 
 
-def _due_ids(tx: Tx, policy: EntityPolicy, now: float, limit: int, retries: bool,
+def _due_ids(tx: MaintenanceTx, policy: EntityPolicy, now: float, limit: int, retries: bool,
              dependencies: bool, starts: bool) -> list[str]:
     """Up to ``limit`` ids of each kind a promotion pass would move (a cheap read first)."""
-    ids = [r["id"] for r in tx.due_retries(policy, now, limit=limit)] if retries else []
-    ids += [r["id"] for r in tx.due_starts(policy, now, limit=limit)] if starts else []
-    return ids + (tx.settled_waiting(policy, limit=limit) if dependencies else [])
+    ids = [r["id"] for r in tx.list_due_retries(policy, now, limit=limit)] if retries else []
+    ids += [r["id"] for r in tx.list_due_starts(policy, now, limit=limit)] if starts else []
+    return ids + (tx.list_settled_waiting(policy, limit=limit) if dependencies else [])
 
 
-async def promote_due(db: StateDB, *, now: float | None = None,
+async def promote_due(db: Database[MaintenanceTx], *, now: float | None = None,
                       stuck: StuckRows | None = None) -> dict[str, int]:
     """Queue delayed runs whose start time came and due retries, and settle waiting runs
     whose dependencies ended.

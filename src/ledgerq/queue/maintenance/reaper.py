@@ -10,22 +10,23 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.maintenance.promotion import settle_dependents
 from ledgerq.queue.maintenance.stuck import StuckRows, Swept, isolated, record, tracked, unskipped
+from ledgerq.queue.moves import expired_columns
 from ledgerq.queue.runs import lease_of, no_lease, perform, run_policy
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.maintenance.store import MaintenanceTx
 
 MAX_LEASE_ATTEMPTS = 3
 
 
-def _reap(tx: Tx, policy: EntityPolicy, now: float,
+def _reap(tx: MaintenanceTx, policy: EntityPolicy, now: float,
           skip: frozenset[str] = frozenset()) -> Swept:
     swept = Swept({"requeued": 0, "failed": 0})
-    for row in tx.expired_leases(policy, now):
+    for row in tx.list_expired_leases(policy, now, columns=expired_columns(policy)):
         if row["id"] in skip:
             continue
         counted, err = isolated(tx, _reap_one, tx, policy, row, now)
@@ -38,7 +39,7 @@ def _reap(tx: Tx, policy: EntityPolicy, now: float,
     return swept
 
 
-def _reap_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> str:
+def _reap_one(tx: MaintenanceTx, policy: EntityPolicy, row: dict[str, Any], now: float) -> str:
     """Requeue or fail one expired lease; returns the count it adds to ("" if none)."""
     guard = lease_of(policy, row)
     if row["lease_attempts"] < MAX_LEASE_ATTEMPTS:
@@ -58,7 +59,7 @@ def _reap_one(tx: Tx, policy: EntityPolicy, row: dict[str, Any], now: float) -> 
     return "failed"
 
 
-async def reap_expired_leases(db: StateDB, *, now: float | None = None,
+async def reap_expired_leases(db: Database[MaintenanceTx], *, now: float | None = None,
                               stuck: StuckRows | None = None) -> dict[str, int]:
     """Return expired leases to the queue, or fail rows whose leases expired 3 times.
 
@@ -69,8 +70,9 @@ async def reap_expired_leases(db: StateDB, *, now: float | None = None,
     ts = time.time() if now is None else now
     tracker = tracked(stuck)
     skip = tracker.skipping()
-    expired = await db.read(lambda tx: [r["id"] for r in tx.expired_leases(
-        policy, ts, limit=len(skip) + 1)])
+    columns = expired_columns(policy)
+    expired = await db.read(lambda tx: [r["id"] for r in tx.list_expired_leases(
+        policy, ts, limit=len(skip) + 1, columns=columns)])
     if not unskipped(expired, skip):
         return {"requeued": 0, "failed": 0}  # nothing expired: skip the write lock
     return record(tracker, "reaper", await db.write(lambda tx: _reap(tx, policy, ts, skip)))

@@ -11,10 +11,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledgerq.errors import DatabaseDamaged, DatabaseGone, DatabaseUnavailable
-from ledgerq.operations import Tx
+
+if TYPE_CHECKING:
+    from ledgerq.operations import EventStore
 
 log = logging.getLogger("ledgerq.worker")
 T = TypeVar("T")
@@ -111,7 +113,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def isolated(tx: Tx, fn: Callable[..., T], *args: Any) -> tuple[T | None, str | None]:
+def isolated(tx: EventStore, fn: Callable[..., T], *args: Any) -> tuple[T | None, str | None]:
     """``fn(*args)`` in its own savepoint: what it wrote vanishes alone if it raises.
 
     Returns (its value, None), or (None, the failure's description). A failure of the
@@ -122,7 +124,7 @@ def isolated(tx: Tx, fn: Callable[..., T], *args: Any) -> tuple[T | None, str | 
         with tx.savepoint():
             value = fn(*args)
     except Exception as exc:
-        if tx.database_failure(exc):
+        if tx.is_database_failure(exc):
             raise
         return None, describe(exc)
     return value, None

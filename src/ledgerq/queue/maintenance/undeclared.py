@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from ledgerq.queue.runs import run_policy
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.store import SharedTx
 
 log = logging.getLogger("ledgerq.worker")
 
@@ -32,10 +33,10 @@ class UndeclaredReport:
         self.worker_id = worker_id
         self.count = 0
 
-    async def look(self, db: StateDB, now: float) -> int:
+    async def look(self, db: Database[SharedTx], now: float) -> int:
         policy = run_policy(db)
         n, sample = await db.read(
-            lambda tx: tx.stuck_runs(policy, "undeclared", now, 0.0, SAMPLE))
+            lambda tx: tx.find_stuck_runs(policy, "undeclared", now, 0.0, SAMPLE))
         if n and n != self.count:
             states = sorted({status for _, status, _ in sample})
             log.warning(

@@ -38,7 +38,6 @@ from ledgerq.codec import dumps, loads
 from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.runs import run_policy
 from ledgerq.queue.scheduling.schedules import application_from_json, schedule_policy
@@ -49,6 +48,7 @@ from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
     from ledgerq.operations import Database
+    from ledgerq.queue.scheduling.store import SchedulingTx
 
 #: Under ``catch_up = "none"``, how late a slot may still fire (a scheduler that ticks a
 #: little late is not a missed slot; one that was down for a minute is).
@@ -117,40 +117,40 @@ class FirePass:
     already: int = 0
 
 
-def _plan(tx: Tx, spol: EntityPolicy, rpol: EntityPolicy, now: float) -> list[str]:
+def _plan(tx: SchedulingTx, spol: EntityPolicy, rpol: EntityPolicy, now: float) -> list[str]:
     """Ids of the active schedules with a slot due (a read: no write lock)."""
-    _, rows = tx.run_page(spol, {"status": [moves.FIRING]}, tuple(spol.columns),
-                          MAX_SCHEDULES, 0)
+    _, rows = tx.read_page(spol, {"status": [moves.FIRING]}, tuple(spol.columns),
+                           MAX_SCHEDULES, 0)
     due: list[str] = []
     for row in rows:
-        latest = tx.latest_fire(rpol, row["id"])
+        latest = tx.read_latest_fire(rpol, row["id"])
         if due_slots(row, None if latest is None else latest["slot_at"], now):
             due.append(row["id"])
     return due
 
 
-def fire_schedule(tx: Tx, spol: EntityPolicy, rpol: EntityPolicy, schedule_id: str,
+def fire_schedule(tx: SchedulingTx, spol: EntityPolicy, rpol: EntityPolicy, schedule_id: str,
                   now: float, actor: Actor, host: str) -> FirePass:
     """Fire one schedule's due slots (in-transaction); what it did."""
     result = FirePass()
     # The schedule's row read as a move reads it: fires of one schedule, and a pause or
     # retirement committing meanwhile, take turns; what is read next is then current.
-    found = tx.entity_for_move(spol, schedule_id, ())
+    found = tx.read_for_move(spol, schedule_id, ())
     if found is None or found[0] != moves.FIRING:
         return result
-    row = tx.entity_row(spol, schedule_id)
+    row = tx.read_entity(spol, schedule_id)
     assert row is not None
-    latest = tx.latest_fire(rpol, schedule_id)
+    latest = tx.read_latest_fire(rpol, schedule_id)
     slots = due_slots(row, None if latest is None else latest["slot_at"], now)
     if not slots:
         return result
     app = application_from_json(loads(row["application"]))
     fingerprint = digest(app)
     for slot in slots:
-        if tx.run_for_slot(rpol, schedule_id, slot) is not None:
+        if tx.find_run_for_slot(rpol, schedule_id, slot) is not None:
             result.already += 1
             continue
-        busy = tx.fire_in_progress(rpol, schedule_id) if row["overlap"] == "skip" else None
+        busy = tx.find_fire_in_progress(rpol, schedule_id) if row["overlap"] == "skip" else None
         which = moves.FIRED if busy is None else moves.OVERLAP_SKIPPED
         values = run_row(app, now, host, which.target, [], fingerprint, policy=rpol)
         values.update({
@@ -170,7 +170,8 @@ def fire_schedule(tx: Tx, spol: EntityPolicy, rpol: EntityPolicy, schedule_id: s
     return result
 
 
-async def fire_due(db: Database, *, now: float | None = None, actor: Actor = SCHEDULER,
+async def fire_due(db: Database[SchedulingTx], *, now: float | None = None,
+                   actor: Actor = SCHEDULER,
                    host: str | None = None) -> FirePass:
     """One scheduler pass over every active schedule; safe to run anywhere, at any time,
     as often as wanted (each slot still yields exactly one run)."""
@@ -214,7 +215,7 @@ def next_fire(schedule: dict[str, Any], latest_slot: float | None, now: float) -
     return slot + jitter_offset(schedule["id"], slot, float(schedule["jitter"]))
 
 
-async def schedule_overview(db: Database, *, include_retired: bool = False,
+async def schedule_overview(db: Database[SchedulingTx], *, include_retired: bool = False,
                             ref: str | None = None, now: float | None = None
                             ) -> list[dict[str, Any]]:
     """Schedules (or the one named ``ref``) with ``next_fire_at`` and ``last_fire`` (id,
@@ -226,7 +227,7 @@ async def schedule_overview(db: Database, *, include_retired: bool = False,
     rows = ([await get_schedule(db, ref)] if ref is not None
             else await list_schedules(db, include_retired=include_retired))
     ids = [r["id"] for r in rows]
-    latest = await db.read(lambda tx: {i: tx.latest_fire(rpol, i) for i in ids})
+    latest = await db.read(lambda tx: {i: tx.read_latest_fire(rpol, i) for i in ids})
     out = []
     for r in rows:
         last = latest[r["id"]]

@@ -25,9 +25,8 @@ from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import DEFAULT_QUEUE, Tx
 from ledgerq.queue import moves
-from ledgerq.queue.moves import Move
+from ledgerq.queue.moves import DEFAULT_QUEUE, Move
 from ledgerq.queue.runs import perform
 from ledgerq.queue.scheduling.slots import check_definition
 from ledgerq.queue.submission.application import (
@@ -39,6 +38,7 @@ from ledgerq.queue.submission.application import (
 
 if TYPE_CHECKING:
     from ledgerq.operations import Database
+    from ledgerq.queue.scheduling.store import SchedulingTx
 
 #: What ``catch_up`` may say: after every scheduler was down, fire the latest missed slot
 #: once, every missed slot, or none of them.
@@ -54,7 +54,7 @@ OPERATOR = Actor(type="operator", id="ledgerq.schedule")
 LIVE = (moves.SCHEDULE_ADDED.target, moves.SCHEDULE_PAUSED.target)
 
 
-def schedule_policy(db: Database) -> EntityPolicy:
+def schedule_policy(db: Database[SchedulingTx]) -> EntityPolicy:
     """The schedule entity's policy, once the specs are known to allow every move made
     here; InvalidInput when the loaded specs declare no schedules at all."""
     registry = moves.check(db.registry)
@@ -159,7 +159,7 @@ class Definition:
                    app, begin, end)
 
 
-async def add_schedule(db: Database, name: str, *, cron: str | None = None,
+async def add_schedule(db: Database[SchedulingTx], name: str, *, cron: str | None = None,
                        every: float | int | str | None = None,
                        application: TaskApplication, timezone: str = "UTC",
                        catch_up: str = "latest", overlap: str = "allow", jitter: float = 0.0,
@@ -181,8 +181,8 @@ async def add_schedule(db: Database, name: str, *, cron: str | None = None,
     ts = time.time() if now is None else now
     created = moves.SCHEDULE_ADDED_PAUSED if paused else moves.SCHEDULE_ADDED
 
-    def unit(tx: Tx) -> str:
-        _, same = tx.run_page(policy, {"name": [d.name], "status": list(LIVE)}, ("id",), 1, 0)
+    def unit(tx: SchedulingTx) -> str:
+        _, same = tx.read_page(policy, {"name": [d.name], "status": list(LIVE)}, ("id",), 1, 0)
         if same:
             raise InvalidInput(f"a schedule named {d.name!r} already exists "
                                f"(id {same[0]['id']}); retire it first or pick another name")
@@ -207,19 +207,19 @@ def decode_schedule(policy: EntityPolicy, row: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def _lookup(tx: Tx, policy: EntityPolicy, ref: str) -> dict[str, Any] | None:
+def _lookup(tx: SchedulingTx, policy: EntityPolicy, ref: str) -> dict[str, Any] | None:
     """By id, else by name: the live schedule of that name, else its latest retired one."""
-    row = tx.entity_row(policy, ref)
+    row = tx.read_entity(policy, ref)
     if row is not None:
         return row
-    _, rows = tx.run_page(policy, {"name": [ref], "status": list(LIVE)}, tuple(policy.columns),
-                          1, 0)
+    _, rows = tx.read_page(policy, {"name": [ref], "status": list(LIVE)}, tuple(policy.columns),
+                           1, 0)
     if not rows:
-        _, rows = tx.run_page(policy, {"name": [ref]}, tuple(policy.columns), 1, 0)
+        _, rows = tx.read_page(policy, {"name": [ref]}, tuple(policy.columns), 1, 0)
     return rows[0] if rows else None
 
 
-async def get_schedule(db: Database, ref: str) -> dict[str, Any]:
+async def get_schedule(db: Database[SchedulingTx], ref: str) -> dict[str, Any]:
     """One schedule by id or name (JSON decoded); NotFound when there is none."""
     policy = schedule_policy(db)
     row = await db.read(lambda tx: _lookup(tx, policy, ref))
@@ -228,24 +228,25 @@ async def get_schedule(db: Database, ref: str) -> dict[str, Any]:
     return decode_schedule(policy, row)
 
 
-async def list_schedules(db: Database, *, include_retired: bool = False,
+async def list_schedules(db: Database[SchedulingTx], *, include_retired: bool = False,
                          limit: int = 1000) -> list[dict[str, Any]]:
     """Schedules newest first (retired ones only when asked), JSON decoded."""
     policy = schedule_policy(db)
     states = sorted(policy.states) if include_retired else list(LIVE)
 
-    def unit(tx: Tx) -> list[dict[str, Any]]:
-        return tx.run_page(policy, {"status": states}, tuple(policy.columns), limit, 0)[1]
+    def unit(tx: SchedulingTx) -> list[dict[str, Any]]:
+        return tx.read_page(policy, {"status": states}, tuple(policy.columns), limit, 0)[1]
 
     return [decode_schedule(policy, r) for r in await db.read(unit)]
 
 
-async def _change(db: Database, ref: str, which: Move, *, actor: Actor, now: float | None,
+async def _change(db: Database[SchedulingTx], ref: str, which: Move, *, actor: Actor,
+                  now: float | None,
                   patch: dict[str, Any] | None = None) -> bool:
     policy = schedule_policy(db)
     ts = time.time() if now is None else now
 
-    def unit(tx: Tx) -> bool:
+    def unit(tx: SchedulingTx) -> bool:
         row = _lookup(tx, policy, ref)
         if row is None:
             raise NotFound(f"no schedule {ref!r}")
@@ -260,13 +261,13 @@ async def _change(db: Database, ref: str, which: Move, *, actor: Actor, now: flo
     return await db.write(unit)
 
 
-async def pause_schedule(db: Database, ref: str, *, actor: Actor = OPERATOR,
+async def pause_schedule(db: Database[SchedulingTx], ref: str, *, actor: Actor = OPERATOR,
                          now: float | None = None) -> bool:
     """Stop firing; False when it was not active. Slots passing while paused never fire."""
     return await _change(db, ref, moves.SCHEDULE_PAUSED, actor=actor, now=now)
 
 
-async def resume_schedule(db: Database, ref: str, *, actor: Actor = OPERATOR,
+async def resume_schedule(db: Database[SchedulingTx], ref: str, *, actor: Actor = OPERATOR,
                           now: float | None = None) -> bool:
     """Fire again from now on; False when it was not paused."""
     ts = time.time() if now is None else now
@@ -274,7 +275,7 @@ async def resume_schedule(db: Database, ref: str, *, actor: Actor = OPERATOR,
                          patch={"fires_after": ts})
 
 
-async def retire_schedule(db: Database, ref: str, *, actor: Actor = OPERATOR,
+async def retire_schedule(db: Database[SchedulingTx], ref: str, *, actor: Actor = OPERATOR,
                           now: float | None = None) -> bool:
     """Never fire again (``ledgerq schedule rm``); its runs and history stay. False when
     it was retired already."""

@@ -15,7 +15,7 @@ import msgspec
 from ledgerq.codec import dumpb, dumps, loads
 from ledgerq.durations import check_instant, check_span
 from ledgerq.errors import InvalidInput
-from ledgerq.operations import DEFAULT_QUEUE
+from ledgerq.queue.moves import DEFAULT_QUEUE
 
 #: Kinds the subprocess launcher knows, plus ``workflow`` (run only through an adapter)
 #: and ``command`` (its ``args["argv"]`` is executed directly).

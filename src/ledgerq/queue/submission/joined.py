@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from weakref import WeakKeyDictionary
 
-from ledgerq.operations import Tx
 from ledgerq.queue.maintenance.stuck import is_database_failure
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.submission.store import SubmissionTx
 
 Item = TypeVar("Item")
 Value = TypeVar("Value")
@@ -52,8 +52,9 @@ class _Joint(Generic[Item, Value]):
     task: asyncio.Task[None] | None = None
 
 
-#: Per StateDB, the joint that callers can still join, per key.
-_open: WeakKeyDictionary[StateDB, dict[Hashable, _Joint[Any, Any]]] = WeakKeyDictionary()
+#: Per handle, the joint that callers can still join, per key.
+_open: WeakKeyDictionary[Database[SubmissionTx],
+                        dict[Hashable, _Joint[Any, Any]]] = WeakKeyDictionary()
 
 
 def others_ready() -> bool:
@@ -63,8 +64,8 @@ def others_ready() -> bool:
     return bool(getattr(asyncio.get_running_loop(), "_ready", None))
 
 
-async def write_joined(db: StateDB, key: Hashable, item: Item,
-                       write_all: Callable[[Tx, Sequence[Item], float], list[Value]],
+async def write_joined(db: Database[SubmissionTx], key: Hashable, item: Item,
+                       write_all: Callable[[SubmissionTx, Sequence[Item], float], list[Value]],
                        *, limit: int = MAX_JOINED) -> Value:
     """``item``'s value of ``write_all(tx, items, now)`` run once for every item joined
     under ``key`` in this turn (``now``: when that unit began); returns after its commit.
@@ -94,7 +95,7 @@ async def write_joined(db: StateDB, key: Hashable, item: Item,
             raise
         # One item (or more) was refused, and nothing of the joint was written: each
         # caller writes alone, so only what is at fault is refused again.
-        def by_itself(tx: Tx) -> list[Value]:
+        def by_itself(tx: SubmissionTx) -> list[Value]:
             return write_all(tx, [item], time.time())
 
         return (await db.write(by_itself, alone=True))[0]
@@ -107,9 +108,10 @@ def _seal(joints: dict[Hashable, _Joint[Any, Any]], key: Hashable,
         del joints[key]
 
 
-async def _write(db: StateDB, joints: dict[Hashable, _Joint[Item, Value]], key: Hashable,
+async def _write(db: Database[SubmissionTx], joints: dict[Hashable, _Joint[Item, Value]],
+                 key: Hashable,
                  joint: _Joint[Item, Value],
-                 write_all: Callable[[Tx, Sequence[Item], float], list[Value]]) -> None:
+                 write_all: Callable[[SubmissionTx, Sequence[Item], float], list[Value]]) -> None:
     # Sealed on the loop's thread before the unit can run anywhere (on PostgreSQL, a pool
     # thread): the unit's items never change under it, whatever runs it or how often.
     _seal(joints, key, joint)

@@ -24,8 +24,8 @@ from ledgerq.errors import InvalidInput, NotFound
 from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import DEFAULT_QUEUE, Tx
 from ledgerq.queue import moves
+from ledgerq.queue.moves import DEFAULT_QUEUE
 from ledgerq.queue.runs import run_policy
 from ledgerq.queue.submission.application import (
     RetryPolicy,
@@ -37,7 +37,8 @@ from ledgerq.queue.submission.submit import run_row
 from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.submission.store import SubmissionTx
 
 RETRIER = Actor(type="operator", id="ledgerq.retry")
 
@@ -65,9 +66,9 @@ def application_of(row: dict[str, Any]) -> TaskApplication:
         priority=row.get("priority", 0), queue=row.get("queue", DEFAULT_QUEUE))
 
 
-def _rerun(tx: Tx, policy: EntityPolicy, run_id: str, actor: Actor, summary: str,
+def _rerun(tx: SubmissionTx, policy: EntityPolicy, run_id: str, actor: Actor, summary: str,
            now: float) -> str:
-    found = tx.entity_row(policy, run_id)
+    found = tx.read_entity(policy, run_id)
     if found is None:
         raise NotFound(f"no run {run_id}")
     if found["status"] not in policy.terminal:
@@ -87,7 +88,7 @@ def _rerun(tx: Tx, policy: EntityPolicy, run_id: str, actor: Actor, summary: str
     return create_entity(tx, policy, row, reason=reason, actor=actor, now=now)
 
 
-async def retry_runs(db: StateDB, run_ids: Iterable[str], *, actor: Actor = RETRIER,
+async def retry_runs(db: Database[SubmissionTx], run_ids: Iterable[str], *, actor: Actor = RETRIER,
                      summary: str = "", now: float | None = None) -> list[str]:
     """Run each ended run again (see the module docstring), all in one transaction: every
     new run is created, or (an unknown id, a run that has not ended) none. Returns the
@@ -99,7 +100,7 @@ async def retry_runs(db: StateDB, run_ids: Iterable[str], *, actor: Actor = RETR
     ids = list(run_ids)
     ts = time.time() if now is None else now
 
-    def unit(tx: Tx) -> list[str]:
+    def unit(tx: SubmissionTx) -> list[str]:
         return [_rerun(tx, policy, rid, actor, summary, ts) for rid in ids]
 
     created = await db.write(unit, bulk=len(ids) > 1) if ids else []
@@ -107,7 +108,8 @@ async def retry_runs(db: StateDB, run_ids: Iterable[str], *, actor: Actor = RETR
     return created
 
 
-async def retry_run(db: StateDB, run_id: str, *, actor: Actor = RETRIER, summary: str = "",
+async def retry_run(db: Database[SubmissionTx], run_id: str, *, actor: Actor = RETRIER,
+                    summary: str = "",
                     now: float | None = None) -> str:
     """Run one ended run again; returns the new run's id. NotFound for an unknown id,
     RunNotEnded (an InvalidInput) for a run that has not ended."""

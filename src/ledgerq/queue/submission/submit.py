@@ -15,9 +15,9 @@ from ledgerq.lifecycle.creation import create_entities, create_entity
 from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.models import MAX_SUMMARY_LENGTH, Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import DEFAULT_QUEUE, PRIORITY_COLUMN, QUEUE_COLUMN, Tx
 from ledgerq.queue import moves
 from ledgerq.queue.capabilities import host_scoped_concurrency_key
+from ledgerq.queue.moves import DEFAULT_QUEUE, PRIORITY_COLUMN, QUEUE_COLUMN
 from ledgerq.queue.runs import perform, resolve_dependents, run_policy
 from ledgerq.queue.submission import joined
 from ledgerq.queue.submission.application import (
@@ -33,7 +33,8 @@ from ledgerq.queue.submission.application import (
 from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.submission.store import SubmissionTx
 
 SUBMITTER = Actor(type="system", id="ledgerq.submit")
 #: How run ids are made (a module attribute so a test can make them deterministic).
@@ -45,14 +46,14 @@ new_run_id = new_id
 BULK_ROWS = 100
 
 
-def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
+def _insert(tx: SubmissionTx, policy: EntityPolicy, app: TaskApplication, now: float,
             host: str, actor: Actor, args_json: str | None = None) -> str:
     fingerprint = digest(app, args_json)
     if app.idempotency_key is not None:
         # Concurrent submits of one key (other connections, other hosts) wait here for
         # each other, so the second sees the first's row instead of colliding with it.
         tx.lock_key(f"idempotency:{app.idempotency_key}")
-        existing = tx.run_by_idempotency_key(policy, app.idempotency_key)
+        existing = tx.find_run_by_idempotency_key(policy, app.idempotency_key)
         if existing is not None:
             if existing["application_digest"] != fingerprint:
                 raise IdempotencyConflict(
@@ -62,7 +63,7 @@ def _insert(tx: Tx, policy: EntityPolicy, app: TaskApplication, now: float,
             return str(existing["id"])
     deps = list(dict.fromkeys(app.depends_on)) if app.depends_on else []
     if deps:
-        found = tx.statuses(policy, deps)
+        found = tx.read_statuses(policy, deps)
         unknown = [d for d in deps if d not in found]
         if unknown:
             raise InvalidInput(_unknown_deps_message(unknown))
@@ -151,7 +152,7 @@ _reasons = {m: StateReason(code=m.code) for m in (moves.SUBMITTED, moves.SUBMITT
                                                   moves.SUBMITTED_DELAYED)}
 
 
-def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
+def _insert_all(tx: SubmissionTx, policy: EntityPolicy, apps: list[TaskApplication],
                 now: float, host: str, actor: Actor,
                 args_json: Sequence[str | None] | None = None) -> list[str]:
     """Insert ``apps`` in order (in-transaction); ids in the same order. ``args_json``:
@@ -186,7 +187,7 @@ def _insert_all(tx: Tx, policy: EntityPolicy, apps: list[TaskApplication],
     return ids
 
 
-async def submit_task(db: StateDB, app: TaskApplication, *, now: float | None = None,
+async def submit_task(db: Database[SubmissionTx], app: TaskApplication, *, now: float | None = None,
                       host: str | None = None, actor: Actor = SUBMITTER,
                       limits: SubmitLimits | None = None) -> str:
     """Validate, then insert one queued row and its creation fact; returns the run id.
@@ -198,7 +199,8 @@ async def submit_task(db: StateDB, app: TaskApplication, *, now: float | None = 
     return (await submit_many(db, [app], now=now, host=host, actor=actor, limits=limits))[0]
 
 
-async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: float | None = None,
+async def submit_many(db: Database[SubmissionTx], apps: Sequence[TaskApplication], *,
+                      now: float | None = None,
                       host: str | None = None, actor: Actor = SUBMITTER,
                       limits: SubmitLimits | None = None) -> list[str]:
     """Submit a batch in one transaction: all rows are written, or (on any error) none.
@@ -233,7 +235,7 @@ async def submit_many(db: StateDB, apps: Sequence[TaskApplication], *, now: floa
             db, (actor, hostname), (normalized[0], texts[0]),
             functools.partial(_insert_joined, policy=policy, host=hostname, actor=actor))]
     else:
-        def unit(tx: Tx) -> list[str]:
+        def unit(tx: SubmissionTx) -> list[str]:
             return _insert_all(tx, policy, normalized, ts, hostname, actor, texts)
 
         # A plain submit takes no lock and reads nothing: its unit is one statement (many
@@ -252,7 +254,7 @@ def _joinable(app: TaskApplication) -> bool:
     return app.idempotency_key is None and not app.depends_on
 
 
-def _insert_joined(tx: Tx, items: Sequence[tuple[TaskApplication, str]], now: float, *,
+def _insert_joined(tx: SubmissionTx, items: Sequence[tuple[TaskApplication, str]], now: float, *,
                    policy: EntityPolicy, host: str, actor: Actor) -> list[str]:
     """:func:`_insert_all` of submits joined in one turn (see
     :mod:`ledgerq.queue.submission.joined`)."""
@@ -260,7 +262,7 @@ def _insert_joined(tx: Tx, items: Sequence[tuple[TaskApplication, str]], now: fl
                        [text for _, text in items])
 
 
-async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = "",
+async def cancel_task(db: Database[SubmissionTx], run_id: str, *, actor: Actor, summary: str = "",
                       now: float | None = None) -> bool:
     """Cancel a run that has not ended; False when it already has (a conflict, not an error).
 
@@ -275,10 +277,10 @@ async def cancel_task(db: StateDB, run_id: str, *, actor: Actor, summary: str = 
                            f"{MAX_SUMMARY_LENGTH:,}")
     check_text(summary, "summary")
 
-    def unit(tx: Tx) -> bool:
+    def unit(tx: SubmissionTx) -> bool:
         # Read as a move reads (under the row's lock where writers run at once), so a
         # claim committing meanwhile is seen, and a running run is cancelled as such.
-        found = tx.entity_for_move(policy, run_id, ())
+        found = tx.read_for_move(policy, run_id, ())
         if found is None:
             raise NotFound(f"run {run_id!r} not found")
         status = found[0]
@@ -300,7 +302,7 @@ def _fire_code(status: str) -> str:
     return "run.started.scheduled" if status == "running" else f"run.{status}.scheduled"
 
 
-async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: str,
+async def record_scheduled_fire(db: Database[SubmissionTx], *, schedule_id: str, action_kind: str,
                                 args: dict[str, Any], status: str = "running",
                                 now: float | None = None, schedule_name: str | None = None,
                                 actor: Actor | None = None) -> str:
@@ -323,7 +325,7 @@ async def record_scheduled_fire(db: StateDB, *, schedule_id: str, action_kind: s
     ts = time.time() if now is None else now
     who = actor or Actor(type="scheduler", id=schedule_id)
 
-    def unit(tx: Tx) -> str:
+    def unit(tx: SubmissionTx) -> str:
         tx.ensure_schedule(schedule_id, schedule_name, ts)
         return create_entity(tx, policy, {
             "schedule_id": schedule_id, "trigger_context": "{}", "action_kind": action_kind,

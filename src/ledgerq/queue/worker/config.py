@@ -15,7 +15,7 @@ from typing import Any
 
 from ledgerq.durations import check_span
 from ledgerq.errors import InvalidInput
-from ledgerq.operations import DEFAULT_QUEUE
+from ledgerq.queue.moves import DEFAULT_QUEUE
 from ledgerq.queue.submission.application import queue_name_problem
 from ledgerq.queue.worker.executors import Executors
 from ledgerq.queue.worker.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES, ExecuteFn

@@ -47,7 +47,8 @@ from ledgerq.queue.worker.supervision import (
 )
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.worker.store import ServiceTx
 
 __all__ = [
     "DEFAULT_CLAIM_LIMIT",
@@ -84,7 +85,7 @@ __all__ = [
 
 log = logging.getLogger("ledgerq.worker")
 
-async def register_heartbeat(db: StateDB, *, worker_id: str,
+async def register_heartbeat(db: Database[ServiceTx], *, worker_id: str,
                              advertised_capabilities: list[str] | None = None,
                              execution_targets: list[str] | None = None,
                              now: float | None = None) -> None:
@@ -103,9 +104,10 @@ def _fixed_clock(now: float | None) -> Callable[[], float]:
     return lambda: now + (time.monotonic() - start)
 
 
-async def _claim_and_execute(db: StateDB, config: WorkerConfig, now: float | None,
+async def _claim_and_execute(db: Database[ServiceTx], config: WorkerConfig, now: float | None,
                              stuck: StuckRows | None) -> int:
-    claimed = await claim_pass(db, config, now=now, stuck=stuck)
+    # (claim.py still annotates StateDB: strict mypy flags this ignore once it does not)
+    claimed = await claim_pass(db, config, now=now, stuck=stuck)  # type: ignore[arg-type]
     ctx = RunContext.from_config(config, clock=_fixed_clock(now))
     begun = begin_runs(db, claimed.claimed, ctx)
     going: list[Any] = []
@@ -125,7 +127,8 @@ async def _claim_and_execute(db: StateDB, config: WorkerConfig, now: float | Non
     return len(claimed.claimed)
 
 
-async def claim_and_execute(db: StateDB, *, worker_id: str, execute: ExecuteFn | None = None,
+async def claim_and_execute(db: Database[ServiceTx], *, worker_id: str,
+                            execute: ExecuteFn | None = None,
                             now: float | None = None,
                             lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
                             limit: int = DEFAULT_CLAIM_LIMIT,
@@ -151,7 +154,7 @@ async def claim_and_execute(db: StateDB, *, worker_id: str, execute: ExecuteFn |
     return await _claim_and_execute(db, config, now, stuck)
 
 
-async def worker_tick(db: StateDB, *, worker_id: str, execute: ExecuteFn | None = None,
+async def worker_tick(db: Database[ServiceTx], *, worker_id: str, execute: ExecuteFn | None = None,
                       now: float | None = None, lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
                       limit: int = DEFAULT_CLAIM_LIMIT,
                       advertised_capabilities: list[str] | None = None,

@@ -12,13 +12,13 @@ import time
 from typing import TYPE_CHECKING
 
 from ledgerq.codec import dumps
-from ledgerq.operations import Tx
 
 if TYPE_CHECKING:
+    from ledgerq.operations import Database
     from ledgerq.queue.worker.config import WorkerConfig
-    from ledgerq.store.db import StateDB
+    from ledgerq.queue.worker.store import WorkerTx
 
-async def beat(db: StateDB, config: WorkerConfig, now: float | None = None) -> None:
+async def beat(db: Database[WorkerTx], config: WorkerConfig, now: float | None = None) -> None:
     """Upsert this worker's row with the capabilities and targets it advertises."""
     ts = time.time() if now is None else now
     caps = dumps(list(config.advertised_capabilities))
@@ -26,7 +26,7 @@ async def beat(db: StateDB, config: WorkerConfig, now: float | None = None) -> N
     queues = dumps(list(config.queues))
     host = socket.gethostname()
 
-    def unit(tx: Tx) -> None:
+    def unit(tx: WorkerTx) -> None:
         tx.upsert_worker(config.worker_id, caps, targets, ts, host, os.getpid(), queues)
 
     await db.write(unit)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from ledgerq.queue.moves import lease_columns
 from ledgerq.queue.runs import run_policy
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.worker.store import WorkerTx
 
 
 
@@ -35,10 +37,11 @@ class LeaseReads:
     """Coalesces the lease checks asked for in one turn of the event loop into one query."""
 
     def __init__(self) -> None:
-        self._waiting: dict[StateDB, dict[str, list[asyncio.Future[dict[str, Any] | None]]]] = {}
+        self._waiting: dict[Database[WorkerTx],
+                            dict[str, list[asyncio.Future[dict[str, Any] | None]]]] = {}
         self._flushes: set[asyncio.Task[None]] = set()
 
-    async def lease_row(self, db: StateDB, run_id: str) -> dict[str, Any] | None:
+    async def lease_row(self, db: Database[WorkerTx], run_id: str) -> dict[str, Any] | None:
         """The run's lease columns (the spec's lease group) and status as committed now;
         None if the row is gone."""
         loop = asyncio.get_running_loop()
@@ -52,18 +55,19 @@ class LeaseReads:
         waiting.setdefault(run_id, []).append(fut)
         return await fut
 
-    def _flush_soon(self, db: StateDB) -> None:
+    def _flush_soon(self, db: Database[WorkerTx]) -> None:
         task = asyncio.ensure_future(self._flush(db, self._waiting.pop(db)))
         self._flushes.add(task)  # keep a reference until it is done
         task.add_done_callback(self._flushes.discard)
 
-    async def _flush(self, db: StateDB,
+    async def _flush(self, db: Database[WorkerTx],
                      waiting: dict[str, list[asyncio.Future[dict[str, Any] | None]]]) -> None:
         ids = list(waiting)
         rows: dict[str, dict[str, Any]] = {}
         try:
             policy = run_policy(db)
-            found = await db.read(lambda tx: tx.lease_rows(policy, ids))
+            columns = lease_columns(policy)
+            found = await db.read(lambda tx: tx.read_leases(policy, ids, columns=columns))
             rows.update((r["id"], r) for r in found)
         except Exception as exc:  # each run treats it as a failed check and tries again
             for futures in waiting.values():

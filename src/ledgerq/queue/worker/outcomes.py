@@ -18,17 +18,17 @@ from ledgerq.codec import loads
 from ledgerq.errors import DatabaseUnavailable
 from ledgerq.lifecycle.moves import MoveTerms, apply_moves
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.maintenance.promotion import settle_dependents
 from ledgerq.queue.maintenance.stuck import is_database_failure
-from ledgerq.queue.moves import Move
+from ledgerq.queue.moves import Move, lease_columns
 from ledgerq.queue.runs import no_lease, run_policy, terms, worker_actor
 from ledgerq.queue.submission.application import RetryPolicy
 
 if TYPE_CHECKING:
+    from ledgerq.operations import Database
     from ledgerq.queue.worker.config import RunContext
-    from ledgerq.store.db import StateDB
+    from ledgerq.queue.worker.store import WorkerTx
 
 log = logging.getLogger("ledgerq.worker")
 
@@ -87,7 +87,7 @@ def output_patch(policy: EntityPolicy, outcome: Outcome) -> dict[str, str | None
     return {c: v for c, v in outcome.output.items() if c in policy.patch_columns}
 
 
-def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[MoveTerms], now: float, *,
+def finish_all(tx: WorkerTx, policy: EntityPolicy, writes: Sequence[MoveTerms], now: float, *,
                alone: bool = False) -> list[bool | Exception]:
     """The outcome ``writes`` in order (their swaps sent together where the dialect can:
     :func:`~ledgerq.lifecycle.moves.apply_moves`), then the dependents of the runs they
@@ -104,7 +104,7 @@ def finish_all(tx: Tx, policy: EntityPolicy, writes: Sequence[MoveTerms], now: f
     return done
 
 
-def _one(tx: Tx, *, policy: EntityPolicy, write: MoveTerms) -> bool:
+def _one(tx: WorkerTx, *, policy: EntityPolicy, write: MoveTerms) -> bool:
     """One outcome's write on its own (in its savepoint: see :func:`finish_all`)."""
     (moved,) = apply_moves(tx, policy, [write])
     return moved.applied
@@ -120,7 +120,7 @@ class Ended(NamedTuple):
     outcome: Outcome
 
 
-async def record_outcome(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+async def record_outcome(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any],
                          lease: dict[str, Any], ctx: RunContext, outcome: Outcome) -> str:
     """Write ``outcome`` guarded on ``lease``; returns the state written, or how the run
     counts when the lease was gone (see :func:`lost_outcome`)."""
@@ -130,7 +130,7 @@ async def record_outcome(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
     return got
 
 
-async def record_outcomes(db: StateDB, policy: EntityPolicy, ended: Sequence[Ended],
+async def record_outcomes(db: Database[WorkerTx], policy: EntityPolicy, ended: Sequence[Ended],
                           ctx: RunContext) -> list[str | Exception]:
     """Write each run's outcome guarded on its lease, all in one transaction; per run, the
     state written, how it counts when its lease was gone (see :func:`lost_outcome`), or
@@ -233,7 +233,7 @@ def _storable_text(text: str) -> str:
     return _UNSTORABLE.sub("\ufffd", text)
 
 
-async def _write_outcomes(db: StateDB, policy: EntityPolicy, writes: list[MoveTerms],
+async def _write_outcomes(db: Database[WorkerTx], policy: EntityPolicy, writes: list[MoveTerms],
                           now: float) -> list[bool | Exception]:
     """The outcome ``writes`` in one transaction (:func:`finish_all`); whether each
     applied, or the exception it raised.
@@ -252,19 +252,20 @@ async def _write_outcomes(db: StateDB, policy: EntityPolicy, writes: list[MoveTe
                                                           alone=True))
 
 
-def _alone(tx: Tx, unit: Callable[[Tx], bool]) -> bool | Exception:
+def _alone(tx: WorkerTx, unit: Callable[[WorkerTx], bool]) -> bool | Exception:
     """``unit`` in its own savepoint: whether it applied, or what it raised (its writes
     rolled back); a failure of the database itself fails the whole transaction."""
     try:
         with tx.savepoint():
             return unit(tx)
     except Exception as exc:
-        if tx.database_failure(exc):
+        if tx.is_database_failure(exc):
             raise
         return exc
 
 
-async def _write_outcome(db: StateDB, unit: Callable[[Tx], T], attempts: int = 3) -> T:
+async def _write_outcome(db: Database[WorkerTx], unit: Callable[[WorkerTx], T],
+                         attempts: int = 3) -> T:
     """Write runs' outcomes, retrying a transient database error a few times.
 
     Giving up leaves the rows running until their leases expire and the reaper requeues
@@ -284,13 +285,14 @@ async def _write_outcome(db: StateDB, unit: Callable[[Tx], T], attempts: int = 3
     raise AssertionError("unreachable")
 
 
-async def _conflicted(db: StateDB, run: dict[str, Any], lease: dict[str, Any],
+async def _conflicted(db: Database[WorkerTx], run: dict[str, Any], lease: dict[str, Any],
                       to_state: str) -> str:
     """The outcome of a run whose final write found the lease gone (see lost_outcome)."""
     log.info("run %s: write of %s conflicted (lease no longer ours)", run["id"], to_state)
     try:
         policy = run_policy(db)
-        rows = await db.read(lambda tx: tx.lease_rows(policy, [run["id"]]))
+        columns = lease_columns(policy)
+        rows = await db.read(lambda tx: tx.read_leases(policy, [run["id"]], columns=columns))
         row = rows[0] if rows else None
     except Exception:  # only the count depends on it: lost is the safe answer
         return "lost"

@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING
 from ledgerq.errors import InvalidInput, NotFound
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.worker.store import WorkerTx
 
 log = logging.getLogger("ledgerq.runtime")
 
 
-async def request_worker_stop(db: StateDB, worker_id: str, *, now: float | None = None) -> None:
+async def request_worker_stop(db: Database[WorkerTx], worker_id: str, *,
+                              now: float | None = None) -> None:
     """Ask ``worker_id`` to drain and exit (it notices within its maintenance interval).
 
     NotFound when no worker has that id (it never heartbeat here)."""
@@ -78,13 +80,13 @@ class Recycling:
         if self.max_tasks is not None and self.claimed >= self.max_tasks:
             self.drain(f"max_tasks {self.max_tasks} reached", worker_id)
 
-    async def check(self, db: StateDB, worker_id: str, now: float) -> None:
+    async def check(self, db: Database[WorkerTx], worker_id: str, now: float) -> None:
         """One maintenance look: the running time, and a stop request in the database."""
         if self.draining:
             return
         if self.max_runtime is not None and now - self.started >= self.max_runtime:
             self.drain(f"max_runtime {self.max_runtime:g}s reached", worker_id)
             return
-        asked = await db.read(lambda tx: tx.worker_stop_requested(worker_id))
+        asked = await db.read(lambda tx: tx.read_worker_stop_request(worker_id))
         if asked is not None and asked >= self.started:
             self.drain("stop requested", worker_id)

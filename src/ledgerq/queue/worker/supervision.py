@@ -46,7 +46,8 @@ from ledgerq.queue.worker.outcomes import (
 )
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.worker.store import WorkerTx
 
 log = logging.getLogger("ledgerq.worker")
 
@@ -68,7 +69,7 @@ class LeaseLost(Exception):
         self.outcome = outcome
 
 
-async def execute_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext) -> str:
+async def execute_claimed(db: Database[WorkerTx], run: dict[str, Any], ctx: RunContext) -> str:
     """Run one claimed row to an end and write its outcome, guarded on our lease.
 
     Returns the state written (``completed``, ``failed``, ``retry_wait``,
@@ -98,7 +99,7 @@ class Begun:
         return [*zip([e.run for e in self.ended], written, strict=True), *self.failed]
 
 
-def begin_runs(db: StateDB, runs: list[dict[str, Any]], ctx: RunContext) -> Begun:
+def begin_runs(db: Database[WorkerTx], runs: list[dict[str, Any]], ctx: RunContext) -> Begun:
     """:func:`begin_claimed` for each of a pass's runs, in order.
 
     A pass of in-process handlers that need no wait then costs no task and no write per
@@ -119,7 +120,7 @@ def begin_runs(db: StateDB, runs: list[dict[str, Any]], ctx: RunContext) -> Begu
     return begun
 
 
-async def write_ended(db: StateDB, ended: list[Ended], ctx: RunContext
+async def write_ended(db: Database[WorkerTx], ended: list[Ended], ctx: RunContext
                       ) -> list[str | Exception]:
     """The outcomes of a pass's ended runs, written together (:func:`record_outcomes`);
     per run, what :func:`execute_claimed` would return, or the exception its write raised
@@ -132,7 +133,7 @@ async def write_ended(db: StateDB, ended: list[Ended], ctx: RunContext
         return [exc] * len(ended)
 
 
-def begin_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext
+def begin_claimed(db: Database[WorkerTx], run: dict[str, Any], ctx: RunContext
                   ) -> Ended | Coroutine[Any, Any, str]:
     """A claimed run taken as far as it goes without waiting: :class:`Ended` when its
     outcome is known (it was refused before it ran, or its executor's first step
@@ -141,7 +142,7 @@ def begin_claimed(db: StateDB, run: dict[str, Any], ctx: RunContext
     return _begin(db, run_policy(db), run, ctx)
 
 
-def _begin(db: StateDB, policy: EntityPolicy, run: dict[str, Any], ctx: RunContext
+def _begin(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any], ctx: RunContext
            ) -> Ended | Coroutine[Any, Any, str]:
     # The lease the claim gave this worker: the row's, owned by us whatever it says.
     lease = lease_of(policy, run)
@@ -176,7 +177,7 @@ def _refusal(verdict: object) -> Outcome | None:
     return Outcome(moves.UNAUTHORIZED, None, f"unauthorized: {why}")
 
 
-async def _authorize_then_run(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+async def _authorize_then_run(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any],
                               decoded: dict[str, Any], lease: dict[str, Any],
                               verdict: Awaitable[bool | str], ctx: RunContext) -> str:
     try:
@@ -189,7 +190,7 @@ async def _authorize_then_run(db: StateDB, policy: EntityPolicy, run: dict[str, 
     return await _carry_on(db, _begin_authorized(db, policy, run, decoded, lease, ctx), ctx)
 
 
-async def _carry_on(db: StateDB, begun: Ended | Coroutine[Any, Any, str],
+async def _carry_on(db: Database[WorkerTx], begun: Ended | Coroutine[Any, Any, str],
                     ctx: RunContext) -> str:
     """What :func:`begin_claimed` began, to its end: an ended run's outcome written alone."""
     if isinstance(begun, Ended):
@@ -198,7 +199,7 @@ async def _carry_on(db: StateDB, begun: Ended | Coroutine[Any, Any, str],
     return await begun
 
 
-def _begin_authorized(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+def _begin_authorized(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any],
                       decoded: dict[str, Any], lease: dict[str, Any], ctx: RunContext
                       ) -> Ended | Coroutine[Any, Any, str]:
     executor = ctx.executors.for_kind(run["action_kind"])
@@ -212,7 +213,7 @@ def _begin_authorized(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
     return _begin_executor(db, policy, run, decoded, lease, executor, ctx)
 
 
-async def _run_locked(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+async def _run_locked(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any],
                       decoded: dict[str, Any], lease: dict[str, Any], executor: ExecuteFn,
                       lock: KeyLock, ctx: RunContext) -> str:
     """The run once it holds its concurrency key's lock (its lease kept meanwhile)."""
@@ -238,7 +239,7 @@ def _lease_lost(run: dict[str, Any], exc: LeaseLost) -> str:
     return exc.outcome
 
 
-def _begin_executor(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+def _begin_executor(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any],
                     decoded: dict[str, Any], lease: dict[str, Any], executor: ExecuteFn,
                     ctx: RunContext) -> Ended | Coroutine[Any, Any, str]:
     """The executor's first step, taken at once (see :func:`_start`)."""
@@ -290,7 +291,7 @@ def _storable_result(got: object) -> bool:
 _PAIR = (tuple, list)
 
 
-async def _supervised(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+async def _supervised(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any],
                       lease: dict[str, Any], task: asyncio.Future[tuple[int, str]],
                       capture: OutputCapture, started: float, ctx: RunContext) -> str:
     """A run whose executor goes on as ``task``, to its end: its lease checked and renewed,
@@ -403,7 +404,7 @@ async def _stop(task: asyncio.Future[Any]) -> None:
         await task
 
 
-async def _supervise_once(db: StateDB, policy: EntityPolicy, run: dict[str, Any],
+async def _supervise_once(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any],
                           lease: dict[str, Any], ctx: RunContext) -> None:
     """Raise LeaseLost if the row is no longer ours; renew the lease when it is due."""
     row = await ctx.lease_reads.lease_row(db, run["id"])

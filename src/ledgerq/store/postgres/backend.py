@@ -49,7 +49,6 @@ from ledgerq.errors import (
 )
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import Registry
-from ledgerq.operations import Tx
 from ledgerq.store.postgres.catalog import read_recorded
 from ledgerq.store.postgres.schema import apply_specs, open_schema
 from ledgerq.store.postgres.tx import QUERIES, PostgresTx, qmark_to_psycopg, stale_plan
@@ -114,7 +113,7 @@ class PostgresBackend:
         self._listen_stop = threading.Event()
         self._closing = False
         #: write_together's units waiting for the next group, and the task running them.
-        self._together: list[tuple[Callable[[Tx], Any], asyncio.Future[Any]]] = []
+        self._together: list[tuple[Callable[[PostgresTx], Any], asyncio.Future[Any]]] = []
         self._together_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -313,7 +312,7 @@ class PostgresBackend:
                 raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
         raise AssertionError("unreachable")
 
-    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
+    async def write(self, fn: Callable[[PostgresTx], T], *, bulk: bool = False,
                     reads_first: bool = False, alone: bool = False) -> T:
         """A unit runs in a pool thread here, ``bulk`` or not, unless it is ``alone`` and
         turns out to be one statement whose result it does not read (see the module's
@@ -394,7 +393,7 @@ class PostgresBackend:
     def _sent_alone(self, _: asyncio.Future[Any]) -> None:
         self._alone_sending -= 1
 
-    async def write_together(self, fn: Callable[[Tx], T]) -> T:
+    async def write_together(self, fn: Callable[[PostgresTx], T]) -> T:
         """:meth:`write`, sharing one transaction with the units that arrive while a group
         is in flight (group commit: one BEGIN, one COMMIT and one thread hop for all).
 
@@ -425,7 +424,7 @@ class PostgresBackend:
         finally:
             self._together_task = None
 
-    async def _group(self, batch: list[tuple[Callable[[Tx], Any], asyncio.Future[Any]]]
+    async def _group(self, batch: list[tuple[Callable[[PostgresTx], Any], asyncio.Future[Any]]]
                      ) -> None:
         units = [fn for fn, _ in batch]
         ran_all = False
@@ -458,7 +457,7 @@ class PostgresBackend:
             if not fut.done():
                 fut.set_result(value)
 
-    async def _alone(self, fn: Callable[[Tx], Any], fut: asyncio.Future[Any]) -> None:
+    async def _alone(self, fn: Callable[[PostgresTx], Any], fut: asyncio.Future[Any]) -> None:
         try:
             value = await self.write(fn)
         except Exception as exc:
@@ -468,7 +467,7 @@ class PostgresBackend:
             if not fut.done():
                 fut.set_result(value)
 
-    async def read(self, fn: Callable[[Tx], T]) -> T:
+    async def read(self, fn: Callable[[PostgresTx], T]) -> T:
         return await self._submit(lambda: self._in_transaction(fn, readonly=True))
 
     async def fetch_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()

@@ -24,13 +24,13 @@ AND COALESCE({column}, created_at) >= %s
 -- name: where
 WHERE TRUE {terms}
 
--- name: entity_for_move
+-- name: read_for_move
 -- FOR UPDATE: a move reads the row it swaps under the row's lock, so two moves of one
 -- row run one after the other, each checking the spec against the status the other left
 -- (as under SQLite's single writer); the compare-and-swap stays as the second guard.
 SELECT {columns} FROM {table} WHERE id = %s FOR UPDATE
 
--- name: entity_for_move_skip_locked
+-- name: read_for_move_skip_locked
 -- A claimant's read: a row another transaction holds is skipped at once, never waited for.
 SELECT {columns} FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED
 
@@ -178,7 +178,7 @@ AND t.{column} IS NOT DISTINCT FROM {side}.{column}
 EXISTS (SELECT FROM jsonb_populate_record(NULL::{table}, %s::jsonb -> t.id) AS g
         WHERE true {guards})
 
--- name: fact_by_idempotency_key
+-- name: find_fact_by_idempotency_key
 SELECT id, previous_status, status FROM status_transitions
 WHERE entity_type = %s AND entity_id = %s AND idempotency_key = %s
 
@@ -211,13 +211,13 @@ INSERT INTO {table} ({columns}) VALUES ({marks}){returning}
 -- name: insert_entities
 INSERT INTO {table} ({columns}) VALUES ({marks})
 
--- name: entities_by_id
+-- name: read_entities
 SELECT {columns} FROM {table} WHERE id IN ({marks})
 
--- name: entity_row
+-- name: read_entity
 SELECT * FROM {table} WHERE id = %s
 
--- name: statuses
+-- name: read_statuses
 SELECT id, status FROM {table} WHERE id IN ({marks})
 
 -- name: savepoint
@@ -229,16 +229,16 @@ ROLLBACK TO SAVEPOINT ledgerq_scope
 -- name: release_savepoint
 RELEASE SAVEPOINT ledgerq_scope
 
--- name: run_by_idempotency_key
+-- name: find_run_by_idempotency_key
 SELECT id, application_digest FROM {table} WHERE idempotency_key = %s
 
 -- name: ensure_schedule
 INSERT INTO schedules (id, name, created_at) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING
 
--- name: waiting_runs
+-- name: list_waiting_runs
 SELECT id, depends_on FROM {table} WHERE status = 'waiting_dependency' AND id IN ({marks})
 
--- name: dependents_of
+-- name: list_dependents
 -- jsonb containment: a depends_on that is not an array contains no id.
 SELECT id, depends_on FROM {table}
 WHERE status = 'waiting_dependency' AND EXISTS (
@@ -252,16 +252,16 @@ SELECT pg_notify('ledgerq_claimable', '')
 -- name: listen
 LISTEN ledgerq_claimable
 
--- name: latest_fire
+-- name: read_latest_fire
 -- The unique (schedule_id, slot_at) index answers it: one entry, read backwards.
 SELECT id, status, slot_at, ended_at, exit_code FROM {table}
 WHERE schedule_id = %s AND slot_at IS NOT NULL
 ORDER BY slot_at DESC LIMIT 1
 
--- name: run_for_slot
+-- name: find_run_for_slot
 SELECT id FROM {table} WHERE schedule_id = %s AND slot_at = %s
 
--- name: fire_in_progress
+-- name: find_fire_in_progress
 SELECT id FROM {table}
 WHERE schedule_id = %s AND slot_at IS NOT NULL AND status NOT IN ({marks})
 ORDER BY slot_at LIMIT 1
@@ -275,37 +275,37 @@ ON CONFLICT (worker_id) DO UPDATE SET
   execution_targets = excluded.execution_targets, queues = excluded.queues,
   last_heartbeat_at = excluded.last_heartbeat_at, pid = excluded.pid
 
--- name: worker_heartbeat
+-- name: read_worker_heartbeat
 SELECT last_heartbeat_at FROM workers WHERE worker_id = %s
 
--- name: workers
+-- name: list_workers
 SELECT worker_id, hostname, pid, last_heartbeat_at FROM workers ORDER BY worker_id
 
--- name: worker_rows
+-- name: list_worker_rows
 SELECT * FROM workers ORDER BY worker_id
 
 -- name: request_worker_stop
 UPDATE workers SET stop_requested_at = %s WHERE worker_id = %s RETURNING worker_id
 
--- name: worker_stop_requested
+-- name: read_worker_stop_request
 SELECT stop_requested_at FROM workers WHERE worker_id = %s
 
--- name: expired_leases
+-- name: list_expired_leases
 SELECT {columns} FROM {table}
 WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < %s
 LIMIT %s
 
--- name: due_retries
+-- name: list_due_retries
 SELECT id, retry_due_at FROM {table}
 WHERE status = 'retry_wait' AND retry_due_at <= %s
 LIMIT %s
 
--- name: due_starts
+-- name: list_due_starts
 SELECT id, not_before FROM {table}
 WHERE status = 'delayed' AND not_before <= %s
 LIMIT %s
 
--- name: settled_waiting
+-- name: list_settled_waiting
 -- CASE: jsonb_array_elements_text must never see a depends_on that is not an array.
 SELECT w.id FROM {table} AS w
 WHERE w.status = 'waiting_dependency'
@@ -352,32 +352,32 @@ SELECT {columns} FROM {table}
 WHERE status = 'queued' AND (queued_at, id) > (%s, %s) AND {scope} {kinds}
 ORDER BY queued_at, id LIMIT %s
 
--- name: running_keys
+-- name: list_running_keys
 SELECT DISTINCT concurrency_key FROM {table}
 WHERE status = 'running' AND concurrency_key IS NOT NULL
 
--- name: key_running
+-- name: is_key_running
 SELECT 1 FROM {table} WHERE concurrency_key = %s AND status = 'running' LIMIT 1
 
 -- name: lock_key
 SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))
 
--- name: lease_rows
+-- name: read_leases
 SELECT {columns} FROM {table} WHERE id IN ({marks})
 
--- name: facts_of
+-- name: read_facts
 SELECT * FROM status_transitions WHERE entity_type = %s AND entity_id = %s
 ORDER BY entity_version
 
--- name: facts_after
+-- name: read_facts_after
 -- Fact ids are time-ordered (UUIDv7): the primary key's index reads them in log order.
 SELECT * FROM status_transitions WHERE id > %s AND entity_type = %s ORDER BY id LIMIT %s
 
--- name: fact_stream
+-- name: stream_facts
 SELECT entity_id, status, entity_version, patch FROM status_transitions
 WHERE entity_type = %s ORDER BY entity_id, entity_version
 
--- name: rows_in_id_order
+-- name: stream_entities
 SELECT * FROM {table} ORDER BY id
 
 -- name: count_facts
@@ -386,29 +386,29 @@ SELECT COUNT(*) FROM status_transitions
 -- name: defer_constraints
 SET CONSTRAINTS ALL DEFERRED
 
--- name: delete_rows
+-- name: delete_entities
 DELETE FROM {table}
 
 -- name: count_rows
 SELECT COUNT(*) FROM {table} {where}
 
--- name: run_page
+-- name: read_page
 SELECT {columns} FROM {table} {where} ORDER BY created_at DESC, id DESC LIMIT %s OFFSET %s
 
 -- name: and_before
 AND (created_at, id) < (%s, %s)
 
--- name: run_page_before
+-- name: read_page_before
 SELECT {columns} FROM {table} {where} ORDER BY created_at DESC, id DESC LIMIT %s
 
--- name: fact_counts
+-- name: count_facts_by_reason
 SELECT entity_type, reason_code, COUNT(*) FROM status_transitions
 GROUP BY entity_type, reason_code ORDER BY entity_type, reason_code
 
 -- name: wait_bucket
 , SUM(CASE WHEN waited <= %s THEN 1 ELSE 0 END)
 
--- name: wait_histogram
+-- name: read_wait_histogram
 -- Each fact joined to the entity's previous one through the log's unique
 -- (entity_type, entity_id, entity_version) index. Parameters: the bounds, then
 -- entity_type and reason_code.
@@ -423,10 +423,10 @@ SELECT COUNT(*), SUM(waited) {buckets} FROM (
 -- name: ids_like
 SELECT id FROM {table} WHERE id LIKE %s ORDER BY id LIMIT %s
 
--- name: status_counts
+-- name: count_statuses
 SELECT status, COUNT(*) FROM {table} GROUP BY status
 
--- name: oldest_queued_at
+-- name: find_oldest_queued_at
 -- Specs without queues and priorities: one step into their (queued_at) index.
 SELECT MIN(queued_at) FROM {table} WHERE status = 'queued'
 
@@ -451,7 +451,7 @@ SELECT queued_at FROM {table}
 WHERE status = 'queued' AND queue = %s AND priority = %s AND queued_at IS NOT NULL
 ORDER BY queued_at LIMIT 1
 
--- name: running_by_worker
+-- name: count_running_by_worker
 SELECT leased_by, COUNT(*) FROM {table}
 WHERE status = 'running' AND leased_by IS NOT NULL
 GROUP BY leased_by ORDER BY leased_by
@@ -590,11 +590,11 @@ DELETE FROM ledgerq_archive_batch
 WHERE entity_type = %s AND entity_id IN (
   SELECT leased_run_id FROM workers WHERE leased_run_id IS NOT NULL)
 
--- name: marked_rows
+-- name: stream_marked_rows
 SELECT r.* FROM ledgerq_archive_batch AS b JOIN {table} AS r ON r.id = b.entity_id
 WHERE b.entity_type = %s ORDER BY b.entity_id
 
--- name: marked_facts
+-- name: stream_marked_facts
 SELECT f.id, f.entity_type, f.entity_id, f.previous_status, f.status, f.reason_code,
   f.reason_summary, f.evidence_refs, f.source, f.actor, f.created_at, f.metadata,
   f.entity_version, f.patch, f.idempotency_key
@@ -618,7 +618,7 @@ DELETE FROM ledgerq_archive_batch
 -- name: record_archive
 INSERT INTO ledgerq_archives ({columns}) VALUES ({marks})
 
--- name: archives
+-- name: list_archives
 SELECT * FROM ledgerq_archives ORDER BY created_at, id
 
 -- name: lock_archives

@@ -220,7 +220,7 @@ class PostgresTx(SqlTx):
             return [name.decode("ascii") for name in raw]
         return [d.name for d in cur.description]  # decoded in the connection's encoding
 
-    def database_failure(self, exc: BaseException) -> bool:
+    def is_database_failure(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.OperationalError) or stale_plan(exc)
 
     stores_as_sent = True

@@ -53,7 +53,6 @@ from ledgerq.errors import (
 )
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import Registry
-from ledgerq.operations import Tx
 from ledgerq.store.sqlite import integrity
 from ledgerq.store.sqlite.catalog import read_recorded
 from ledgerq.store.sqlite.schema import apply_specs, missing_tables, open_schema
@@ -61,7 +60,7 @@ from ledgerq.store.sqlite.tx import CONSTRAINT_CODE, FAILURE_CODES, SqliteTx
 from ledgerq.store.timeouts import BUSY_TIMEOUT_MS
 
 T = TypeVar("T")
-Unit = Callable[[Tx], Any]
+Unit = Callable[[SqliteTx], Any]
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 
 _SYNC_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
@@ -380,7 +379,7 @@ class SqliteBackend:
             self.damaged = problems[0]
         return problems
 
-    async def read(self, fn: Callable[[Tx], T]) -> T:
+    async def read(self, fn: Callable[[SqliteTx], T]) -> T:
         """Run ``fn`` inside one read transaction, so every statement sees one snapshot.
 
         It runs on the read connection: it sees every write whose ``write()`` has
@@ -421,7 +420,7 @@ class SqliteBackend:
 
     # ------------------------------------------------------------ writes
 
-    async def write(self, fn: Callable[[Tx], T], *, bulk: bool = False,
+    async def write(self, fn: Callable[[SqliteTx], T], *, bulk: bool = False,
                     reads_first: bool = False, alone: bool = False) -> T:
         """Run ``fn`` in a write transaction, grouped with concurrent writers into one commit.
 
@@ -494,7 +493,7 @@ class SqliteBackend:
         del pending[:end]
         return batch
 
-    async def write_together(self, fn: Callable[[Tx], T]) -> T:
+    async def write_together(self, fn: Callable[[SqliteTx], T]) -> T:
         """:meth:`write`: every write already shares a group commit here."""
         return await self.write(fn)
 

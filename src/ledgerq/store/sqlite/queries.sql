@@ -24,10 +24,10 @@ AND COALESCE({column}, created_at) >= ?
 -- name: where
 WHERE 1 {terms}
 
--- name: entity_for_move
+-- name: read_for_move
 SELECT {columns} FROM {table} WHERE id = ?
 
--- name: entity_for_move_skip_locked
+-- name: read_for_move_skip_locked
 -- The single writer holds every row: the same read.
 SELECT {columns} FROM {table} WHERE id = ?
 
@@ -48,7 +48,7 @@ UPDATE {table} SET version = version + 1, {assignments}
 WHERE id = ? AND status = ? {guards}
 RETURNING {returning}
 
--- name: fact_by_idempotency_key
+-- name: find_fact_by_idempotency_key
 SELECT id, previous_status, status FROM status_transitions
 WHERE entity_type = ? AND entity_id = ? AND idempotency_key = ?
 
@@ -64,13 +64,13 @@ INSERT INTO {table} ({columns}) VALUES ({marks}){returning}
 -- name: insert_entities
 INSERT INTO {table} ({columns}) VALUES ({marks})
 
--- name: entities_by_id
+-- name: read_entities
 SELECT {columns} FROM {table} WHERE id IN ({marks})
 
--- name: entity_row
+-- name: read_entity
 SELECT * FROM {table} WHERE id = ?
 
--- name: statuses
+-- name: read_statuses
 SELECT id, status FROM {table} WHERE id IN ({marks})
 
 -- name: savepoint
@@ -82,16 +82,16 @@ ROLLBACK TO ledgerq_scope
 -- name: release_savepoint
 RELEASE ledgerq_scope
 
--- name: run_by_idempotency_key
+-- name: find_run_by_idempotency_key
 SELECT id, application_digest FROM {table} WHERE idempotency_key = ?
 
 -- name: ensure_schedule
 INSERT INTO schedules (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING
 
--- name: waiting_runs
+-- name: list_waiting_runs
 SELECT id, depends_on FROM {table} WHERE status = 'waiting_dependency' AND id IN ({marks})
 
--- name: dependents_of
+-- name: list_dependents
 -- CASE: json_each must never see text that is not JSON (it would fail the statement).
 SELECT id, depends_on FROM {table}
 WHERE {hint} AND status = 'waiting_dependency'
@@ -99,16 +99,16 @@ WHERE {hint} AND status = 'waiting_dependency'
       THEN EXISTS (SELECT 1 FROM json_each({table}.depends_on) WHERE value IN ({marks}))
       ELSE 0 END
 
--- name: latest_fire
+-- name: read_latest_fire
 -- The unique (schedule_id, slot_at) index answers it: one entry, read backwards.
 SELECT id, status, slot_at, ended_at, exit_code FROM {table}
 WHERE schedule_id = ? AND slot_at IS NOT NULL
 ORDER BY slot_at DESC LIMIT 1
 
--- name: run_for_slot
+-- name: find_run_for_slot
 SELECT id FROM {table} WHERE schedule_id = ? AND slot_at = ?
 
--- name: fire_in_progress
+-- name: find_fire_in_progress
 SELECT id FROM {table}
 WHERE schedule_id = ? AND slot_at IS NOT NULL AND status NOT IN ({marks})
 ORDER BY slot_at LIMIT 1
@@ -122,38 +122,38 @@ ON CONFLICT (worker_id) DO UPDATE SET
   execution_targets = excluded.execution_targets, queues = excluded.queues,
   last_heartbeat_at = excluded.last_heartbeat_at, pid = excluded.pid
 
--- name: worker_heartbeat
+-- name: read_worker_heartbeat
 SELECT last_heartbeat_at FROM workers WHERE worker_id = ?
 
--- name: workers
+-- name: list_workers
 SELECT worker_id, hostname, pid, last_heartbeat_at FROM workers ORDER BY worker_id
 
--- name: worker_rows
+-- name: list_worker_rows
 SELECT * FROM workers ORDER BY worker_id
 
 -- name: request_worker_stop
 UPDATE workers SET stop_requested_at = ? WHERE worker_id = ? RETURNING worker_id
 
--- name: worker_stop_requested
+-- name: read_worker_stop_request
 SELECT stop_requested_at FROM workers WHERE worker_id = ?
 
--- name: expired_leases
+-- name: list_expired_leases
 SELECT {columns} FROM {table}
 WHERE {hint} AND status = 'running' AND lease_expires_at IS NOT NULL
   AND lease_expires_at < ?
 LIMIT ?
 
--- name: due_retries
+-- name: list_due_retries
 SELECT id, retry_due_at FROM {table}
 WHERE {hint} AND status = 'retry_wait' AND retry_due_at <= ?
 LIMIT ?
 
--- name: due_starts
+-- name: list_due_starts
 SELECT id, not_before FROM {table}
 WHERE {hint} AND status = 'delayed' AND not_before <= ?
 LIMIT ?
 
--- name: settled_waiting
+-- name: list_settled_waiting
 -- A waiting run settles when a dependency ended badly ({bad}: the terminal states whose
 -- outcome is not succeeded) or every dependency is met ({met}: those whose outcome is;
 -- a missing dependency is not); text that is not JSON never does.
@@ -202,31 +202,31 @@ SELECT {columns} FROM {table}
 WHERE {hint} AND status = 'queued' AND (queued_at, id) > (?, ?) AND {scope} {kinds}
 ORDER BY queued_at, id LIMIT ?
 
--- name: running_keys
+-- name: list_running_keys
 SELECT DISTINCT concurrency_key FROM {table}
 WHERE {hint} AND status = 'running' AND concurrency_key IS NOT NULL
 
--- name: key_running
+-- name: is_key_running
 SELECT 1 FROM {table}
 WHERE {hint} AND concurrency_key = ? AND status = 'running' LIMIT 1
 
--- name: lease_rows
+-- name: read_leases
 SELECT {columns} FROM {table} WHERE id IN ({marks})
 
--- name: facts_of
+-- name: read_facts
 SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ?
 ORDER BY entity_version
 
--- name: facts_after
+-- name: read_facts_after
 -- Fact ids are time-ordered (UUIDv7): the primary key's index reads them in log order.
 SELECT * FROM status_transitions WHERE id > ? AND entity_type = ? ORDER BY id LIMIT ?
 
--- name: fact_stream
+-- name: stream_facts
 -- Streamed from the unique (entity_type, entity_id, entity_version) index: no sort.
 SELECT entity_id, status, entity_version, patch FROM status_transitions
 WHERE entity_type = ? ORDER BY entity_id, entity_version
 
--- name: rows_in_id_order
+-- name: stream_entities
 SELECT * FROM {table} ORDER BY id
 
 -- name: count_facts
@@ -235,29 +235,29 @@ SELECT COUNT(*) FROM status_transitions
 -- name: defer_constraints
 PRAGMA defer_foreign_keys = ON
 
--- name: delete_rows
+-- name: delete_entities
 DELETE FROM {table}
 
 -- name: count_rows
 SELECT COUNT(*) FROM {table} {where}
 
--- name: run_page
+-- name: read_page
 SELECT {columns} FROM {table} {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?
 
 -- name: and_before
 AND (created_at, id) < (?, ?)
 
--- name: run_page_before
+-- name: read_page_before
 SELECT {columns} FROM {table} {where} ORDER BY created_at DESC, id DESC LIMIT ?
 
--- name: fact_counts
+-- name: count_facts_by_reason
 SELECT entity_type, reason_code, COUNT(*) FROM status_transitions
 GROUP BY entity_type, reason_code ORDER BY entity_type, reason_code
 
 -- name: wait_bucket
 , SUM(CASE WHEN waited <= ? THEN 1 ELSE 0 END)
 
--- name: wait_histogram
+-- name: read_wait_histogram
 -- Each fact joined to the entity's previous one through the log's unique
 -- (entity_type, entity_id, entity_version) index. Parameters: the bounds, then
 -- entity_type and reason_code.
@@ -272,10 +272,10 @@ SELECT COUNT(*), SUM(waited) {buckets} FROM (
 -- name: ids_like
 SELECT id FROM {table} WHERE id LIKE ? ORDER BY id LIMIT ?
 
--- name: status_counts
+-- name: count_statuses
 SELECT status, COUNT(*) FROM {table} GROUP BY status
 
--- name: oldest_queued_at
+-- name: find_oldest_queued_at
 -- Specs without queues and priorities: one step into their (queued_at) index.
 SELECT MIN(queued_at) FROM {table} WHERE {hint} AND status = 'queued'
 
@@ -300,7 +300,7 @@ SELECT queued_at FROM {table}
 WHERE {hint} AND status = 'queued' AND queue = ? AND priority = ? AND queued_at IS NOT NULL
 ORDER BY queued_at LIMIT 1
 
--- name: running_by_worker
+-- name: count_running_by_worker
 SELECT leased_by, COUNT(*) FROM {table}
 WHERE {hint} AND status = 'running' AND leased_by IS NOT NULL
 GROUP BY leased_by ORDER BY leased_by
@@ -405,11 +405,11 @@ DELETE FROM ledgerq_archive_batch
 WHERE entity_type = ? AND entity_id IN (
   SELECT leased_run_id FROM workers WHERE leased_run_id IS NOT NULL)
 
--- name: marked_rows
+-- name: stream_marked_rows
 SELECT r.* FROM ledgerq_archive_batch AS b JOIN {table} AS r ON r.id = b.entity_id
 WHERE b.entity_type = ? ORDER BY b.entity_id
 
--- name: marked_facts
+-- name: stream_marked_facts
 SELECT f.id, f.entity_type, f.entity_id, f.previous_status, f.status, f.reason_code,
   f.reason_summary, f.evidence_refs, f.source, f.actor, f.created_at, f.metadata,
   f.entity_version, f.patch, f.idempotency_key
@@ -433,5 +433,5 @@ DELETE FROM ledgerq_archive_batch
 -- name: record_archive
 INSERT INTO ledgerq_archives ({columns}) VALUES ({marks})
 
--- name: archives
+-- name: list_archives
 SELECT * FROM ledgerq_archives ORDER BY created_at, id

@@ -56,7 +56,7 @@ class SqliteTx(SqlTx):
             hit = self._hints[key] = (policy, _hint(policy.indexes, state, column))
         return hit[1]
 
-    def database_failure(self, exc: BaseException) -> bool:
+    def is_database_failure(self, exc: BaseException) -> bool:
         code = getattr(exc, "sqlite_errorcode", None)
         return isinstance(exc, sqlite3.Error) and code is not None and \
             code & 0xFF in FAILURE_CODES

@@ -1,0 +1,24 @@
+"""The store operations submission calls (beside the engine's and the queue's shared ones)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from ledgerq.operations import Row
+from ledgerq.queue.store import SharedTx
+
+if TYPE_CHECKING:
+    from ledgerq.lifecycle.registry import EntityPolicy
+
+
+class SubmissionTx(SharedTx, Protocol):
+    """What submit, cancel and rerun call."""
+
+    def find_run_by_idempotency_key(self, policy: EntityPolicy, key: str) -> Row | None:
+        """``id`` and ``application_digest`` of the run submitted under ``key``."""
+
+    def notify_claimable(self) -> None:
+        """Tell workers of other processes and hosts that a row may have become claimable
+        without entering the claim's source state (a cancel freed its concurrency key);
+        delivered at commit; a no-op where the dialect has no such channel. A row that
+        enters that state tells them by itself (PostgreSQL: a trigger)."""

@@ -1,0 +1,105 @@
+"""What maintenance calls (:class:`ledgerq.queue.maintenance.store.MaintenanceTx`): the
+sweeps and the archive."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ledgerq.lifecycle.identifiers import quote
+from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
+from ledgerq.operations import Row
+from ledgerq.store.sqltx.base import SqlBase
+
+#: ledgerq's record of archives (schema version 4).
+ARCHIVES_TABLE = "ledgerq_archives"
+
+
+class MaintenanceOps(SqlBase):
+    """Expired leases, due retries and starts, settled dependencies; the archive."""
+
+    # ------------------------------------------------------------ the sweeps
+
+    def list_expired_leases(self, policy: EntityPolicy, now: float,
+                            limit: int | None = None, *, columns: tuple[str, ...]
+                            ) -> list[Row]:
+        sql = self.q("list_expired_leases", table=self.table(policy),
+                     columns=", ".join(quote(c) for c in columns),
+                     hint=self.hint(policy, "running", "lease_expires_at"))
+        return self.dicts(self.execute(sql, (now, self._limit(limit))))
+
+    def list_due_retries(self, policy: EntityPolicy, now: float,
+                         limit: int | None = None) -> list[Row]:
+        sql = self.q("list_due_retries", table=self.table(policy),
+                     hint=self.hint(policy, "retry_wait", "retry_due_at"))
+        return self.dicts(self.execute(sql, (now, self._limit(limit))))
+
+    def list_due_starts(self, policy: EntityPolicy, now: float,
+                        limit: int | None = None) -> list[Row]:
+        sql = self.q("list_due_starts", table=self.table(policy),
+                     hint=self.hint(policy, "delayed", "not_before"))
+        return self.dicts(self.execute(sql, (now, self._limit(limit))))
+
+    def list_settled_waiting(self, policy: EntityPolicy, limit: int | None = None) -> list[str]:
+        # None stands in for an empty list (``IN ()`` is not SQL): it matches no status.
+        met = policy.states_with_outcome(SUCCEEDED)
+        bad: list[str | None] = [*sorted(policy.terminal - met)] or [None]
+        good: list[str | None] = [*sorted(met)] or [None]
+        sql = self.q("list_settled_waiting", table=self.table(policy),
+                     hint=self.hint(policy, "waiting_dependency", "created_at"),
+                     bad=self.marks(len(bad)), met=self.marks(len(good)))
+        return [r[0] for r in self.execute(sql, (*bad, *good, self._limit(limit))).fetchall()]
+
+    # ------------------------------------------------------------ the archive
+
+    def lock_archives(self) -> None:
+        return None
+
+    def mark_ended(self, policy: EntityPolicy, states: Sequence[str], before: float,
+                   limit: int | None = None) -> int:
+        listed: list[str | None] = [*states] or [None]
+        sql = self.q("mark_ended", table=self.table(policy), marks=self.marks(len(listed)))
+        return int(self.execute(sql, (policy.name, *listed, before,
+                                      self._limit(limit))).rowcount)
+
+    def unmark_referenced(self, policy: EntityPolicy, referrer: EntityPolicy,
+                          column: str) -> int:
+        sql = self.q("unmark_referenced", table=self.table(referrer), column=quote(column))
+        return int(self.execute(sql, (policy.name, referrer.name)).rowcount)
+
+    def unmark_dependencies(self, policy: EntityPolicy) -> int:
+        sql = self.q("unmark_dependencies", table=self.table(policy))
+        return int(self.execute(sql, (policy.name, policy.name)).rowcount)
+
+    def unmark_leased(self, policy: EntityPolicy) -> int:
+        return int(self.execute(self.q("unmark_leased"), (policy.name,)).rowcount)
+
+    def stream_marked_rows(self, policy: EntityPolicy) -> Iterator[Row]:
+        names, rows = self.stream(self.q("stream_marked_rows", table=self.table(policy)),
+                                  (policy.name,))
+        return (dict(zip(names, r, strict=True)) for r in rows)
+
+    def stream_marked_facts(self, entity_type: str) -> Iterator[Row]:
+        names, rows = self.stream(self.q("stream_marked_facts"), (entity_type,))
+        return (dict(zip(names, r, strict=True)) for r in rows)
+
+    def delete_marked(self, policy: EntityPolicy) -> tuple[int, int]:
+        facts = self.execute(self.q("delete_marked_facts"), (policy.name, policy.name)).rowcount
+        rows = self.execute(self.q("delete_marked_rows", table=self.table(policy)),
+                            (policy.name,)).rowcount
+        return int(facts), int(rows)
+
+    def clear_marks(self) -> None:
+        self.execute(self.q("clear_marks"))
+
+    def record_archive(self, row: dict[str, Any]) -> None:
+        cols = tuple(row)
+        self.execute(self.q("record_archive", columns=", ".join(quote(c) for c in cols),
+                            marks=self.marks(len(cols))), list(row.values()))
+
+    def list_archives(self) -> list[Row]:
+        # A database of an older schema opened read-only was not upgraded: no table, and
+        # so no archive either.
+        if ARCHIVES_TABLE not in {r[0] for r in self.execute(self.q("tables")).fetchall()}:
+            return []
+        return self.dicts(self.execute(self.q("list_archives")))
