@@ -64,6 +64,20 @@ def test_both_dialects_define_the_same_query_names() -> None:
         f"only in postgres: {sorted(names[1] - names[0])}")
 
 
+def test_a_query_defined_twice_across_a_dialects_files_is_an_error(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "twice_sql"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.sql").write_text("-- name: one\nSELECT 1\n")
+    (package / "b.sql").write_text("-- name: two\nSELECT 2\n\n-- name: one\nSELECT 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"'one' is defined twice \(a.sql, b.sql\)"):
+        Queries("twice_sql")
+    (package / "b.sql").write_text("-- name: two\nSELECT 2\n")
+    assert Queries("twice_sql").templates == {"one": "SELECT 1", "two": "SELECT 2"}
+
+
 RUN = "schedule_run"
 
 

@@ -273,7 +273,7 @@ class PostgresTx(SqlTx):
     def _update_together(self, policy: EntityPolicy, run: Sequence[SentMove]
                          ) -> list[int | None]:
         """Moves of one shape as one statement: their terms as JSON documents, each move
-        its row's entry, keyed by id (update_entities_with_facts in queries.sql). A pass's
+        its row's entry, keyed by id (update_entities_with_facts in events.sql). A pass's
         ~25 pipelined statements, each adapted and pipelined by psycopg, become one
         statement of four parameters."""
         first = run[0]

@@ -1,0 +1,37 @@
+-- PostgreSQL's text of the connection's own statements (store/postgres/backend.py): the
+-- schema's creation and version, the wake-up channel, what a commit waits for,
+-- forgetting prepared statements.
+-- Named templates (see ledgerq/store/queries.py): {table}, {columns}, {hint} ... are
+-- filled with quoted, validated identifiers or with other templates of the dialect;
+-- every value is a %s (psycopg) parameter.
+
+-- name: listen
+LISTEN ledgerq_claimable
+
+-- name: schema_lock
+-- One creator at a time, however many hosts start at once (released at commit).
+SELECT pg_advisory_xact_lock(hashtextextended('ledgerq schema', 0))
+
+-- name: lock_for_migration
+-- The tables a migration's DDL locks, taken at its start in the order every writer takes
+-- them (a projection, then the log, then workers), in the mode that stops writers and
+-- lets readers finish: DDL that took them in its own order (the log's triggers first)
+-- would deadlock with a submit holding its projection and waiting for the log.
+LOCK TABLE {tables} IN SHARE ROW EXCLUSIVE MODE
+
+-- name: record_schema_version
+-- Never lowered: a newer release's tables stay recorded as the newer version.
+INSERT INTO ledgerq_schema (key, value) VALUES ('schema_version', %s)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value
+WHERE ledgerq_schema.value::bigint < excluded.value::bigint
+
+-- name: tables_present
+SELECT table_name FROM information_schema.tables
+WHERE table_schema = current_schema() AND table_name = ANY(%s)
+
+-- name: durability
+SHOW synchronous_commit
+
+-- name: forget_prepared
+-- Every prepared statement of this connection (psycopg clears its cache on it too).
+DEALLOCATE ALL

@@ -1,0 +1,64 @@
+-- SQLite's text of what more than one wing of the queue calls
+-- (ledgerq/store/sqltx/shared.py).
+-- Named templates (see ledgerq/store/queries.py): {table}, {columns}, {hint} ... are
+-- filled with quoted, validated identifiers or with other templates of the dialect;
+-- every value is a ? parameter.
+
+-- name: and_at_least
+-- A row that never moved has no updated_at (nor ended_at): its creation stands in.
+AND COALESCE({column}, created_at) >= ?
+
+-- name: read_entity
+SELECT * FROM {table} WHERE id = ?
+
+-- name: read_statuses
+SELECT id, status FROM {table} WHERE id IN ({marks})
+
+-- name: ensure_schedule
+INSERT INTO schedules (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING
+
+-- name: list_waiting_runs
+SELECT id, depends_on FROM {table} WHERE status = 'waiting_dependency' AND id IN ({marks})
+
+-- name: list_dependents
+-- CASE: json_each must never see text that is not JSON (it would fail the statement).
+SELECT id, depends_on FROM {table}
+WHERE {hint} AND status = 'waiting_dependency'
+  AND CASE WHEN json_valid(depends_on)
+      THEN EXISTS (SELECT 1 FROM json_each({table}.depends_on) WHERE value IN ({marks}))
+      ELSE 0 END
+
+-- name: count_rows
+SELECT COUNT(*) FROM {table} {where}
+
+-- name: read_page
+SELECT {columns} FROM {table} {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?
+
+-- name: stuck_undeclared
+SELECT id, status, 'status ' || status || ' is not declared by the loaded specs' AS why
+FROM {table} WHERE status NOT IN ({marks})
+
+-- name: stuck_lease
+-- Parameters: now - grace, grace. Expired that long before a live worker's heartbeat.
+SELECT id, status, 'lease expired at ' || lease_expires_at || ' and was not reaped' AS why
+FROM {table}
+WHERE {hint} AND status = 'running' AND lease_expires_at < ?
+  AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - ? >
+              max(lease_expires_at, COALESCE(w.started_at, lease_expires_at)))
+
+-- name: stuck_retry
+SELECT id, status, 'retry due at ' || retry_due_at || ' was not promoted' AS why
+FROM {table}
+WHERE {hint} AND status = 'retry_wait' AND retry_due_at < ?
+  AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - ? >
+              max(retry_due_at, COALESCE(w.started_at, retry_due_at)))
+
+-- name: stuck_waiting
+SELECT id, status, 'depends_on is not valid JSON' AS why FROM {table}
+WHERE {hint} AND status = 'waiting_dependency' AND NOT COALESCE(json_valid(depends_on), 0)
+
+-- name: count_of
+SELECT COUNT(*) FROM ({inner})
+
+-- name: limited
+{inner} LIMIT ?
