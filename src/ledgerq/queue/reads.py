@@ -407,12 +407,12 @@ async def queue_stats(db: Database[ReadsTx], *, now: float | None = None,
     policy = db.registry.entity(RUN_ENTITY)
     states = list(policy.states)
     ts = time.time() if now is None else now
-    # The kinds of stuck run the loaded specs can have (see Tx.stuck_runs): a status the
-    # loaded specs do not declare (no pass of this version moves it); a lease expired,
-    # or a retry due, ``stuck_after`` seconds before the heartbeat of a worker already
-    # running then (its reaper or promotion should have moved the row and could not); a
-    # waiting run whose depends_on is not valid JSON (never released). Queued rows are
-    # not judged: an unclaimed row may simply have no worker to serve it.
+    # The kinds of stuck run the loaded specs can have (see SharedTx.find_stuck_runs): a
+    # status the loaded specs do not declare (no pass of this version moves it); a lease
+    # expired, or a retry due, ``stuck_after`` seconds before the heartbeat of a worker
+    # already running then (its reaper or promotion should have moved the row and could
+    # not); a waiting run whose depends_on is not valid JSON (never released). Queued rows
+    # are not judged: an unclaimed row may simply have no worker to serve it.
     needs = {"lease": "running", "retry": "retry_wait", "waiting": "waiting_dependency"}
     kinds = [k for k in STUCK_KINDS if k not in needs or needs[k] in policy.states]
 

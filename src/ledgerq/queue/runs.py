@@ -24,7 +24,7 @@ __all__ = ["ENTITY", "SYSTEM", "MalformedRow", "claim_reason", "decode_run", "le
 SYSTEM = Actor(type="system", id="ledgerq")
 
 
-def run_policy(db: Database[SharedTx]) -> EntityPolicy:
+def run_policy(db: Database[EventStore]) -> EntityPolicy:
     """The run entity's policy, once its registry is known to allow every move the queue
     makes (:func:`ledgerq.queue.moves.check`): every queue entry point starts here, so a
     spec set missing an edge the queue needs is refused before anything is written."""

@@ -9,7 +9,7 @@ compare-and-swap) keeps them apart. A call returns once its COMMIT has returned,
 an acknowledged terminal state is durable (``synchronous_commit`` as the server has it).
 
 A unit its caller says is usually ``alone`` (one statement whose result it does not
-read: a plain submit) is first built in the event loop's thread on a Tx with no
+read: a plain submit) is first built in the event loop's thread on a transaction with no
 connection, and that one statement is sent on an asyncio connection (psycopg's
 ``AsyncConnection``, autocommit: a transaction of its own): no hop to a pool thread and
 back, which costs more CPU than the statement (~140 us against ~65 on a VM). A unit that

@@ -562,7 +562,7 @@ class _Queued(NamedTuple):
 
 
 class _Connection(sqlite3.Connection):
-    """A connection that carries its Tx (which caches statement texts per shape)."""
+    """A connection that carries its SqliteTx (which caches statement texts per shape)."""
 
     ledgerq_tx: SqliteTx | None = None
 
@@ -584,8 +584,8 @@ def _run_group(conn: sqlite3.Connection, *, units: list[Unit], wait: bool,
     Units rarely raise, so they first run together, with no savepoint around each; when
     one raises, the transaction is rolled back and the group runs again with every unit
     in its own savepoint (``savepoints``), so that unit is rolled back alone and the
-    others commit. Units are plain functions of their Tx, and may run more than once
-    before the commit that keeps their writes (as on PostgreSQL after a lost connection).
+    others commit. Units are plain functions of their transaction, and may run more than
+    once before the commit that keeps their writes (as on PostgreSQL after a lost connection).
 
     ``wait=False`` (an inline group on a connection that does not wait for locks): None,
     with nothing written, when another process holds the write lock, so the caller can

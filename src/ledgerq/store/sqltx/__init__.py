@@ -19,6 +19,7 @@ protocols match :class:`SqlTx` by structure.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.operations import Row
@@ -41,6 +42,11 @@ class SqlTx(EventOps, SharedOps, SubmissionOps, WorkerOps, MaintenanceOps, Sched
             ReadOps):
     """One transaction on a DB-API connection, every operation; each dialect subclasses
     it to name its queries and override what it does better."""
+
+    # Here, not in SqlBase: a dialect's ``super().__init__`` then finds it at once instead
+    # of walking the mixins (a PostgreSQL unit makes one of these).
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
 
     # ------------------------------------------------------------ transitional
     # The names ledgerq.queue.worker.claim still calls, until it calls WorkerTx's (and

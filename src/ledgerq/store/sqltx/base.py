@@ -41,8 +41,8 @@ class SqlBase:
     #: prepared statement by the text.
     _texts: ClassVar[dict[tuple[Any, ...], str]]
 
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
+    #: The DB-API connection (set by :class:`~ledgerq.store.sqltx.SqlTx`'s ``__init__``).
+    conn: Any
 
     def q(self, name: str, **fields: Any) -> str:
         return self.queries(name, **fields)
