@@ -79,6 +79,9 @@ def test_installed_wheel_loads_the_packaged_specs(tmp_path: Path) -> None:
     assert "ledgerq/lifecycle/registry.py" in names
     for asset in ("index.html", "app.js", "style.css"):  # the dashboard needs no build step
         assert f"ledgerq/web/static/{asset}" in names, sorted(names)
+    for dialect in ("sqlite", "postgres"):  # each dialect's SQL, one file per owner
+        for owner in ("events", "shared", "workers", "maintenance", "reads", "migrations"):
+            assert f"ledgerq/store/{dialect}/{owner}.sql" in names, sorted(names)
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", venv])
