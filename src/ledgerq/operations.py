@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.facts import Fact
@@ -289,7 +289,3 @@ class Database(Protocol[TxT]):
 
     async def unlisten(self) -> None: ...
 
-
-#: Transitional, for ``ledgerq.queue.worker.claim`` alone until it annotates its
-#: transactions ``WorkerTx`` (``ledgerq.queue.worker.store``): then delete this.
-Tx: TypeAlias = Any

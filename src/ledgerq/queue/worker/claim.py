@@ -33,7 +33,6 @@ from ledgerq.codec import loads
 from ledgerq.lifecycle.claims import apply_claims
 from ledgerq.lifecycle.ids import new_token
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Tx
 from ledgerq.queue import moves
 from ledgerq.queue.capabilities import affinity_score, capability_class, worker_can_serve
 from ledgerq.queue.maintenance.stuck import StuckRows, describe, is_database_failure, tracked
@@ -46,7 +45,8 @@ from ledgerq.queue.worker.config import (
 )
 
 if TYPE_CHECKING:
-    from ledgerq.store.db import StateDB
+    from ledgerq.operations import Database
+    from ledgerq.queue.worker.store import WorkerTx
 
 log = logging.getLogger("ledgerq.worker")
 
@@ -93,7 +93,7 @@ class _QueueScan:
     """One queue's candidates in claim order, read a keyset page at a time on demand (the
     first page ``first_page`` rows long, the others PAGE_SIZE)."""
 
-    def __init__(self, tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
+    def __init__(self, tx: WorkerTx, policy: EntityPolicy, excluded_kinds: list[str],
                  queue: str, first_page: int) -> None:
         self.tx, self.policy, self.excluded, self.queue = tx, policy, excluded_kinds, queue
         self.size = first_page
@@ -105,7 +105,9 @@ class _QueueScan:
         """Read the next page (at most ``budget`` rows); the number read."""
         size = min(self.size, budget)
         self.size = PAGE_SIZE
-        page = self.tx.claim_page(self.policy, self.excluded, self.queue, self.cursor, size)
+        page = self.tx.read_claim_page(self.policy, self.excluded, self.queue, self.cursor, size,
+                                      columns=moves.CANDIDATE_COLUMNS,
+                                      default_queue=moves.DEFAULT_QUEUE)
         self.done = len(page) < size
         if page:
             last = page[-1]
@@ -114,7 +116,7 @@ class _QueueScan:
         return len(page)
 
 
-def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Sequence[str],
+def _scan(tx: WorkerTx, policy: EntityPolicy, excluded_kinds: list[str], queues: Sequence[str],
           result: ClaimPass, first_page: int, cap: int) -> Iterator[dict[str, Any]]:
     """The queued rows of ``queues`` in claim order, up to ``cap`` rows read.
 
@@ -162,7 +164,7 @@ def _scan(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str], queues: Seque
             return
 
 
-def _candidates(tx: Tx, policy: EntityPolicy, excluded_kinds: list[str],
+def _candidates(tx: WorkerTx, policy: EntityPolicy, excluded_kinds: list[str],
                 advertised: list[str], targets: set[str], queues: Sequence[str],
                 result: ClaimPass, enough: Callable[[dict[str, Any]], bool] | None = None,
                 skip: frozenset[str] = frozenset(), first_page: int = PAGE_SIZE,
@@ -231,7 +233,7 @@ class _Picker:
         return len(self.chosen) >= self.limit
 
 
-def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
+def _select(tx: WorkerTx, policy: EntityPolicy, worker_id: str, now: float,
             heartbeat_ttl: float, excluded_kinds: list[str], advertised: list[str],
             targets: set[str], queues: Sequence[str], limit: int, result: ClaimPass,
             skip: frozenset[str] = frozenset(), cap: int = SCAN_CAP
@@ -239,12 +241,12 @@ def _select(tx: Tx, policy: EntityPolicy, worker_id: str, now: float,
     """The rows a pass will try to claim, read in one snapshot, reading at most ``cap``
     rows (``result.capped`` says whether that cut the scan short); None if the worker is
     stale."""
-    hb = tx.worker_heartbeat(worker_id)
+    hb = tx.read_worker_heartbeat(worker_id)
     if hb is not None and now - hb > heartbeat_ttl:
         return None
     # Every running row is in the lease index (NULL expiries included), and there are
     # only as many as workers run at once: cheap however deep the queue is.
-    picker = _Picker(lambda: tx.running_keys(policy), limit)
+    picker = _Picker(lambda: tx.list_running_keys(policy), limit)
     if not _ranks_by_affinity(advertised):
         # Every candidate scores 0, so the stable affinity sort keeps scan order and the
         # choice is the first ``limit`` unblocked eligible rows: stop scanning there.
@@ -280,12 +282,12 @@ def _ranks_by_affinity(advertised: Sequence[str]) -> bool:
     return any(capability_class(t) == "affinity" for t in advertised)
 
 
-def _claim_one(tx: Tx, policy: EntityPolicy, cand: dict[str, Any],
+def _claim_one(tx: WorkerTx, policy: EntityPolicy, cand: dict[str, Any],
                worker_id: str, now: float, lease_ttl: float) -> dict[str, Any] | None:
     key = cand["concurrency_key"]
     if key is not None:
         tx.lock_key(key)  # two claims of one key cannot both see it free
-        if tx.key_running(policy, key):
+        if tx.is_key_running(policy, key):
             return None
     guard, patch = _lease_terms(cand, worker_id, now, lease_ttl)
     res = perform(tx, policy, cand["id"], moves.CLAIM,
@@ -307,7 +309,7 @@ def _lease_terms(cand: dict[str, Any], worker_id: str, now: float,
              "lease_token": new_token(), "lease_attempts": attempts + 1})
 
 
-def _claim_together(tx: Tx, policy: EntityPolicy, chosen: list[dict[str, Any]], limit: int,
+def _claim_together(tx: WorkerTx, policy: EntityPolicy, chosen: list[dict[str, Any]], limit: int,
                     worker_id: str, now: float, lease_ttl: float) -> list[Any]:
     """:func:`_claim_in_order` for candidates without a concurrency key, together (each
     row still its own guarded move with its own fact, :data:`CLAIM_STEP` candidates a
@@ -339,7 +341,7 @@ def _claim_together(tx: Tx, policy: EntityPolicy, chosen: list[dict[str, Any]], 
     return out
 
 
-def _claim_in_order(tx: Tx, chosen: list[dict[str, Any]], limit: int,
+def _claim_in_order(tx: WorkerTx, chosen: list[dict[str, Any]], limit: int,
                     claim: Callable[..., dict[str, Any] | None]) -> list[Any]:
     """Claim candidates in order until ``limit`` slots are used, each in its own savepoint;
     the outcome per candidate.
@@ -353,12 +355,12 @@ def _claim_in_order(tx: Tx, chosen: list[dict[str, Any]], limit: int,
         with tx.savepoint():
             return _claims(tx, chosen, limit, claim, isolate=False)
     except Exception as exc:
-        if tx.database_failure(exc):
+        if tx.is_database_failure(exc):
             raise
     return _claims(tx, chosen, limit, claim, isolate=True)
 
 
-def _claims(tx: Tx, chosen: list[dict[str, Any]], limit: int,
+def _claims(tx: WorkerTx, chosen: list[dict[str, Any]], limit: int,
             claim: Callable[..., dict[str, Any] | None], *, isolate: bool) -> list[Any]:
     got: list[Any] = []
     used = 0
@@ -373,7 +375,7 @@ def _claims(tx: Tx, chosen: list[dict[str, Any]], limit: int,
                 with tx.savepoint():
                     row = claim(tx, cand=cand)
             except Exception as exc:
-                if tx.database_failure(exc):
+                if tx.is_database_failure(exc):
                     raise
                 got.append(exc)
                 used += 1
@@ -390,8 +392,8 @@ _Picked = tuple[ClaimPass, list[dict[str, Any]] | None, list[Any]]
 _Chosen = tuple[ClaimPass, list[dict[str, Any]] | None]
 
 
-def _choose_and_claim(tx: Tx, choose: Callable[..., list[dict[str, Any]] | None],
-                      claim_all: Callable[[Tx, list[dict[str, Any]]], list[Any]],
+def _choose_and_claim(tx: WorkerTx, choose: Callable[..., list[dict[str, Any]] | None],
+                      claim_all: Callable[[WorkerTx, list[dict[str, Any]]], list[Any]],
                       cap: int, choices: list[_Chosen]) -> _Picked | None:
     """A pass's choice and its claims in one write transaction; None, having written
     nothing, when the choice needs more than ``cap`` rows read. Each choice made is added
@@ -416,8 +418,8 @@ def _choose_and_claim(tx: Tx, choose: Callable[..., list[dict[str, Any]] | None]
     return seen, chosen, claim_all(tx, chosen) if chosen else []
 
 
-async def _claim_chosen(db: StateDB, chosen: list[dict[str, Any]],
-                        claim_all: Callable[[Tx, list[dict[str, Any]]], list[Any]],
+async def _claim_chosen(db: Database[WorkerTx], chosen: list[dict[str, Any]],
+                        claim_all: Callable[[WorkerTx, list[dict[str, Any]]], list[Any]],
                         claim: Callable[..., dict[str, Any] | None], limit: int) -> list[Any]:
     """The claims of rows chosen from a snapshot, in a write of their own; each one's
     outcome."""
@@ -429,14 +431,14 @@ async def _claim_chosen(db: StateDB, chosen: list[dict[str, Any]],
     return await _claim_one_by_one(db, chosen, limit, claim)  # (it wrote nothing)
 
 
-async def _claim_one_by_one(db: StateDB, chosen: list[dict[str, Any]], limit: int,
+async def _claim_one_by_one(db: Database[WorkerTx], chosen: list[dict[str, Any]], limit: int,
                             claim: Callable[..., dict[str, Any] | None]) -> list[Any]:
     """Claims that raised together, again one by one, each in its own savepoint, so a
     row that cannot be claimed fails alone; each one's outcome."""
     return await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
 
 
-async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = None,
+async def claim_pass(db: Database[WorkerTx], config: WorkerConfig, *, limit: int | None = None,
                      now: float | None = None, excluded_kinds: Iterable[str] | None = None,
                      stuck: StuckRows | None = None) -> ClaimPass:
     """One claim pass for ``config``'s worker: up to ``limit`` (default: its claim limit)
@@ -459,14 +461,14 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
     policy = run_policy(db)
     wanted = limit * CLAIM_SPARES if db.many_writers else limit
 
-    def choose(tx: Tx, into: ClaimPass, cap: int = SCAN_CAP) -> list[dict[str, Any]] | None:
+    def choose(tx: WorkerTx, into: ClaimPass, cap: int = SCAN_CAP) -> list[dict[str, Any]] | None:
         return _select(tx, policy, worker_id, ts, config.heartbeat_ttl, excluded,
                        advertised, targets, config.queues, wanted, into, skip, cap)
 
     claim = functools.partial(_claim_one, policy=policy, worker_id=worker_id, now=ts,
                               lease_ttl=config.lease_ttl)
 
-    def claim_all(tx: Tx, chosen: list[dict[str, Any]]) -> list[Any]:
+    def claim_all(tx: WorkerTx, chosen: list[dict[str, Any]]) -> list[Any]:
         if _together(chosen):
             return _claim_together(tx, policy, chosen, limit, worker_id, ts, config.lease_ttl)
         return _claim_in_order(tx, chosen, limit, claim)
@@ -516,7 +518,7 @@ async def claim_pass(db: StateDB, config: WorkerConfig, *, limit: int | None = N
     return result
 
 
-async def claim_runs(db: StateDB, *, worker_id: str, now: float | None = None,
+async def claim_runs(db: Database[WorkerTx], *, worker_id: str, now: float | None = None,
                      lease_ttl: float = DEFAULT_LEASE_TTL_SECONDS,
                      limit: int = DEFAULT_CLAIM_LIMIT,
                      advertised_capabilities: Iterable[str] | None = None,

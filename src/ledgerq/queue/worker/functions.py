@@ -106,8 +106,7 @@ def _fixed_clock(now: float | None) -> Callable[[], float]:
 
 async def _claim_and_execute(db: Database[ServiceTx], config: WorkerConfig, now: float | None,
                              stuck: StuckRows | None) -> int:
-    # (claim.py still annotates StateDB: strict mypy flags this ignore once it does not)
-    claimed = await claim_pass(db, config, now=now, stuck=stuck)  # type: ignore[arg-type]
+    claimed = await claim_pass(db, config, now=now, stuck=stuck)
     ctx = RunContext.from_config(config, clock=_fixed_clock(now))
     begun = begin_runs(db, claimed.claimed, ctx)
     going: list[Any] = []

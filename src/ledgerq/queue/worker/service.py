@@ -352,9 +352,7 @@ class Worker:
     async def _claim(self, limit: int) -> None:
         started = time.monotonic()
         self.claim_passes += 1
-        # (claim.py still annotates StateDB: strict mypy flags this ignore once it does not)
-        got = await claim_pass(self.db, self.config, limit=limit,  # type: ignore[arg-type]
-                               stuck=self.stuck)
+        got = await claim_pass(self.db, self.config, limit=limit, stuck=self.stuck)
         self.recycling.note_claimed(len(got.claimed), self.worker_id)
         begun = begin_runs(self.db, got.claimed, self.context)
         for run, coro in begun.going:

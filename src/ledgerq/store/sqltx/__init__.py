@@ -18,11 +18,8 @@ protocols match :class:`SqlTx` by structure.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Row
 from ledgerq.store.sqltx.events import EventOps, Swap
 from ledgerq.store.sqltx.maintenance import MaintenanceOps
 from ledgerq.store.sqltx.reads import ReadOps
@@ -32,10 +29,6 @@ from ledgerq.store.sqltx.submission import SubmissionOps
 from ledgerq.store.sqltx.workers import WorkerOps
 
 __all__ = ["SqlTx", "Swap"]
-
-#: Transitional (see :meth:`SqlTx.claim_page`): the queue's candidate columns.
-_CANDIDATE_COLUMNS = ("id", "queued_at", "required_capabilities", "execution_target",
-                      "concurrency_key", "lease_attempts", "priority", "queue")
 
 
 class SqlTx(EventOps, SharedOps, SubmissionOps, WorkerOps, MaintenanceOps, SchedulingOps,
@@ -48,23 +41,3 @@ class SqlTx(EventOps, SharedOps, SubmissionOps, WorkerOps, MaintenanceOps, Sched
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
-    # ------------------------------------------------------------ transitional
-    # The names ledgerq.queue.worker.claim still calls, until it calls WorkerTx's (and
-    # passes the candidate columns and the default queue itself): then delete these.
-
-    def claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str], queue: str,
-                   after: tuple[int, float, str] | None, limit: int) -> list[Row]:
-        return self.read_claim_page(policy, excluded_kinds, queue, after, limit,
-                                    columns=_CANDIDATE_COLUMNS, default_queue="default")
-
-    def worker_heartbeat(self, worker_id: str) -> float | None:
-        return self.read_worker_heartbeat(worker_id)
-
-    def running_keys(self, policy: EntityPolicy) -> set[str]:
-        return self.list_running_keys(policy)
-
-    def key_running(self, policy: EntityPolicy, key: str) -> bool:
-        return self.is_key_running(policy, key)
-
-    def database_failure(self, exc: BaseException) -> bool:
-        return self.is_database_failure(exc)
