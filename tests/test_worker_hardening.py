@@ -631,7 +631,7 @@ async def test_a_limit_one_pass_over_a_deep_queue_reads_one_page(db: StateDB) ->
         # writers run at once).
         usable = claim_mod.CLAIM_SPARES if db.many_writers else 1
         assert len(got.claimed) == 1 and got.scanned == usable
-        pages = [q for q in statements if q.startswith("SELECT id, queued_at")]
+        pages = [q for q in statements if q.startswith('SELECT "id", "queued_at"')]
         assert len(pages) == 1, pages
         # With an affinity token the pass must rank every row: the same queue reads 10 pages.
         statements.clear()
@@ -639,7 +639,7 @@ async def test_a_limit_one_pass_over_a_deep_queue_reads_one_page(db: StateDB) ->
                                advertised_capabilities=["warmed-cache"])
     finally:
         trace.stop()
-    pages = [q for q in statements if q.startswith("SELECT id, queued_at")]
+    pages = [q for q in statements if q.startswith('SELECT "id", "queued_at"')]
     # Ten pages; the last one came up short within its priority level, so it went on
     # below that level too (one more statement, which found nothing).
     assert len(got.claimed) == 1 and len(pages) == 11
@@ -657,7 +657,7 @@ async def test_a_pass_reads_all_it_can_use_in_one_page(db: StateDB) -> None:
         trace.stop()
     usable = 20 * (claim_mod.CLAIM_SPARES if db.many_writers else 1)
     assert len(got.claimed) == 20 and got.scanned == usable
-    pages = [q for q in statements if q.startswith("SELECT id, queued_at")]
+    pages = [q for q in statements if q.startswith('SELECT "id", "queued_at"')]
     assert len(pages) == 1, pages
 
 
