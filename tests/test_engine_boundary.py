@@ -16,7 +16,7 @@ from ledgerq import StateDB
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
 from ledgerq.lifecycle.engine import apply_move
-from ledgerq.operations import EventStore
+from ledgerq.lifecycle.store import EventStore
 from ledgerq.projections import verify
 from ledgerq.queue.maintenance.store import MaintenanceTx
 from ledgerq.queue.scheduling.store import SchedulingTx

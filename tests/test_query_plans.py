@@ -248,7 +248,7 @@ async def test_postgres_moves_sent_together_read_their_own_rows_alone(
     from ledgerq import StateDB
     from ledgerq.lifecycle.facts import Fact
     from ledgerq.lifecycle.ids import new_id
-    from ledgerq.operations import SentMove
+    from ledgerq.lifecycle.store import SentMove
 
     async with StateDB(pg_target) as db:
         policy = db.registry.entity("schedule_run")

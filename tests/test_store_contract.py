@@ -1,6 +1,6 @@
 """The store contract: every store operation, on every dialect.
 
-The operations are declared by the engine (:class:`ledgerq.operations.EventStore`) and by
+The operations are declared by the engine (:class:`ledgerq.lifecycle.store.EventStore`) and by
 the queue's wings (``ledgerq.queue.store``, ``ledgerq.queue.<wing>.store``); that both
 dialects implement every one of them is checked in ``tests/test_engine_boundary.py``.
 
@@ -23,7 +23,7 @@ from ledgerq.codec import dumps, loads
 from ledgerq.errors import IntegrityViolation
 from ledgerq.lifecycle.facts import Fact
 from ledgerq.lifecycle.ids import new_id
-from ledgerq.operations import FACT_COLUMNS, ClaimFacts, SentMove
+from ledgerq.lifecycle.store import FACT_COLUMNS, ClaimFacts, SentMove
 from ledgerq.queue.moves import CANDIDATE_COLUMNS, DEFAULT_QUEUE, expired_columns, lease_columns
 from ledgerq.queue.store import STUCK_KINDS
 from ledgerq.store.postgres.tx import PostgresTx

@@ -11,8 +11,8 @@ from ledgerq.lifecycle.ids import new_id, new_token
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.plans import move_plan, stamp
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.store import ClaimFacts, EventStore
 from ledgerq.lifecycle.values import DEFAULT_AS_JSON, check_values
-from ledgerq.operations import ClaimFacts, EventStore
 
 
 def apply_claims(tx: EventStore, policy: EntityPolicy, rows: list[tuple[str, dict[str, Any],
@@ -74,7 +74,7 @@ def _claim_patch_split(tx: EventStore, policy: EntityPolicy, changes: dict[str, 
                        patched: tuple[str, ...],
                        rows: list[tuple[str, dict[str, Any], dict[str, Any]]]
                        ) -> tuple[dict[str, Any], tuple[str, ...]] | None:
-    """A claim fact's patch as :class:`~ledgerq.operations.ClaimFacts` takes it: what
+    """A claim fact's patch as :class:`~ledgerq.lifecycle.store.ClaimFacts` takes it: what
     every row's holds alike (the stamp, and each float column's value, the same for
     every row and stored as sent), and the columns each fact reads from its row as stored
     (those the database gives back as their exact JSON: text, integer, boolean, JSON's

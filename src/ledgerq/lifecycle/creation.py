@@ -14,6 +14,7 @@ from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.policy_cache import CACHES, PLAN_LIMIT, cache_of
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.store import EventStore
 from ledgerq.lifecycle.values import (
     DEFAULT_AS_JSON,
     INT64_MAX,
@@ -21,7 +22,6 @@ from ledgerq.lifecycle.values import (
     check_reason,
     check_values,
 )
-from ledgerq.operations import EventStore
 
 
 def create_entity(tx: EventStore, policy: EntityPolicy, values: dict[str, Any], *,

@@ -19,6 +19,7 @@ from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, Tran
 from ledgerq.lifecycle.moves import Moved, MoveTerms, apply_move, apply_moves, apply_transition
 from ledgerq.lifecycle.plans import VOCABULARY_ERROR
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, EntityPolicy
+from ledgerq.lifecycle.store import Database, EventStore
 from ledgerq.lifecycle.values import (
     MAX_JSON_DEPTH,
     check_allowed,
@@ -27,7 +28,6 @@ from ledgerq.lifecycle.values import (
     check_values,
     value_problem,
 )
-from ledgerq.operations import Database, EventStore
 
 
 def prepare(db: Database[EventStore], request: TransitionRequest, guard: dict[str, Any] | None,

@@ -2,7 +2,7 @@
 writes it.
 
 A named tuple, so that code reads a fact's fields by name while the drivers still get a
-tuple in the log's column order (:data:`~ledgerq.operations.FACT_COLUMNS`).
+tuple in the log's column order (:data:`~ledgerq.lifecycle.store.FACT_COLUMNS`).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from ledgerq.lifecycle.ids import new_id, new_token
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.plans import Plan, move_plan, stamp
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.store import EventStore, SentMove
 from ledgerq.lifecycle.values import check_allowed, check_reason, check_values
-from ledgerq.operations import EventStore, SentMove
 
 
 def apply_transition(tx: EventStore, policy: EntityPolicy, request: TransitionRequest,

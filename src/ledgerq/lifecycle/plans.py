@@ -15,8 +15,8 @@ from ledgerq.lifecycle.facts import reason_json
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.policy_cache import CACHES, PLAN_LIMIT, cache_of
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.store import EventStore
 from ledgerq.lifecycle.values import check_allowed, check_reason
-from ledgerq.operations import EventStore
 
 VOCABULARY_ERROR = "not in the declared transition vocabulary"
 

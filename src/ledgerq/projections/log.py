@@ -10,7 +10,7 @@ from typing import Any
 
 from ledgerq.codec import loads
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Database, EventStore
+from ledgerq.lifecycle.store import Database, EventStore
 
 
 async def history(db: Database[EventStore], entity_type: str, entity_id: str) -> list[dict[str,

@@ -23,7 +23,7 @@ from ledgerq.queue.moves import PRIORITY_COLUMN, QUEUE_COLUMN
 from ledgerq.queue.store import STUCK_KINDS
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.store import ReadsTx
 
 RUN_ENTITY = "schedule_run"

@@ -14,7 +14,7 @@ from ledgerq.queue import moves
 from ledgerq.queue.moves import ENTITY, LEASE, Move
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database, EventStore
+    from ledgerq.lifecycle.store import Database, EventStore
     from ledgerq.queue.store import SharedTx
 
 __all__ = ["ENTITY", "SYSTEM", "MalformedRow", "claim_reason", "decode_run", "lease_of",

@@ -4,7 +4,7 @@ Each wing of the queue (``submission``, ``worker``, ``maintenance``, ``schedulin
 declares the operations it calls in its own ``store.py``, a protocol extending
 :class:`SharedTx`, which declares those more than one wing calls, once; the read models
 (:mod:`ledgerq.queue.reads`) declare theirs here (:class:`ReadsTx`). Every one extends the
-engine's :class:`~ledgerq.operations.EventStore` (each wing moves runs through the
+engine's :class:`~ledgerq.lifecycle.store.EventStore` (each wing moves runs through the
 engine). The store's transaction class implements them all and imports none of them:
 the match is structural (``tests/test_engine_boundary.py`` checks both dialects).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ledgerq.operations import EventStore, Row
+from ledgerq.lifecycle.store import EventStore, Row
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import EntityPolicy

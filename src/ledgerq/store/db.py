@@ -4,7 +4,7 @@
 (or ``postgres://``) is a PostgreSQL database. The handle chooses the dialect once and
 hands every unit of work a transaction of that dialect (a subclass of
 :class:`~ledgerq.store.sqltx.SqlTx`, which implements the engine's
-:class:`~ledgerq.operations.EventStore` and every protocol of the queue's wings); nothing
+:class:`~ledgerq.lifecycle.store.EventStore` and every protocol of the queue's wings); nothing
 above it knows which one it is talking to.
 """
 

@@ -25,7 +25,7 @@ from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.moves import apply_move
 from ledgerq.lifecycle.registry import EdgeRule, EntityPolicy, Registry, build_policy
 from ledgerq.lifecycle.spec import EntitySpec
-from ledgerq.operations import EventStore
+from ledgerq.lifecycle.store import EventStore
 
 
 class Catalog(evolution.Probe, abc.ABC):

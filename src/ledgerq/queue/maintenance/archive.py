@@ -52,7 +52,7 @@ from ledgerq.queue.reads import RUN_ENTITY, decode_fact, decode_row
 from ledgerq.store.sqlite import archive_file
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.maintenance.store import MaintenanceTx
 
 

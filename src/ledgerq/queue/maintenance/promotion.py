@@ -17,7 +17,7 @@ from ledgerq.queue.maintenance.stuck import StuckRows, Swept, isolated, record, 
 from ledgerq.queue.runs import perform, resolve_dependents, run_policy
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.maintenance.store import MaintenanceTx
     from ledgerq.queue.store import SharedTx
 

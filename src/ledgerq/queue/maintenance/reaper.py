@@ -17,7 +17,7 @@ from ledgerq.queue.moves import expired_columns
 from ledgerq.queue.runs import lease_of, no_lease, perform, run_policy
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.maintenance.store import MaintenanceTx
 
 MAX_LEASE_ATTEMPTS = 3

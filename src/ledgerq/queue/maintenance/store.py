@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ledgerq.operations import Row
+from ledgerq.lifecycle.store import Row
 from ledgerq.queue.store import SharedTx
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class MaintenanceTx(SharedTx, Protocol):
 
     def stream_marked_facts(self, entity_type: str) -> Iterator[Row]:
         """Every fact of the listed entities in (entity_id, entity_version) order, keyed by
-        :data:`~ledgerq.operations.FACT_COLUMNS`, streamed (JSON as text)."""
+        :data:`~ledgerq.lifecycle.store.FACT_COLUMNS`, streamed (JSON as text)."""
 
     def delete_marked(self, policy: EntityPolicy) -> tuple[int, int]:
         """Delete the listed entities' facts, then their rows: (facts, rows) deleted."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ledgerq.errors import DatabaseDamaged, DatabaseGone, DatabaseUnavailable
 
 if TYPE_CHECKING:
-    from ledgerq.operations import EventStore
+    from ledgerq.lifecycle.store import EventStore
 
 log = logging.getLogger("ledgerq.worker")
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ledgerq.queue.runs import run_policy
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.store import SharedTx
 
 log = logging.getLogger("ledgerq.worker")

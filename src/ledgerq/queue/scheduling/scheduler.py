@@ -47,7 +47,7 @@ from ledgerq.queue.submission.submit import run_row
 from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.scheduling.store import SchedulingTx
 
 #: Under ``catch_up = "none"``, how late a slot may still fire (a scheduler that ticks a

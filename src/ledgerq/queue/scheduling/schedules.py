@@ -37,7 +37,7 @@ from ledgerq.queue.submission.application import (
 )
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.scheduling.store import SchedulingTx
 
 #: What ``catch_up`` may say: after every scheduler was down, fire the latest missed slot

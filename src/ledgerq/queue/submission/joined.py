@@ -29,7 +29,7 @@ from weakref import WeakKeyDictionary
 from ledgerq.queue.maintenance.stuck import is_database_failure
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.submission.store import SubmissionTx
 
 Item = TypeVar("Item")

@@ -37,7 +37,7 @@ from ledgerq.queue.submission.submit import run_row
 from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.submission.store import SubmissionTx
 
 RETRIER = Actor(type="operator", id="ledgerq.retry")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from ledgerq.operations import Row
+from ledgerq.lifecycle.store import Row
 from ledgerq.queue.store import SharedTx
 
 if TYPE_CHECKING:

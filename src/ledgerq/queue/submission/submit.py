@@ -33,7 +33,7 @@ from ledgerq.queue.submission.application import (
 from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.submission.store import SubmissionTx
 
 SUBMITTER = Actor(type="system", id="ledgerq.submit")

@@ -45,7 +45,7 @@ from ledgerq.queue.worker.config import (
 )
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.worker.store import WorkerTx
 
 log = logging.getLogger("ledgerq.worker")

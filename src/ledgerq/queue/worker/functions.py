@@ -47,7 +47,7 @@ from ledgerq.queue.worker.supervision import (
 )
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.worker.store import ServiceTx
 
 __all__ = [

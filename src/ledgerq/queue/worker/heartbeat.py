@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ledgerq.codec import dumps
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.worker.config import WorkerConfig
     from ledgerq.queue.worker.store import WorkerTx
 

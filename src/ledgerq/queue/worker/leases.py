@@ -18,7 +18,7 @@ from ledgerq.queue.moves import lease_columns
 from ledgerq.queue.runs import run_policy
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.worker.store import WorkerTx
 
 

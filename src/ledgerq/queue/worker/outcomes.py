@@ -26,7 +26,7 @@ from ledgerq.queue.runs import no_lease, run_policy, terms, worker_actor
 from ledgerq.queue.submission.application import RetryPolicy
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.worker.config import RunContext
     from ledgerq.queue.worker.store import WorkerTx
 

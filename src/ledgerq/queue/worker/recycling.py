@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ledgerq.errors import InvalidInput, NotFound
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.worker.store import WorkerTx
 
 log = logging.getLogger("ledgerq.runtime")

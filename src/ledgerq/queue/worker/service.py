@@ -50,7 +50,7 @@ from ledgerq.queue.worker.recycling import Recycling
 from ledgerq.queue.worker.supervision import begin_runs, write_ended
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.worker.store import ServiceTx
 
 log = logging.getLogger("ledgerq.runtime")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from ledgerq.operations import Row
+from ledgerq.lifecycle.store import Row
 from ledgerq.queue.maintenance.store import MaintenanceTx
 from ledgerq.queue.scheduling.store import SchedulingTx
 from ledgerq.queue.store import SharedTx

@@ -46,7 +46,7 @@ from ledgerq.queue.worker.outcomes import (
 )
 
 if TYPE_CHECKING:
-    from ledgerq.operations import Database
+    from ledgerq.lifecycle.store import Database
     from ledgerq.queue.worker.store import WorkerTx
 
 log = logging.getLogger("ledgerq.worker")

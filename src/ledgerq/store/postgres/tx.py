@@ -24,7 +24,7 @@ import psycopg
 from ledgerq.codec import dumps
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import FACT_COLUMNS, ClaimFacts, Row, SentMove
+from ledgerq.lifecycle.store import FACT_COLUMNS, ClaimFacts, Row, SentMove
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from ledgerq.errors import InvalidInput, NotFound
 from ledgerq.lifecycle.identifiers import identifier_problem, quote
-from ledgerq.operations import FACT_COLUMNS
+from ledgerq.lifecycle.store import FACT_COLUMNS
 from ledgerq.store.sqlite.schema import SQLITE_TYPES
 
 #: The manifest's ``format`` value: what tells a ledgerq archive from any SQLite file.

@@ -8,7 +8,7 @@ a guard term) is a named template of the dialect; these modules join lists of qu
 identifiers and fragments.
 
 The modules follow the protocols that declare the operations: :mod:`.events` the
-engine's (:class:`ledgerq.operations.EventStore`), :mod:`.shared` what more than one
+engine's (:class:`ledgerq.lifecycle.store.EventStore`), :mod:`.shared` what more than one
 wing of the queue calls, then one module per wing (:mod:`.submission`, :mod:`.workers`,
 :mod:`.maintenance`, :mod:`.scheduling`) and the read models' (:mod:`.reads`).
 :class:`SqlTx` is all of them: a plain class with each method once, so a call costs one

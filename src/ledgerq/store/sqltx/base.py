@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Row
+from ledgerq.lifecycle.store import Row
 from ledgerq.store.queries import Queries
 
 #: Ids bound per ``IN (...)`` statement (under SQLite's bound-parameter limit).

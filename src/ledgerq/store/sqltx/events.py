@@ -1,4 +1,4 @@
-"""The engine's operations (:class:`ledgerq.operations.EventStore`), once for both dialects.
+"""The engine's operations (:class:`ledgerq.lifecycle.store.EventStore`), once for both dialects.
 
 Moves (the compare-and-swap, with its fact), claims, creation, the log, and what verify
 and rebuild read and write. A dialect overrides what it does better in one statement.
@@ -15,7 +15,7 @@ from ledgerq.codec import dumps, loads
 from ledgerq.lifecycle.facts import Fact, tuple_new
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import ClaimFacts, EventStore, Row, SentMove
+from ledgerq.lifecycle.store import ClaimFacts, EventStore, Row, SentMove
 from ledgerq.store.sqltx.base import SqlBase
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
-from ledgerq.operations import Row
+from ledgerq.lifecycle.store import Row
 from ledgerq.store.sqltx.base import SqlBase
 
 #: ledgerq's record of archives (schema version 4).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Row
+from ledgerq.lifecycle.store import Row
 from ledgerq.store.sqltx.base import SqlBase
 
 

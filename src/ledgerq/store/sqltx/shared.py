@@ -7,7 +7,7 @@ from typing import Any
 
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Row
+from ledgerq.lifecycle.store import Row
 from ledgerq.store.sqltx.base import SqlBase
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.operations import Row
+from ledgerq.lifecycle.store import Row
 from ledgerq.store.sqltx.base import PRIORITY_COLUMN, QUEUE_COLUMN, SLOT_COLUMN, SqlBase
 
 
