@@ -198,3 +198,24 @@ def test_a_worker_whose_metrics_port_is_taken_refuses_to_start(tmp_path: Path) -
                              capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 2, res.stderr
     assert f"--metrics-port {port}: cannot serve metrics" in res.stderr
+
+
+def test_tasks_filter_by_outcome_in_whichever_states_the_spec_gives_it(
+        api: httpx.Client) -> None:
+    """``?outcome=failed`` means every state whose spec outcome is failed (``failed`` and
+    ``timed_out`` in the packaged spec), so the dashboard names no state itself."""
+    run_id = api.post("/api/tasks", json=command("true")).json()["id"]
+    assert api.post(f"/api/tasks/{run_id}/cancel").status_code == 200
+    cancelled = api.get("/api/tasks", params={"outcome": "cancelled", "limit": 500}).json()
+    assert run_id in [t["id"] for t in cancelled["items"]]
+    failed = api.get("/api/tasks", params={"outcome": "failed", "limit": 500})
+    assert run_id not in [t["id"] for t in failed.json()["items"]]
+    assert failed.status_code == 200, failed.text
+    by_status = api.get("/api/tasks", params=[("status", "failed"), ("status", "timed_out"),
+                                              ("limit", "500")])
+    assert [t["id"] for t in failed.json()["items"]] == \
+        [t["id"] for t in by_status.json()["items"]]
+    only = api.get("/api/tasks", params=[("outcome", "failed"), ("status", "queued")])
+    assert only.json()["items"] == []
+    bad = api.get("/api/tasks", params={"outcome": "exploded"})
+    assert bad.status_code == 422 and "unknown outcome" in bad.json()["detail"]

@@ -265,3 +265,12 @@ async def test_a_dependency_is_met_by_its_states_outcome(tmp_path: Path,
         rows = {r["id"]: r["status"] for r in await db.fetch_all(
             "SELECT id, status FROM schedule_runs")}
         assert (rows[after_good], rows[after_bad]) == ("queued", "cancelled")
+
+
+def test_the_store_names_the_queues_run_entity_as_the_queue_does() -> None:
+    """The store renders the workers table's reference to the runs' table and cannot
+    import the queue: its one name for the run entity must be the queue's."""
+    from ledgerq.queue import moves
+    from ledgerq.store import ddl
+
+    assert ddl.RUN_ENTITY == moves.ENTITY

@@ -35,6 +35,7 @@ from rich.text import Text
 
 from ledgerq.lifecycle.models import Actor
 from ledgerq.projections.log import verify
+from ledgerq.queue import moves
 from ledgerq.queue.reads import get_runs, queue_stats, run_history
 from ledgerq.queue.submission.application import RetryPolicy, TaskApplication
 from ledgerq.queue.submission.submit import cancel_task, submit_task
@@ -186,7 +187,7 @@ async def _drive(db: StateDB, path: Path, workdir: Path, tasks: list[DemoTask],
             retry=t.retry, timeout_seconds=t.timeout, depends_on=deps))
     console.print(f"submitted {len(tasks)} command tasks "
                   f"(lease TTL {LEASE_TTL:g}s, renewed every {LEASE_TTL / 3:.2f}s)")
-    terminal = db.registry.entity("schedule_run").terminal
+    terminal = db.registry.entity(moves.ENTITY).terminal
     long = by_label["long"]
     victim: str | None = None
     claimed_at = 0.0

@@ -136,6 +136,20 @@ OVERLAP_SKIPPED = Move(None, "skipped", "run.skipped.overlap",
                        "a slot not run because the schedule's previous fire had not ended")
 SCHEDULER_MOVES: tuple[Move, ...] = (FIRED, OVERLAP_SKIPPED)
 
+# An external scheduler's fires (``record_scheduled_fire``): a row created straight in
+# the state its fire ended in, each with its own code. Optional, each by its code: specs
+# that do not declare one offer no such fire.
+EXTERNAL_FIRES: tuple[Move, ...] = (
+    Move(None, "running", "run.started.scheduled", "an external scheduler's fire",
+         feature="run.started.scheduled"),
+    Move(None, "queued", "run.queued.scheduled", "an external scheduler's queued fire",
+         feature="run.queued.scheduled"),
+    Move(None, "failed", "run.failed.scheduled", "an external scheduler's failed fire",
+         feature="run.failed.scheduled"),
+    Move(None, "skipped", "run.skipped.scheduled", "an external scheduler's skipped fire",
+         feature="run.skipped.scheduled"),
+)
+
 # The schedule entity's own moves (``ledgerq schedule add|pause|resume|rm``).
 SCHEDULE_ADDED = Move(None, "active", "schedule.active.created", "adding a schedule")
 SCHEDULE_ADDED_PAUSED = Move(None, "paused", "schedule.paused.created",

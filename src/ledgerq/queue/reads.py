@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 from ledgerq.codec import dumps, loads
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.queue.moves import PRIORITY_COLUMN, QUEUE_COLUMN
+from ledgerq.queue.moves import ENTITY, PRIORITY_COLUMN, QUEUE_COLUMN
 from ledgerq.queue.store import STUCK_KINDS
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database
     from ledgerq.queue.store import ReadsTx
 
-RUN_ENTITY = "schedule_run"
+#: The entity whose rows these read models show (the queue's runs).
+RUN_ENTITY = ENTITY
 #: JSON columns of status_transitions (a run's come from its spec), decoded on the way out.
 FACT_JSON_COLUMNS = ("evidence_refs", "metadata", "patch")
 #: The columns of a run summary (``ls``), in display order; a stable contract for --json.

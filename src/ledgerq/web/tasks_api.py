@@ -9,11 +9,13 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Requ
 
 from ledgerq.errors import IdempotencyConflict, InvalidInput
 from ledgerq.lifecycle.models import Actor
+from ledgerq.lifecycle.registry import OUTCOMES
 from ledgerq.queue.reads import (
     SUMMARY_COLUMNS,
     get_run,
     page_runs,
     run_history,
+    stored_run_policy,
 )
 from ledgerq.queue.submission.application import check_text
 from ledgerq.queue.submission.submit import cancel_task, submit_task
@@ -94,6 +96,9 @@ async def list_tasks(
                       ] = None,
     queue: Annotated[list[str] | None, Query(description="The named queue; repeatable.")
                      ] = None,
+    outcome: Annotated[list[str] | None, Query(
+        description=f"Runs that ended this way ({', '.join(OUTCOMES)}), in whichever "
+        "states the spec gives that outcome; repeatable.")] = None,
     cursor: Annotated[str | None, Query(max_length=512,
                                         description="next_cursor of the previous page.")
                       ] = None,
@@ -104,6 +109,15 @@ async def list_tasks(
                              ("queue", queue), ("cursor", [cursor] if cursor else None)):
             for value in values or ():
                 check_text(value, name)
+        for name in outcome or ():
+            if name not in OUTCOMES:
+                raise InvalidInput(f"unknown outcome {name[:40]!r}; expected one of "
+                                   f"{', '.join(OUTCOMES)}")
+        if outcome:
+            ended = sorted(stored_run_policy(db_of(request)).states_with_outcome(*outcome))
+            status = [s for s in status if s in ended] if status else ended
+            if not status:
+                return TaskPage(items=[], next_cursor=None)
         page = await page_runs(db_of(request), statuses=status, kinds=kind, targets=target,
                                cursor=cursor, limit=limit, columns=LIST_COLUMNS,
                                queues=queue)

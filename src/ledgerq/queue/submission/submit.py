@@ -297,9 +297,11 @@ async def cancel_task(db: Database[SubmissionTx], run_id: str, *, actor: Actor, 
     return await db.write(unit)
 
 
-def _fire_code(status: str) -> str:
-    """A fire may start in any initial state whose scheduled reason code the spec declares."""
-    return "run.started.scheduled" if status == "running" else f"run.{status}.scheduled"
+def _external_fires(policy: EntityPolicy) -> dict[str, str]:
+    """state -> reason code of each external fire the specs offer: an initial state with
+    its declared code (:data:`moves.EXTERNAL_FIRES`)."""
+    return {m.target: m.code for m in moves.EXTERNAL_FIRES
+            if m.target in policy.initial and m.code in policy.reason_codes}
 
 
 async def record_scheduled_fire(db: Database[SubmissionTx], *, schedule_id: str, action_kind: str,
@@ -315,11 +317,11 @@ async def record_scheduled_fire(db: Database[SubmissionTx], *, schedule_id: str,
     (:func:`~ledgerq.queue.add_schedule`) fire queued runs that workers do claim.
     """
     policy = run_policy(db)
-    code = _fire_code(status)
-    if status not in policy.initial or code not in policy.reason_codes:
-        allowed = sorted(s for s in policy.initial if _fire_code(s) in policy.reason_codes)
-        raise ValueError(f"a scheduled fire starts in one of {', '.join(allowed)}, "
+    fires = _external_fires(policy)
+    if status not in fires:
+        raise ValueError(f"a scheduled fire starts in one of {', '.join(sorted(fires))}, "
                          f"not {status!r}")
+    code = fires[status]
     if not isinstance(args, dict):
         raise ValueError(f"args must be a dict, got {type(args).__name__}")
     ts = time.time() if now is None else now

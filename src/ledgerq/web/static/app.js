@@ -114,7 +114,7 @@ async function refreshOverview() {
   const [stats, running, failures, recent, schedules] = await Promise.all([
     api("/api/stats"),
     api("/api/tasks?status=running&limit=50"),
-    api("/api/tasks?status=failed&status=timed_out&limit=10"),
+    api("/api/tasks?outcome=failed&limit=10"),
     api("/api/tasks?limit=25"),
     api("/api/schedules"),
   ]);
