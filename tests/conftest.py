@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -25,6 +26,14 @@ from hypothesis import HealthCheck, settings
 
 from helpers import pg
 from ledgerq import StateDB
+
+# The tests live in one folder per package (tests/lifecycle/, tests/queue/worker/, ...), and
+# a few import another folder's test module by name (``from test_cli import cli``): every
+# folder that holds test modules is importable, whichever file runs alone.
+_TESTS = Path(__file__).resolve().parent
+for _folder in sorted({path.parent for path in _TESTS.rglob("test_*.py")} - {_TESTS}):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 settings.register_profile(
     "ci",

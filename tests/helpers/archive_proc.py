@@ -1,5 +1,5 @@
 """Runs ``archive_runs`` and holds still at one named moment, so that a test can SIGKILL
-the process exactly there (tests/test_archive_crash.py).
+the process exactly there (tests/queue/maintenance/test_archive_crash.py).
 
     python archive_proc.py TARGET FILE BEFORE MOMENT
 

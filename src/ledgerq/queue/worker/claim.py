@@ -21,7 +21,6 @@ nothing to claim writes nothing.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import logging
 import time
@@ -392,50 +391,106 @@ _Picked = tuple[ClaimPass, list[dict[str, Any]] | None, list[Any]]
 _Chosen = tuple[ClaimPass, list[dict[str, Any]] | None]
 
 
-def _choose_and_claim(tx: WorkerTx, choose: Callable[..., list[dict[str, Any]] | None],
-                      claim_all: Callable[[WorkerTx, list[dict[str, Any]]], list[Any]],
-                      cap: int, choices: list[_Chosen]) -> _Picked | None:
-    """A pass's choice and its claims in one write transaction; None, having written
-    nothing, when the choice needs more than ``cap`` rows read. Each choice made is added
-    to ``choices`` before its rows are claimed, so a caller whose claims raised (and
-    rolled back) still knows which rows they were.
+class _Pass:
+    """One claim pass: its terms fixed when it starts, its steps as methods.
 
-    Where writers run one at a time (SQLite), its claims commit only if nobody wrote
-    between its first read and its first claim (SQLite refuses that write, and the unit
-    runs again under the lock), so it claims the rows a snapshot would have chosen, none
-    of them taken meanwhile. Where they run at once (PostgreSQL, READ COMMITTED), each
-    read sees the latest commits and the claims skip or lose, as always, the rows others
-    hold or took meanwhile (their swaps re-check every guard). Its reading is bounded
-    (each queue's first page) because the unit may hold the lock and, on SQLite, usually
-    runs in the event loop's thread: a choice that needs more (rows filtered out, for
-    capabilities, targets or running keys) is read from a snapshot instead.
+    How it reads and claims is chosen once, from what the worker advertises: a worker
+    that ranks by affinity scans every candidate from a snapshot and then claims in a
+    write of its own; any other chooses and claims in one write (one hop and one BEGIN
+    and COMMIT fewer; PostgreSQL's drains measured faster), falling back to the snapshot
+    when the choice needs more rows than the write may read.
     """
-    seen = ClaimPass()  # (afresh: a unit may run more than once before its commit)
-    chosen = choose(tx, seen, cap)
-    if seen.capped:
-        return None
-    choices.append((seen, chosen))
-    return seen, chosen, claim_all(tx, chosen) if chosen else []
 
+    def __init__(self, db: Database[WorkerTx], config: WorkerConfig, *, limit: int,
+                 now: float, excluded_kinds: list[str], skip: frozenset[str]) -> None:
+        self.db, self.config, self.limit, self.now = db, config, limit, now
+        self.excluded, self.skip = excluded_kinds, skip
+        self.policy = run_policy(db)
+        self.advertised = list(config.advertised_capabilities)
+        self.targets = set(config.execution_targets or ["host"])
+        #: Rows chosen per pass: spares where writers run at once, for the claims others win.
+        self.wanted = limit * CLAIM_SPARES if db.many_writers else limit
+        self.in_one_write = not _ranks_by_affinity(self.advertised)
 
-async def _claim_chosen(db: Database[WorkerTx], chosen: list[dict[str, Any]],
-                        claim_all: Callable[[WorkerTx, list[dict[str, Any]]], list[Any]],
-                        claim: Callable[..., dict[str, Any] | None], limit: int) -> list[Any]:
-    """The claims of rows chosen from a snapshot, in a write of their own; each one's
-    outcome."""
-    try:
-        return await db.write(lambda tx: claim_all(tx, chosen))
-    except Exception as exc:
-        if is_database_failure(exc) or not _together(chosen):
-            raise
-    return await _claim_one_by_one(db, chosen, limit, claim)  # (it wrote nothing)
+    def choose(self, tx: WorkerTx, into: ClaimPass, cap: int = SCAN_CAP
+               ) -> list[dict[str, Any]] | None:
+        c = self.config
+        return _select(tx, self.policy, c.worker_id, self.now, c.heartbeat_ttl,
+                       self.excluded, self.advertised, self.targets, c.queues, self.wanted,
+                       into, self.skip, cap)
 
+    def claim_one(self, tx: WorkerTx, *, cand: dict[str, Any]) -> dict[str, Any] | None:
+        # (Looked up at the call: tests hook the module's _claim_one.)
+        return _claim_one(tx, policy=self.policy, cand=cand, worker_id=self.config.worker_id,
+                          now=self.now, lease_ttl=self.config.lease_ttl)
 
-async def _claim_one_by_one(db: Database[WorkerTx], chosen: list[dict[str, Any]], limit: int,
-                            claim: Callable[..., dict[str, Any] | None]) -> list[Any]:
-    """Claims that raised together, again one by one, each in its own savepoint, so a
-    row that cannot be claimed fails alone; each one's outcome."""
-    return await db.write(lambda tx: _claim_in_order(tx, chosen, limit, claim))
+    def claim_all(self, tx: WorkerTx, chosen: list[dict[str, Any]]) -> list[Any]:
+        """Each chosen row's outcome: claimed together where none has a concurrency key,
+        else in order, each under its key's lock."""
+        if _together(chosen):
+            return _claim_together(tx, self.policy, chosen, self.limit, self.config.worker_id,
+                                   self.now, self.config.lease_ttl)
+        return _claim_in_order(tx, chosen, self.limit, self.claim_one)
+
+    def choose_and_claim(self, tx: WorkerTx, cap: int, choices: list[_Chosen]
+                         ) -> _Picked | None:
+        """The choice and its claims in one write transaction; None, having written
+        nothing, when the choice needs more than ``cap`` rows read. Each choice made is
+        added to ``choices`` before its rows are claimed, so a caller whose claims raised
+        (and rolled back) still knows which rows they were.
+
+        Where writers run one at a time (SQLite), its claims commit only if nobody wrote
+        between its first read and its first claim (SQLite refuses that write, and the
+        unit runs again under the lock), so it claims the rows a snapshot would have
+        chosen, none of them taken meanwhile. Where they run at once (PostgreSQL, READ
+        COMMITTED), each read sees the latest commits and the claims skip or lose, as
+        always, the rows others hold or took meanwhile (their swaps re-check every guard).
+        Its reading is bounded (each queue's first page) because the unit may hold the
+        lock and, on SQLite, usually runs in the event loop's thread: a choice that needs
+        more (rows filtered out, for capabilities, targets or running keys) is read from a
+        snapshot instead.
+        """
+        seen = ClaimPass()  # (afresh: a unit may run more than once before its commit)
+        chosen = self.choose(tx, seen, cap)
+        if seen.capped:
+            return None
+        choices.append((seen, chosen))
+        return seen, chosen, self.claim_all(tx, chosen) if chosen else []
+
+    async def claim_one_by_one(self, chosen: list[dict[str, Any]]) -> list[Any]:
+        """Claims that raised together, again one by one, each in its own savepoint, so a
+        row that cannot be claimed fails alone; each one's outcome."""
+        return await self.db.write(
+            lambda tx: _claim_in_order(tx, chosen, self.limit, self.claim_one))
+
+    async def claim_chosen(self, chosen: list[dict[str, Any]]) -> list[Any]:
+        """The claims of rows chosen from a snapshot, in a write of their own."""
+        try:
+            return await self.db.write(lambda tx: self.claim_all(tx, chosen))
+        except Exception as exc:
+            if is_database_failure(exc) or not _together(chosen):
+                raise
+        return await self.claim_one_by_one(chosen)  # (it wrote nothing)
+
+    async def pick(self) -> _Picked:
+        """What the pass saw, chose and got, by the strategy chosen for it."""
+        if self.in_one_write:
+            cap = min(min(self.wanted, SCAN_CAP) * len(self.config.queues), SCAN_CAP)
+            choices: list[_Chosen] = []
+            try:
+                picked = await self.db.write(
+                    lambda tx: self.choose_and_claim(tx, cap, choices), reads_first=True)
+            except Exception as exc:
+                if is_database_failure(exc) or not choices \
+                        or not _together(choices[-1][1] or []):
+                    raise
+                seen, chosen = choices[-1]  # (its claims raised together, writing nothing)
+                return seen, chosen, await self.claim_one_by_one(chosen or [])
+            if picked is not None:
+                return picked
+        seen = ClaimPass()
+        chosen = await self.db.read(lambda tx: self.choose(tx, seen))
+        return seen, chosen, await self.claim_chosen(chosen) if chosen else []
 
 
 async def claim_pass(db: Database[WorkerTx], config: WorkerConfig, *, limit: int | None = None,
@@ -446,56 +501,17 @@ async def claim_pass(db: Database[WorkerTx], config: WorkerConfig, *, limit: int
 
     See :func:`claim_runs` for what a pass does.
     """
-    ts = time.time() if now is None else now
-    tracker = tracked(stuck)
-    skip = tracker.skipping()
-    result = ClaimPass()
     limit = config.claim_limit if limit is None else limit
     if limit <= 0:
-        return result
-    worker_id = config.worker_id
-    advertised = list(config.advertised_capabilities)
-    targets = set(config.execution_targets or ["host"])
+        return ClaimPass()
+    tracker = tracked(stuck)
     excluded = sorted(set(config.executors.excluded_kinds() if excluded_kinds is None
                           else excluded_kinds))
-    policy = run_policy(db)
-    wanted = limit * CLAIM_SPARES if db.many_writers else limit
-
-    def choose(tx: WorkerTx, into: ClaimPass, cap: int = SCAN_CAP) -> list[dict[str, Any]] | None:
-        return _select(tx, policy, worker_id, ts, config.heartbeat_ttl, excluded,
-                       advertised, targets, config.queues, wanted, into, skip, cap)
-
-    claim = functools.partial(_claim_one, policy=policy, worker_id=worker_id, now=ts,
-                              lease_ttl=config.lease_ttl)
-
-    def claim_all(tx: WorkerTx, chosen: list[dict[str, Any]]) -> list[Any]:
-        if _together(chosen):
-            return _claim_together(tx, policy, chosen, limit, worker_id, ts, config.lease_ttl)
-        return _claim_in_order(tx, chosen, limit, claim)
-
-    picked: _Picked | None = None
-    if not _ranks_by_affinity(advertised):
-        # The choice and its claims in one transaction: one hop and one BEGIN and COMMIT
-        # fewer than a snapshot read and then a write (PostgreSQL: four workers drained
-        # ~7% faster, one ~10-17%). Each queue's first page at most (see
-        # _choose_and_claim), never past the cap.
-        cap = min(min(wanted, SCAN_CAP) * len(config.queues), SCAN_CAP)
-        choices: list[_Chosen] = []
-        try:
-            picked = await db.write(lambda tx: _choose_and_claim(
-                tx, choose, claim_all, cap, choices), reads_first=True)
-        except Exception as exc:
-            if is_database_failure(exc) or not choices or not _together(choices[-1][1] or []):
-                raise
-            seen, chosen = choices[-1]  # (its claims raised together, writing nothing)
-            picked = seen, chosen, await _claim_one_by_one(db, chosen or [], limit, claim)
-    if picked is None:
-        chosen = await db.read(lambda tx: choose(tx, result))
-        picked = result, chosen, await _claim_chosen(db, chosen, claim_all, claim, limit) \
-            if chosen else []
-    result, chosen, outcomes = picked
+    one = _Pass(db, config, limit=limit, now=time.time() if now is None else now,
+                excluded_kinds=excluded, skip=tracker.skipping())
+    result, chosen, outcomes = await one.pick()
     if chosen is None:
-        log.warning("worker %s heartbeat is stale; claiming nothing", worker_id)
+        log.warning("worker %s heartbeat is stale; claiming nothing", config.worker_id)
         return result
     tried: list[str] = []
     for cand, got in zip(chosen, outcomes, strict=True):

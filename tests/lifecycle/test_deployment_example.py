@@ -38,7 +38,7 @@ from ledgerq.projections import history, rebuild, verify
 from ledgerq.queue import TaskApplication, submit_task
 from lifecycle_support import OPERATOR, SYSTEM, new_dispatch, request
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "deployment.toml"
 BUILDER = Actor(type="system", id="builder-7")
 BOT = Actor(type="agent", id="release-bot")

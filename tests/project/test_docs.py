@@ -25,7 +25,7 @@ from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.docs import render_all, stale_pages
 from ledgerq.queue import TaskApplication, cancel_task, submit_task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SPECS_DOC = ROOT / "docs" / "specs.md"
 LIFECYCLES = ROOT / "docs" / "lifecycles"

@@ -15,7 +15,7 @@ from ledgerq.codec import loads
 from ledgerq.projections import history, verify
 from ledgerq.queue import TaskApplication, submit_many
 
-HELPERS = Path(__file__).parent / "helpers"
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 TIMEOUT = 60
 
 

@@ -114,7 +114,7 @@ def patch_pool(column: ColumnPolicy) -> list[Any]:
     """Patch values: the pool, plus an integer for a float column (stored as a float).
 
     A value of another logical type is refused by the engine on both backends (see
-    tests/test_transition.py), so it is no move for this machine to make."""
+    tests/lifecycle/test_transition.py), so it is no move for this machine to make."""
     if column.type in ("float", "timestamp") and column.references is None:
         return [*pool(column), 2]
     return pool(column)
@@ -468,7 +468,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 patch.setdefault(col, patch_value(col))
         if edge_rule is not None:
             # The engine mints a token the request omits (random: the model could not
-            # predict it); tests/test_engine_boundary.py covers the minting itself.
+            # predict it); tests/lifecycle/test_engine_boundary.py covers the minting itself.
             for col in edge_rule.fresh_tokens:
                 patch.setdefault(col, patch_value(col))
         if edge_rule is not None and edge_rule.actors is not None and c["satisfy_actor"]:

@@ -389,7 +389,7 @@ def test_readme_command_table_names_every_command() -> None:
 
     from ledgerq.cli import app
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     table = readme.split("## The `ledgerq` command", 1)[1].split("\n\n", 2)[1]
     group: Any = get_command(app)
     for name in group.commands:

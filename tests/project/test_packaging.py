@@ -21,7 +21,7 @@ import pytest
 
 from ledgerq.lifecycle import default_registry
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 SNIPPET = textwrap.dedent("""
     import asyncio, json, sys

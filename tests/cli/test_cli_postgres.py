@@ -1,7 +1,7 @@
 """The `ledgerq` command against PostgreSQL: a URL is as good a --db as a file.
 
 The command's own behaviour (messages, exit codes, escaping, read-only opens) is tested
-on SQLite files in tests/test_cli.py; here each command an operator runs against a
+on SQLite files in tests/cli/test_cli.py; here each command an operator runs against a
 shared database is run once, as a real subprocess, on a fresh PostgreSQL schema, and
 one worker process serves what was submitted.
 """

@@ -28,7 +28,7 @@ from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, claim_and_execute, submit_many
 
 # Appended, never first: bench/queue.py must not shadow the standard library's queue.
-sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 from asyncio_floor import Checks, asyncio_floor
 from pg_peers import schema_floor
 

@@ -4,7 +4,7 @@ Through the library on both backends (claim order, queue isolation, the claim an
 among them, validation that writes nothing, retry and schedules carrying both), and end
 to end through the ``ledgerq`` command in subprocesses (submit, ls, show, a worker
 serving one queue). The claim order's properties under random operation sequences are
-in the hypothesis worker machine (tests/test_runtime_stateful.py).
+in the hypothesis worker machine (tests/queue/worker/test_runtime_stateful.py).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from ledgerq.queue.worker.functions import (
 from ledgerq.queue.worker.locks import lock_path
 from ledgerq.store.sqltx import SqlTx
 
-HELPER = Path(__file__).parent / "helpers" / "runtime_worker.py"
+HELPER = Path(__file__).resolve().parents[2] / "helpers" / "runtime_worker.py"
 OPERATOR = Actor(type="operator", id="tester")
 GPU = "gpu-exclusive"
 TERMINAL = {"completed", "failed", "timed_out", "skipped", "cancelled"}

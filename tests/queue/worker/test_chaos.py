@@ -39,7 +39,7 @@ from ledgerq.queue import TaskApplication, submit_many
 
 pytestmark = pytest.mark.chaos
 
-HELPER = Path(__file__).parent / "helpers" / "runtime_worker.py"
+HELPER = Path(__file__).resolve().parents[2] / "helpers" / "runtime_worker.py"
 TASKS = int(os.environ.get("LEDGERQ_CHAOS_TASKS", "2000"))
 TIMEOUT = float(os.environ.get("LEDGERQ_CHAOS_TIMEOUT", "90"))
 WORKERS = 4

@@ -35,7 +35,7 @@ from ledgerq.queue import (
 )
 from ledgerq.queue.worker.functions import Executors, RunContext, execute_claimed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_000_000.0
 RUNNING_EDGE = 'from = "running"\nto = ["completed", "failed", "timed_out", "retry_wait", ' \
                '"queued", "cancelled"]'

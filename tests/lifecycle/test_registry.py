@@ -15,8 +15,8 @@ from ledgerq.lifecycle import Registry, SpecError, default_registry, load_regist
 from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.spec import EntitySpec, decode_spec
 
-REPO = Path(__file__).resolve().parents[1]
-BROKEN = Path(__file__).resolve().parent / "specs_broken"
+REPO = Path(__file__).resolve().parents[2]
+BROKEN = Path(__file__).resolve().parents[1] / "specs_broken"
 
 # The minimal valid spec every file under specs_broken/ is derived from (one rule broken each).
 BASELINE = """\

@@ -196,7 +196,7 @@ async def test_creation_refuses_engine_maintained_columns(db: StateDB, column: s
 
 # ---------------------------------------------------------------- the layers' imports
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "ledgerq"
+SRC = Path(__file__).resolve().parents[2] / "src" / "ledgerq"
 #: The drivers: only ``store/<dialect>/`` imports one.
 DRIVERS = ("sqlite3", "aiosqlite", "psycopg", "psycopg_pool")
 

@@ -20,7 +20,7 @@ from ledgerq.queue.maintenance.archive import archive_runs, list_archives
 from ledgerq.store.sqlite.archive_file import ArchiveFile, ids_digest, partial_path
 from lifecycle_support import OPERATOR, move, new_run
 
-HELPER = Path(__file__).parent / "helpers" / "archive_proc.py"
+HELPER = Path(__file__).resolve().parents[2] / "helpers" / "archive_proc.py"
 RUN = "schedule_run"
 OLD = time.time() - 10 * 86400
 CUTOFF = time.time() - 86400

@@ -26,7 +26,7 @@ from ledgerq.lifecycle.evolution import StateMapping
 from ledgerq.lifecycle.registry import load_registry
 from ledgerq.projections import history, verify
 
-DEPLOYMENT = Path(__file__).parents[1] / "docs" / "examples" / "deployment.toml"
+DEPLOYMENT = Path(__file__).resolve().parents[2] / "docs" / "examples" / "deployment.toml"
 
 
 @pytest.fixture

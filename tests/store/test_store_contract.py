@@ -2,7 +2,7 @@
 
 The operations are declared by the engine (:class:`ledgerq.lifecycle.store.EventStore`) and by
 the queue's wings (``ledgerq.queue.store``, ``ledgerq.queue.<wing>.store``); that both
-dialects implement every one of them is checked in ``tests/test_engine_boundary.py``.
+dialects implement every one of them is checked in ``tests/lifecycle/test_engine_boundary.py``.
 
 River's ``riverdrivertest`` is the model: one suite, each driver run through it. Each
 test here calls named operations directly inside ``db.write``/``db.read`` and checks what

@@ -161,7 +161,7 @@ def test_an_index_named_like_a_table_or_another_index_is_refused(tmp_path: Path)
         (tmp_path / "w.toml").write_text(
             BASELINE + f'\n[[indexes]]\nname = "{name}"\ncolumns = ["owner"]\n')
         (tmp_path / "schedule_run.toml").write_bytes(
-            (Path(__file__).parents[1] / "specs" / "schedule_run.toml").read_bytes())
+            (Path(__file__).resolve().parents[2] / "specs" / "schedule_run.toml").read_bytes())
         with pytest.raises(SpecError, match=r"\$\.indexes\[0\]\.name: .* is already"):
             load_registry(tmp_path)
 

@@ -24,7 +24,7 @@ from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, add_schedule
 from ledgerq.queue.scheduling.slots import IntervalCadence
 
-HELPER = Path(__file__).parent / "helpers" / "scheduler_proc.py"
+HELPER = Path(__file__).resolve().parents[2] / "helpers" / "scheduler_proc.py"
 APP = TaskApplication("command", {"argv": ["true"]}, "host")
 EVERY = 0.1
 #: Bounds every wait (a hang guard, not a timing assertion).

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: What is searched: these trees, and these single files.
 TREES = ("src", "docs", "tests", "bench")
 FILES = ("README.md",)

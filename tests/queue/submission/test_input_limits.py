@@ -299,7 +299,7 @@ def test_limits_are_exported_with_the_queue_api() -> None:
 
 def test_docs_state_the_limits_the_code_has() -> None:
     """docs/queue.md's Limits table names each constant with its current default."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "queue.md").read_text("utf-8")
+    text = (Path(__file__).resolve().parents[3] / "docs" / "queue.md").read_text("utf-8")
     defaults = SubmitLimits()
     for field_name, constant, value in (
             ("max_args_depth", "MAX_ARGS_DEPTH", MAX_ARGS_DEPTH),

@@ -28,7 +28,7 @@ from ledgerq.lifecycle.docs import render_all
 from ledgerq.queue import TaskApplication, claim_runs, submit_many
 from test_registry import MANY_PROBLEMS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BROKEN = ROOT / "tests" / "specs_broken"
 
 
