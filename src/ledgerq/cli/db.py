@@ -143,8 +143,8 @@ async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
                      readonly=readonly, migrate_on_open=migrate_on_open)
     except MissingExtra as exc:
         die(str(exc))
-    except ValueError as exc:
-        die(f"--synchronous: {exc}")
+    except ValueError as exc:  # the synchronous level, a path or URL refused: each says so
+        die(str(exc))
     try:
         await db.open()
     except DatabaseUnavailable as exc:

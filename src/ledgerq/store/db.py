@@ -40,7 +40,14 @@ _CONNINFO = re.compile(r"^\s*(host|hostaddr|port|dbname|user|password|service)\s
 
 
 def conninfo_problem(target: str | Path) -> str | None:
-    """Why ``target`` would be a mistaken SQLite path (a libpq keyword string), or None."""
+    """Why ``target`` would be a mistaken SQLite path (a libpq keyword string, or a
+    ``file:`` URI), or None."""
+    if isinstance(target, str) and target.startswith("file:"):
+        # SQLite would open it as a URI while the handle's lock file and every message
+        # use the text as given: "file:c.db" and "c.db" would be one database under two
+        # locks. One spelling: the path.
+        return (f"{target!r} is a SQLite URI; give the database file's path instead "
+                f"(e.g. {target.removeprefix('file:').split('?')[0] or 'state.db'!r})")
     if isinstance(target, str) and _CONNINFO.match(target):
         return (f"{target!r} looks like a PostgreSQL keyword/value connection string; "
                 "give a URL instead (postgresql://user@host:port/dbname): any other "

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import select
 import threading
@@ -38,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.conninfo
 import psycopg_pool
 from psycopg.types.string import TextLoader
 
@@ -45,6 +47,7 @@ from ledgerq.errors import (
     DatabaseError,
     DatabaseUnavailable,
     IntegrityViolation,
+    InvalidInput,
     SchemaMissing,
 )
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
@@ -79,6 +82,36 @@ MAX_GROUP = 64
 LISTEN_BACKOFF = (0.1, 5.0)
 
 
+def url_connect_timeout(url: str) -> float:
+    """The URL's ``connect_timeout`` (seconds, libpq's option), else :data:`CONNECT_TIMEOUT`;
+    InvalidInput for a URL libpq cannot parse or a timeout that is not a positive number.
+    A URL with no database, host or user at all (``postgresql://``) is refused too: libpq
+    would connect to its defaults, a database the caller never named."""
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidInput(f"not a PostgreSQL URL libpq can read: {exc}") from None
+    if not any(parts.get(k) for k in ("dbname", "host", "hostaddr", "user", "service")):
+        raise InvalidInput(f"{url!r} names no database, host or user; give "
+                           "postgresql://user@host:port/dbname")
+    raw = parts.get("connect_timeout")
+    if raw is None:
+        return CONNECT_TIMEOUT
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise InvalidInput(f"connect_timeout must be a positive number of seconds, "
+                           f"not {raw!r}")
+    return seconds
+
+
+def _libpq_seconds(seconds: float) -> int:
+    """libpq takes whole seconds, and treats 0 as "wait forever": at least 1."""
+    return max(1, math.ceil(seconds))
+
+
 class PostgresBackend:
     """One PostgreSQL database (its current schema) behind a :class:`~ledgerq.StateDB`."""
 
@@ -88,6 +121,8 @@ class PostgresBackend:
                  pool_size: int = POOL_SIZE, migrate_on_open: bool = True) -> None:
         self.migrate_on_open = migrate_on_open
         self.url = url
+        #: The URL's own ``connect_timeout`` (libpq's option) where it gives one, else ours.
+        self.connect_timeout = url_connect_timeout(url)
         self.registry = registry
         self.readonly = readonly
         self.pool_size = pool_size
@@ -135,7 +170,7 @@ class PostgresBackend:
         pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = \
             psycopg_pool.ConnectionPool(self.url, open=False, min_size=1,
                                         max_size=self.pool_size, configure=self._configure,
-                                        timeout=CONNECT_TIMEOUT, name="ledgerq")
+                                        timeout=self.connect_timeout, name="ledgerq")
         executor = ThreadPoolExecutor(max_workers=self.pool_size,
                                       thread_name_prefix="ledgerq-pg")
         loop = asyncio.get_running_loop()
@@ -146,7 +181,7 @@ class PostgresBackend:
             if not self.readonly:
                 alone = psycopg_pool.AsyncConnectionPool(
                     self.url, open=False, min_size=0, max_size=ALONE_POOL_SIZE,
-                    kwargs={"autocommit": True}, timeout=CONNECT_TIMEOUT,
+                    kwargs={"autocommit": True}, timeout=self.connect_timeout,
                     name="ledgerq-alone")
                 await alone.open()  # (it connects when a unit is first sent alone)
         except BaseException:
@@ -162,7 +197,8 @@ class PostgresBackend:
         # libpq's own reason (the pool would retry quietly until its timeout), and the
         # schema is checked or created on it before any pooled connection exists.
         try:
-            with psycopg.connect(self.url, connect_timeout=int(CONNECT_TIMEOUT)) as conn:
+            with psycopg.connect(self.url, connect_timeout=_libpq_seconds(self.connect_timeout)
+                                 ) as conn:
                 self._configure(conn)
                 if self.readonly or not self.migrate_on_open:
                     self._require_schema(conn)
@@ -173,7 +209,7 @@ class PostgresBackend:
         except psycopg.Error as exc:
             raise _translate(exc) from exc
         try:
-            pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+            pool.open(wait=True, timeout=self.connect_timeout)
         except psycopg_pool.PoolTimeout as exc:
             raise DatabaseUnavailable(f"{_redacted(self.url)}: {exc}") from exc
 
@@ -523,7 +559,7 @@ class PostgresBackend:
         while not self._listen_stop.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True,
-                                     connect_timeout=int(CONNECT_TIMEOUT)) as conn:
+                                     connect_timeout=_libpq_seconds(self.connect_timeout)) as conn:
                     conn.execute(QUERIES("listen"))
                     delay = LISTEN_BACKOFF[0]
                     on_wake()
