@@ -50,4 +50,4 @@ bench: install
 
 # The dashboard screenshots the README shows (headless Chromium: apt-get install chromium).
 screenshots: install
-	LEDGERQ_SCREENSHOTS=docs/img LEDGERQ_REQUIRE_BROWSER=1 $(BIN)/pytest -q tests/test_http_dashboard.py
+	LEDGERQ_SCREENSHOTS=docs/img LEDGERQ_REQUIRE_BROWSER=1 $(BIN)/pytest -q tests/web/test_http_dashboard.py

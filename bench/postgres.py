@@ -38,7 +38,7 @@ Systems:
                  theirs as another (two transactions; no choice read, heartbeat or
                  dependents check). Drains only; its fill is ledgerq's submit_many. What a
                  drain of ledgerq's rows and facts can reach here, whatever the runtime
-                 (bench/pg_peers/schema_floor.py; tests/test_bench_schema_floor.py checks
+                 (bench/pg_peers/schema_floor.py; tests/project/test_bench_schema_floor.py checks
                  it writes what a Worker writes)
   ledgerq-sql    submit single: the one statement ledgerq sends for a plain submit (its
                  row and creation fact; captured from ledgerq itself), run by plain

@@ -6,7 +6,7 @@ writes what its spec declares: a run row of 42 columns with its twelve indexes, 
 move a fact with the move's patch as JSON (the log that rebuilds every row), under a
 unique (entity_type, entity_id, entity_version) index. This floor writes exactly those
 rows and facts (the same columns, the same values, the same patch documents, checked
-against what a ledgerq Worker writes by tests/test_bench_schema_floor.py), on ledgerq's
+against what a ledgerq Worker writes by tests/project/test_bench_schema_floor.py), on ledgerq's
 own schema, with none of ledgerq's Python and fewer statements than ledgerq sends:
 
   fill    ledgerq's own submit_many (untimed by the drains)

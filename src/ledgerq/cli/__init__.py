@@ -15,7 +15,7 @@ Exit codes (every command):
 Errors are one line on stderr, prefixed ``ledgerq: error:`` (usage errors too: see
 :func:`run_cli`), never a traceback. Human-readable output escapes control characters
 (:func:`printable`); every read command has ``--json`` whose keys are a stable contract
-(see docs and tests/test_cli.py) and whose strings are exact. Read commands (``ls``,
+(see docs and tests/cli/test_cli.py) and whose strings are exact. Read commands (``ls``,
 ``show``, ``stats``, ``verify``) open the database read-only.
 The database comes from ``--db`` (on the command or before it), else ``LEDGERQ_DB``,
 else ``./ledgerq.db``.
@@ -42,7 +42,7 @@ from ledgerq.cli import serve  # noqa: F401
 from ledgerq.cli.app import app, main, run_cli
 
 # ``run`` and ``_DB_THREAD_SUFFIX`` are not part of the interface (not in __all__);
-# tests/test_cli_errors.py reaches them through ``ledgerq.cli`` as it did when the CLI
+# tests/cli/test_cli_errors.py reaches them through ``ledgerq.cli`` as it did when the CLI
 # was one module.
 from ledgerq.cli.db import _DB_THREAD_SUFFIX as _DB_THREAD_SUFFIX
 from ledgerq.cli.db import run as run

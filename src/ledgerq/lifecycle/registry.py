@@ -36,7 +36,7 @@ from ledgerq.lifecycle.spec import (
 #: Tables ledgerq's own schema owns; no entity may project into them.
 RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invocations"})
 #: Every name ledgerq's own schema takes in the database's one namespace of tables,
-#: indexes and triggers (tests/test_spec_identifiers.py checks it against the DDL).
+#: indexes and triggers (tests/lifecycle/test_spec_identifiers.py checks it against the DDL).
 RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
     # PostgreSQL's schema also takes these (its metadata table, the append-only trigger
     # function and the TRUNCATE trigger SQLite does not have).

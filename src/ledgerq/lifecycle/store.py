@@ -4,7 +4,7 @@ Every database operation ledgerq performs is a named method of a transaction; ea
 dialect under ``ledgerq.store`` (``sqlite/``, ``postgres/``) implements all of them with
 its own SQL, kept by name in its ``*.sql`` files. The model is River's driver interface
 (one method per operation, every driver implementing every method, one contract suite:
-``tests/test_store_contract.py``) with eventsourcing's split by owner: this module
+``tests/store/test_store_contract.py``) with eventsourcing's split by owner: this module
 declares what the engine needs (:class:`EventStore`); the queue's wings declare theirs
 beside their code (``ledgerq.queue.store``, ``ledgerq.queue.<wing>.store``), each a
 protocol extending this one, and the store's transaction class matches them all by

@@ -6,7 +6,7 @@ declares the operations it calls in its own ``store.py``, a protocol extending
 (:mod:`ledgerq.queue.reads`) declare theirs here (:class:`ReadsTx`). Every one extends the
 engine's :class:`~ledgerq.lifecycle.store.EventStore` (each wing moves runs through the
 engine). The store's transaction class implements them all and imports none of them:
-the match is structural (``tests/test_engine_boundary.py`` checks both dialects).
+the match is structural (``tests/lifecycle/test_engine_boundary.py`` checks both dialects).
 """
 
 from __future__ import annotations
