@@ -41,7 +41,13 @@ class StateReason(BaseModel):
     @classmethod
     def _bounded(cls, value: Any) -> Any:
         # Most reasons carry neither: nothing to encode then.
-        if value and len(dumps(value)) > MAX_REASON_JSON_BYTES:
+        if not value:
+            return value
+        try:
+            size = len(dumps(value))
+        except Exception:  # not JSON at all: the engine's value checks say why
+            return value
+        if size > MAX_REASON_JSON_BYTES:
             raise ValueError(f"at most {MAX_REASON_JSON_BYTES:,} bytes of JSON")
         return value
 
