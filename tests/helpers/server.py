@@ -48,16 +48,17 @@ def token_env(token: str | None) -> dict[str, str]:
 
 @contextmanager
 def serve(db: str, *, token: str | None = TOKEN, args: Sequence[str] = (),
-          root: Sequence[str] = ()) -> Iterator[Server]:
+          root: Sequence[str] = (), host: str = "127.0.0.1") -> Iterator[Server]:
     """Start ``ledgerq [ROOT...] serve`` on a free loopback port; stop it (SIGTERM) after.
 
-    ``root`` are options before the command (``--specs DIR``)."""
+    ``root`` are options before the command (``--specs DIR``); ``host`` a loopback
+    address to bind (any of 127.0.0.0/8)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ledgerq", *root, "serve", "--db", db, "--port", str(port),
-         *args],
+        [sys.executable, "-m", "ledgerq", *root, "serve", "--db", db, "--host", host,
+         "--port", str(port), *args],
         env=token_env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     deadline = time.monotonic() + START_WAIT
     try:
         while True:
@@ -125,3 +126,22 @@ def wait_status(client: httpx.Client, run_id: str, statuses: set[str],
         if detail["run"]["status"] in statuses or time.monotonic() > deadline:
             return detail
         time.sleep(0.05)
+
+
+@contextmanager
+def serve_backend(request: Any, tmp_path_factory: Any, name: str) -> Iterator[Server]:
+    """A server on the backend ``request.param`` names (``sqlite`` or ``postgresql``: a
+    schema of its own, dropped after), for module-scoped fixtures parametrized by both."""
+    if request.param == "sqlite":
+        with serve(str(tmp_path_factory.mktemp(name) / f"{name}.db")) as s:
+            yield s
+        return
+    from helpers import pg
+
+    base = request.getfixturevalue("pg_database")
+    target = pg.create_schema(base, name)
+    try:
+        with serve(target) as s:
+            yield s
+    finally:
+        pg.drop_schema(base, name)

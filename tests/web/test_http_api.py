@@ -20,13 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers import pg
 from helpers.server import (
     TOKEN,
     Server,
     command,
     counts,
     serve,
+    serve_backend,
     start_worker,
     stop,
     token_env,
@@ -39,18 +39,8 @@ from ledgerq.queue.submission.application import TaskApplication, validate
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Server]:
     """One server per backend for the module (starting one costs a second)."""
-    if request.param == "sqlite":
-        target = str(tmp_path_factory.mktemp("api") / "api.db")
-        with serve(target) as s:
-            yield s
-        return
-    base = request.getfixturevalue("pg_database")
-    target = pg.create_schema(base, "http_api")
-    try:
-        with serve(target) as s:
-            yield s
-    finally:
-        pg.drop_schema(base, "http_api")
+    with serve_backend(request, tmp_path_factory, "http_api") as s:
+        yield s
 
 
 @pytest.fixture

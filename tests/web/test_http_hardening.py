@@ -12,15 +12,22 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from helpers import pg
-from helpers.server import TOKEN, Server, command, counts, free_port, serve, token_env
+from helpers.server import (
+    TOKEN,
+    Server,
+    command,
+    counts,
+    free_port,
+    serve,
+    serve_backend,
+    token_env,
+)
 from ledgerq.errors import InvalidInput
 from ledgerq.web.config import ServeConfig
 
@@ -28,36 +35,15 @@ from ledgerq.web.config import ServeConfig
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Server]:
-    if request.param == "sqlite":
-        with serve(str(tmp_path_factory.mktemp("hard") / "hard.db")) as s:
-            yield s
-        return
-    base = request.getfixturevalue("pg_database")
-    target = pg.create_schema(base, "http_hardening")
-    try:
-        with serve(target) as s:
-            yield s
-    finally:
-        pg.drop_schema(base, "http_hardening")
+    """One server per backend for the module (starting one costs a second)."""
+    with serve_backend(request, tmp_path_factory, "http_hardening") as s:
+        yield s
 
 
 @pytest.fixture
 def api(server: Server) -> Iterator[httpx.Client]:
     with server.client() as c:
         yield c
-
-
-def wait_healthz(url: str, proc: subprocess.Popen[str]) -> None:
-    """Until the server answers (a wait, not an assertion); its stderr if it exits."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            if proc.poll() is not None:
-                raise AssertionError(proc.communicate()) from None
-        time.sleep(0.1)
 
 
 def cursor_of(value: object) -> str:
@@ -132,23 +118,14 @@ def test_serve_refuses_a_wildcard_origin_without_a_token(tmp_path: Path) -> None
 def test_a_loopback_server_answers_only_its_own_names(tmp_path: Path) -> None:
     """Bound to 127.0.0.2 (loopback too), it answers to that address; a name that is not
     one of its own (``testserver``, a rebinding attacker's domain) is refused."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ledgerq", "serve", "--db",
-                             str(tmp_path / "h.db"), "--host", "127.0.0.2", "--port",
-                             str(port)], env=token_env(None), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.2:{port}"
-        wait_healthz(url, proc)
-        assert httpx.get(url + "/api/stats", timeout=10).status_code == 200
+    with serve(str(tmp_path / "h.db"), token=None, host="127.0.0.2") as s:
+        assert httpx.get(s.url + "/api/stats", timeout=10).status_code == 200
         for host in ("testserver", "evil.example.com", "127.0.0.3"):
-            refused = httpx.get(url + "/api/stats", headers={"Host": host}, timeout=10)
+            refused = httpx.get(s.url + "/api/stats", headers={"Host": host}, timeout=10)
             assert refused.status_code == 400, (host, refused.text)
-        assert httpx.get(url + "/api/stats", headers={"Host": f"localhost:{port}"},
+        port = s.url.rsplit(":", 1)[1]
+        assert httpx.get(s.url + "/api/stats", headers={"Host": f"localhost:{port}"},
                          timeout=10).status_code == 200
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=20)
 
 
 def serve_with_token_file(tmp_path: Path, token_file: str) -> subprocess.CompletedProcess[str]:
@@ -170,21 +147,11 @@ def test_a_token_file_is_read_bounded(tmp_path: Path) -> None:
 def test_a_token_files_first_line_is_the_token(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(f"{TOKEN}\n# issued by ops; rotate monthly\n")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ledgerq", "serve", "--db",
-                             str(tmp_path / "t.db"), "--port", str(port), "--token-file",
-                             str(token_file)], env=token_env(None), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthz(url, proc)
-        authed = httpx.get(url + "/api/stats", headers={"Authorization": f"Bearer {TOKEN}"},
+    with serve(str(tmp_path / "t.db"), token=None, args=["--token-file", str(token_file)]) as s:
+        authed = httpx.get(s.url + "/api/stats", headers={"Authorization": f"Bearer {TOKEN}"},
                            timeout=10)
         assert authed.status_code == 200, authed.text
-        assert httpx.get(url + "/api/stats", timeout=10).status_code == 401
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=20)
+        assert httpx.get(s.url + "/api/stats", timeout=10).status_code == 401
 
 
 def test_a_worker_whose_metrics_port_is_taken_refuses_to_start(tmp_path: Path) -> None:
