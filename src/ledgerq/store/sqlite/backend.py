@@ -197,9 +197,18 @@ class SqliteBackend:
         """A driver error becomes the ledgerq error it means (the driver's stays as the
         ``__cause__``). A corruption error becomes DatabaseDamaged, and the handle then
         refuses writes. ``raw`` (:meth:`run`'s raw connection) translates damage only."""
+        out: BaseException
+        if isinstance(exc, UnicodeDecodeError):
+            # ledgerq stores only UTF-8 (every text is checked before it is written), so
+            # text that does not decode (a row, or the schema itself, whose text SQLite's
+            # messages quote) is a damaged page or a foreign writer's bytes.
+            self.damaged = str(exc)
+            out = DatabaseDamaged(f"database is damaged: {self.path}: it holds text that "
+                                  f"is not UTF-8 ({exc.reason} at byte {exc.start})")
+            out.__cause__ = exc
+            return out
         if not isinstance(exc, sqlite3.Error):
             return exc
-        out: BaseException
         if isinstance(exc, sqlite3.DatabaseError) and integrity.is_damage(exc):
             self.damaged = str(exc)
             out = DatabaseDamaged(f"database is damaged: {self.path}: {exc}")
@@ -225,7 +234,7 @@ class SqliteBackend:
                 fn = functools.partial(self._patiently, fn)
         try:
             return await _in_thread(conn, fn)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
             translated = self._translate(exc, raw=raw)
             if translated is exc:
                 raise

@@ -22,7 +22,14 @@ SQLITE_NOTADB = 26
 MAX_FINDINGS = 20
 
 
+#: Python's sqlite3 says this of a text cell that is not UTF-8: ledgerq writes only UTF-8,
+#: so the cell was damaged or written by something else.
+NOT_UTF8 = "Could not decode to UTF-8"
+
+
 def is_damage(exc: sqlite3.DatabaseError) -> bool:
+    if NOT_UTF8 in str(exc):
+        return True
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
