@@ -11,7 +11,6 @@ import asyncio
 import os
 import threading
 import time
-import typing
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -129,7 +128,7 @@ async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
     is a usage error (exit 2); a damaged file, one without ledgerq's schema, or anything
     failing after the open is a database failure (exit 1). Never a traceback.
     """
-    from ledgerq.store.db import StateDB, Synchronous, is_postgres
+    from ledgerq.store.db import SYNCHRONOUS_LEVELS, StateDB, is_postgres
 
     if must_exist and not is_postgres(path) and path != ":memory:" and not Path(path).exists():
         die(f"no database at {path} (pass --db or set {DB_ENV}; submit and worker create one)")
@@ -138,9 +137,8 @@ async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
         registry = load_specs(specs) if specs is not None else None
     root = ctx.find_root().obj
     synchronous = (root.get("synchronous") if isinstance(root, dict) else None) or "NORMAL"
-    levels = typing.get_args(Synchronous)
-    if str(synchronous).upper() not in levels:
-        die(f"--synchronous: {synchronous!r} is not one of {', '.join(levels)}")
+    if str(synchronous).upper() not in SYNCHRONOUS_LEVELS:
+        die(f"--synchronous: {synchronous!r} is not one of {', '.join(SYNCHRONOUS_LEVELS)}")
     try:
         db = StateDB(path, registry=registry, synchronous=cast("Synchronous", synchronous),
                      readonly=readonly, migrate_on_open=migrate_on_open)

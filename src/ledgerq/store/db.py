@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, get_args
 
 from ledgerq.errors import InvalidInput
 from ledgerq.extras import require
@@ -26,6 +26,8 @@ from ledgerq.store.timeouts import BUSY_TIMEOUT_MS
 
 T = TypeVar("T")
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
+#: The levels, once: what StateDB and the command accept (any case).
+SYNCHRONOUS_LEVELS: tuple[str, ...] = get_args(Synchronous)
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
@@ -96,7 +98,7 @@ class StateDB:
     def __init__(self, path: str | Path, *, registry: Registry | None = None,
                  synchronous: Synchronous = "NORMAL", readonly: bool = False,
                  busy_timeout_ms: int = BUSY_TIMEOUT_MS, migrate_on_open: bool = True) -> None:
-        if str(synchronous).upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+        if str(synchronous).upper() not in SYNCHRONOUS_LEVELS:
             # Checked for either backend: a typo must not pass because the target is a URL.
             raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not "
                              f"{synchronous!r}")
