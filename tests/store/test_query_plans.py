@@ -17,12 +17,16 @@ import pytest
 
 from ledgerq.lifecycle.registry import Registry, default_registry
 from ledgerq.queue.moves import CANDIDATE_COLUMNS, DEFAULT_QUEUE, expired_columns
+from ledgerq.queue.worker.executors import Executors
+from ledgerq.queue.worker.store import Kinds
 from ledgerq.store.sqlite.schema import create_schema
 from ledgerq.store.sqlite.tx import SqliteTx
 from ledgerq.store.sqltx import SqlTx
 
 REGISTRY: Registry = default_registry()
 POLICY = REGISTRY.entity("schedule_run")
+#: What a worker's claim filters on: the kinds it has code for.
+SERVED = Kinds(Executors().served_kinds, only=True)
 
 
 class PlanTx(SqliteTx):
@@ -43,13 +47,13 @@ CLAIM: dict[str, Any] = {"columns": CANDIDATE_COLUMNS, "default_queue": DEFAULT_
 # (what, the operation, the index its plan must use)
 QUERIES: list[tuple[str, Op, str]] = [
     ("claim scan, first page",
-     lambda tx: tx.read_claim_page(POLICY, ["workflow"], "default", None, 50, **CLAIM),
+     lambda tx: tx.read_claim_page(POLICY, SERVED, "default", None, 50, **CLAIM),
      "idx_schedule_runs_claim_order"),
     ("claim scan, next page",
-     lambda tx: tx.read_claim_page(POLICY, ["workflow"], "default", (5, 0.0, ""), 50, **CLAIM),
+     lambda tx: tx.read_claim_page(POLICY, SERVED, "default", (5, 0.0, ""), 50, **CLAIM),
      "idx_schedule_runs_claim_order"),
     ("claim scan page, no kind excluded",
-     lambda tx: tx.read_claim_page(POLICY, [], "q1", (0, 0.0, ""), 50, **CLAIM),
+     lambda tx: tx.read_claim_page(POLICY, SERVED, "q1", (0, 0.0, ""), 50, **CLAIM),
      "idx_schedule_runs_claim_order"),
     ("running concurrency keys", lambda tx: tx.list_running_keys(POLICY),
      "idx_schedule_runs_lease"),
@@ -126,8 +130,8 @@ async def test_postgres_claim_pages_read_the_claim_index_in_order(pg_target: str
 
             real("SET LOCAL enable_seqscan = off")
             tx.execute = recording  # type: ignore[method-assign]
-            tx.read_claim_page(policy, ["workflow"], "default", None, 50, **CLAIM)
-            tx.read_claim_page(policy, [], "q1", (5, 0.0, ""), 50, **CLAIM)
+            tx.read_claim_page(policy, SERVED, "default", None, 50, **CLAIM)
+            tx.read_claim_page(policy, Kinds((), only=False), "q1", (5, 0.0, ""), 50, **CLAIM)
             return plans
 
         plans = await db.read(probe)

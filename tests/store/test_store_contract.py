@@ -26,6 +26,7 @@ from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.store import FACT_COLUMNS, ClaimFacts, SentMove
 from ledgerq.queue.moves import CANDIDATE_COLUMNS, DEFAULT_QUEUE, expired_columns, lease_columns
 from ledgerq.queue.store import STUCK_KINDS
+from ledgerq.queue.worker.store import Kinds
 from ledgerq.store.postgres.tx import PostgresTx
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
@@ -495,6 +496,10 @@ async def test_facts_after_and_since_filters(db: StateDB) -> None:
     assert total == 2 and sorted(r["id"] for r in rows) == ["late", "never_moved"]
 
 
+#: A claim filter that takes every kind.
+ANY_KIND = Kinds((), only=False)
+
+
 async def test_queue_scans(db: StateDB) -> None:
     policy = await policy_of(db)
     rows = [
@@ -510,11 +515,17 @@ async def test_queue_scans(db: StateDB) -> None:
     for r in rows:
         await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
     page = await db.read(lambda tx: tx.read_claim_page(
-        policy, ["skipme"], "default", None, 10, **CLAIM))
+        policy, Kinds(("skipme",), only=False), "default", None, 10, **CLAIM))
     assert [r["id"] for r in page] == ["q1", "q3"]
     assert set(page[0]) == set(CANDIDATE_COLUMNS)
+    # A worker claims only the kinds it has code for.
     page = await db.read(lambda tx: tx.read_claim_page(
-        policy, [], "default", (0, 1.0, "q1"), 1, **CLAIM))
+        policy, Kinds(("skipme", "other"), only=True), "default", None, 10, **CLAIM))
+    assert [r["id"] for r in page] == ["q2"]
+    assert await db.read(lambda tx: tx.read_claim_page(
+        policy, Kinds((), only=True), "default", None, 10, **CLAIM)) == []
+    page = await db.read(lambda tx: tx.read_claim_page(
+        policy, ANY_KIND, "default", (0, 1.0, "q1"), 1, **CLAIM))
     assert [r["id"] for r in page] == ["q2"]
     expired = await db.read(lambda tx: tx.list_expired_leases(
         policy, 10.0, columns=expired_columns(policy)))
@@ -554,18 +565,18 @@ async def test_queue_scans(db: StateDB) -> None:
               row_values(id="n1", queued_at=0.5, priority=-1),
               row_values(id="o1", queued_at=0.1, priority=9, queue="other")):
         await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
-    page = await db.read(lambda tx: tx.read_claim_page(policy, [], "default", None, 10, **CLAIM))
+    page = await db.read(lambda tx: tx.read_claim_page(policy, ANY_KIND, "default", None, 10, **CLAIM))
     assert [r["id"] for r in page] == ["p5b", "p5a", "q1", "q2", "q3", "n1"]
     page = await db.read(lambda tx: tx.read_claim_page(
-        policy, [], "default", (5, 8.0, "p5b"), 2, **CLAIM))
+        policy, ANY_KIND, "default", (5, 8.0, "p5b"), 2, **CLAIM))
     assert [r["id"] for r in page] == ["p5a", "q1"]
     page = await db.read(lambda tx: tx.read_claim_page(
-        policy, [], "default", (0, 3.0, "q3"), 5, **CLAIM))
+        policy, ANY_KIND, "default", (0, 3.0, "q3"), 5, **CLAIM))
     assert [r["id"] for r in page] == ["n1"]
-    page = await db.read(lambda tx: tx.read_claim_page(policy, [], "other", None, 5, **CLAIM))
+    page = await db.read(lambda tx: tx.read_claim_page(policy, ANY_KIND, "other", None, 5, **CLAIM))
     assert [(r["id"], r["priority"], r["queue"]) for r in page] == [("o1", 9, "other")]
     assert await db.read(lambda tx: tx.read_claim_page(
-        policy, [], "nobody", None, 5, **CLAIM)) == []
+        policy, ANY_KIND, "nobody", None, 5, **CLAIM)) == []
 
 
 async def test_dependencies_and_settling(db: StateDB) -> None:

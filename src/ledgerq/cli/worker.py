@@ -124,6 +124,7 @@ def worker(
     path = db_path(ctx, db)
 
     async def go() -> None:
+        from ledgerq.queue.worker.finished import Finished
         from ledgerq.queue.worker.launcher import default_execute
         from ledgerq.queue.worker.service import DEFAULT_LOCK_DIR, Worker
 
@@ -136,16 +137,16 @@ def worker(
                     sys.stderr.write(printable(f"{stamp} {holder.get('id', '')} {text}") + "\n")
                     sys.stderr.flush()
 
-            async def execute(row: dict[str, Any]) -> tuple[int, str]:
+            async def execute(row: dict[str, Any]) -> tuple[int, str] | Finished:
                 start = time.monotonic()
                 say(f"run {row['id']} start {row['action_kind']}")
                 try:
-                    code, detail = await default_execute(row)
+                    got = await default_execute(row)
                 except asyncio.CancelledError:
                     say(f"run {row['id']} stopped after {time.monotonic() - start:.2f}s")
                     raise
-                say(f"run {row['id']} exit {code} after {time.monotonic() - start:.2f}s")
-                return code, detail
+                say(f"run {row['id']} exit {got[0]} after {time.monotonic() - start:.2f}s")
+                return got
 
             w = Worker(handle, worker_id=worker_id, capacity=capacity,
                        poll_interval=poll_interval, lease_ttl=lease_ttl,

@@ -38,6 +38,10 @@ QUEUE_COLUMN = "queue"
 DEFAULT_QUEUE = "default"
 #: The run column a fire of ledgerq's scheduler records its slot in (``schedule_run.toml``).
 SLOT_COLUMN = "slot_at"
+#: The run columns a Python task's end fills: its return value, and its exception (type,
+#: message, traceback). Specs that predate them record neither.
+RESULT_COLUMN = "result"
+ERROR_COLUMN = "error"
 #: A move's source meaning "whatever state the row is in, if the spec allows the edge".
 ANY = "*"
 

@@ -42,6 +42,7 @@ from ledgerq.queue.worker.config import (
     DEFAULT_LEASE_TTL_SECONDS,
     WorkerConfig,
 )
+from ledgerq.queue.worker.store import Kinds
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database
@@ -92,9 +93,9 @@ class _QueueScan:
     """One queue's candidates in claim order, read a keyset page at a time on demand (the
     first page ``first_page`` rows long, the others PAGE_SIZE)."""
 
-    def __init__(self, tx: WorkerTx, policy: EntityPolicy, excluded_kinds: list[str],
+    def __init__(self, tx: WorkerTx, policy: EntityPolicy, kinds: Kinds,
                  queue: str, first_page: int) -> None:
-        self.tx, self.policy, self.excluded, self.queue = tx, policy, excluded_kinds, queue
+        self.tx, self.policy, self.kinds, self.queue = tx, policy, kinds, queue
         self.size = first_page
         self.cursor: tuple[int, float, str] | None = None
         self.buffer: list[dict[str, Any]] = []
@@ -104,7 +105,7 @@ class _QueueScan:
         """Read the next page (at most ``budget`` rows); the number read."""
         size = min(self.size, budget)
         self.size = PAGE_SIZE
-        page = self.tx.read_claim_page(self.policy, self.excluded, self.queue, self.cursor, size,
+        page = self.tx.read_claim_page(self.policy, self.kinds, self.queue, self.cursor, size,
                                       columns=moves.CANDIDATE_COLUMNS,
                                       default_queue=moves.DEFAULT_QUEUE)
         self.done = len(page) < size
@@ -115,7 +116,7 @@ class _QueueScan:
         return len(page)
 
 
-def _scan(tx: WorkerTx, policy: EntityPolicy, excluded_kinds: list[str], queues: Sequence[str],
+def _scan(tx: WorkerTx, policy: EntityPolicy, kinds: Kinds, queues: Sequence[str],
           result: ClaimPass, first_page: int, cap: int) -> Iterator[dict[str, Any]]:
     """The queued rows of ``queues`` in claim order, up to ``cap`` rows read.
 
@@ -124,7 +125,7 @@ def _scan(tx: WorkerTx, policy: EntityPolicy, excluded_kinds: list[str], queues:
     pass uses, are never read. When the cap stops a queue's reading, the merge stops
     too: everything yielded so far is then exactly the head of the claim order.
     """
-    scans = [_QueueScan(tx, policy, excluded_kinds, q, first_page) for q in queues]
+    scans = [_QueueScan(tx, policy, kinds, q, first_page) for q in queues]
 
     def topped_up(scan: _QueueScan) -> bool:
         """Read ``scan``'s next page if it has no row left; False when the cap left it
@@ -163,7 +164,7 @@ def _scan(tx: WorkerTx, policy: EntityPolicy, excluded_kinds: list[str], queues:
             return
 
 
-def _candidates(tx: WorkerTx, policy: EntityPolicy, excluded_kinds: list[str],
+def _candidates(tx: WorkerTx, policy: EntityPolicy, kinds: Kinds,
                 advertised: list[str], targets: set[str], queues: Sequence[str],
                 result: ClaimPass, enough: Callable[[dict[str, Any]], bool] | None = None,
                 skip: frozenset[str] = frozenset(), first_page: int = PAGE_SIZE,
@@ -176,7 +177,7 @@ def _candidates(tx: WorkerTx, policy: EntityPolicy, excluded_kinds: list[str],
     claim raised recently) are passed over, so they cannot take a pass's every slot.
     """
     eligible: list[dict[str, Any]] = []
-    for row in _scan(tx, policy, excluded_kinds, queues, result, first_page, cap):
+    for row in _scan(tx, policy, kinds, queues, result, first_page, cap):
         if skip and row["id"] in skip:
             continue
         raw = row["required_capabilities"]
@@ -233,7 +234,7 @@ class _Picker:
 
 
 def _select(tx: WorkerTx, policy: EntityPolicy, worker_id: str, now: float,
-            heartbeat_ttl: float, excluded_kinds: list[str], advertised: list[str],
+            heartbeat_ttl: float, kinds: Kinds, advertised: list[str],
             targets: set[str], queues: Sequence[str], limit: int, result: ClaimPass,
             skip: frozenset[str] = frozenset(), cap: int = SCAN_CAP
             ) -> list[dict[str, Any]] | None:
@@ -253,11 +254,11 @@ def _select(tx: WorkerTx, policy: EntityPolicy, worker_id: str, now: float,
         # the first page is as long as the pass could use (most passes need no more),
         # spares included: one statement, where PAGE_SIZE pages took two for a pass of
         # 25 slots with its spares on PostgreSQL.
-        _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
+        _candidates(tx, policy, kinds, advertised, targets, queues, result,
                     enough=picker.offer, skip=skip, first_page=min(limit, SCAN_CAP),
                     cap=cap)
         return picker.chosen
-    eligible = _candidates(tx, policy, excluded_kinds, advertised, targets, queues, result,
+    eligible = _candidates(tx, policy, kinds, advertised, targets, queues, result,
                            skip=skip, cap=cap)
     # Priority first; affinity orders runs of equal priority. Stable: equal both keep
     # the oldest-first order of the scan.
@@ -402,9 +403,9 @@ class _Pass:
     """
 
     def __init__(self, db: Database[WorkerTx], config: WorkerConfig, *, limit: int,
-                 now: float, excluded_kinds: list[str], skip: frozenset[str]) -> None:
+                 now: float, kinds: Kinds, skip: frozenset[str]) -> None:
         self.db, self.config, self.limit, self.now = db, config, limit, now
-        self.excluded, self.skip = excluded_kinds, skip
+        self.kinds, self.skip = kinds, skip
         self.policy = run_policy(db)
         self.advertised = list(config.advertised_capabilities)
         self.targets = set(config.execution_targets or ["host"])
@@ -416,7 +417,7 @@ class _Pass:
                ) -> list[dict[str, Any]] | None:
         c = self.config
         return _select(tx, self.policy, c.worker_id, self.now, c.heartbeat_ttl,
-                       self.excluded, self.advertised, self.targets, c.queues, self.wanted,
+                       self.kinds, self.advertised, self.targets, c.queues, self.wanted,
                        into, self.skip, cap)
 
     def claim_one(self, tx: WorkerTx, *, cand: dict[str, Any]) -> dict[str, Any] | None:
@@ -497,7 +498,8 @@ async def claim_pass(db: Database[WorkerTx], config: WorkerConfig, *, limit: int
                      now: float | None = None, excluded_kinds: Iterable[str] | None = None,
                      stuck: StuckRows | None = None) -> ClaimPass:
     """One claim pass for ``config``'s worker: up to ``limit`` (default: its claim limit)
-    rows of every kind but ``excluded_kinds`` (default: those it has no executor for).
+    rows of the kinds it has code for (:attr:`Executors.served_kinds`), or, given
+    ``excluded_kinds``, of every kind but those.
 
     See :func:`claim_runs` for what a pass does.
     """
@@ -505,10 +507,10 @@ async def claim_pass(db: Database[WorkerTx], config: WorkerConfig, *, limit: int
     if limit <= 0:
         return ClaimPass()
     tracker = tracked(stuck)
-    excluded = sorted(set(config.executors.excluded_kinds() if excluded_kinds is None
-                          else excluded_kinds))
+    kinds = Kinds(config.executors.served_kinds, only=True) if excluded_kinds is None \
+        else Kinds(tuple(sorted(set(excluded_kinds))), only=False)
     one = _Pass(db, config, limit=limit, now=time.time() if now is None else now,
-                excluded_kinds=excluded, skip=tracker.skipping())
+                kinds=kinds, skip=tracker.skipping())
     result, chosen, outcomes = await one.pick()
     if chosen is None:
         log.warning("worker %s heartbeat is stale; claiming nothing", config.worker_id)

@@ -21,8 +21,11 @@ from typing import Any
 
 from ledgerq.codec import dumps
 from ledgerq.queue.worker import orphans
+from ledgerq.queue.worker.finished import Finished
 
-ExecuteFn = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
+#: What runs a claimed row: the ADR-0071 queue's ``(exit_code, detail)``, or a
+#: :class:`~ledgerq.queue.worker.finished.Finished` that says more (a result, an error).
+ExecuteFn = Callable[[dict[str, Any]], Awaitable["tuple[int, str] | Finished"]]
 
 #: The command that runs the ADR-0071 queue's action kinds (``li agent ...``); override
 #: per worker.

@@ -21,7 +21,7 @@ from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue import moves
 from ledgerq.queue.maintenance.promotion import settle_dependents
 from ledgerq.queue.maintenance.stuck import is_database_failure
-from ledgerq.queue.moves import Move, lease_columns
+from ledgerq.queue.moves import ERROR_COLUMN, RESULT_COLUMN, Move, lease_columns
 from ledgerq.queue.runs import no_lease, run_policy, terms, worker_actor
 from ledgerq.queue.submission.application import RetryPolicy
 
@@ -60,6 +60,12 @@ class Outcome(NamedTuple):
     #: The output tails to record (``stdout_tail``/``stderr_tail``), written with the
     #: fact that ends the run or sends it to retry_wait; empty when nothing ran.
     output: Mapping[str, str | None] = NO_OUTPUT
+    #: A Python task's return value as JSON (the ``result`` column); None: none.
+    result: Any = None
+    #: A Python task's exception (the ``error`` column): type, message, traceback.
+    error: dict[str, Any] | None = None
+    #: Seconds until the retry the task asked for; None: its policy's backoff.
+    retry_delay: float | None = None
 
     @property
     def to_state(self) -> str:
@@ -81,10 +87,18 @@ def lost_outcome(row: dict[str, Any] | None, lease: dict[str, Any]) -> str:
     return "lost"
 
 
-def output_patch(policy: EntityPolicy, outcome: Outcome) -> dict[str, str | None]:
-    """The output columns of ``outcome`` the loaded specs let a move patch: specs of a
-    release before the output columns (a rolling upgrade) record none."""
-    return {c: v for c, v in outcome.output.items() if c in policy.patch_columns}
+def output_patch(policy: EntityPolicy, outcome: Outcome) -> dict[str, Any]:
+    """The output columns of ``outcome`` the loaded specs let a move patch (its output
+    tails, a task's result or error): specs of a release before those columns (a rolling
+    upgrade) record none. A column with nothing to say is left out, so a command's fact
+    carries no empty result."""
+    patch: dict[str, Any] = {c: v for c, v in outcome.output.items()
+                             if c in policy.patch_columns}
+    if outcome.result is not None and RESULT_COLUMN in policy.patch_columns:
+        patch[RESULT_COLUMN] = outcome.result
+    if outcome.error is not None and ERROR_COLUMN in policy.patch_columns:
+        patch[ERROR_COLUMN] = outcome.error
+    return patch
 
 
 def finish_all(tx: WorkerTx, policy: EntityPolicy, writes: Sequence[MoveTerms], now: float, *,
@@ -193,7 +207,9 @@ def _terms(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext, outcome: 
         if retry is not None and runs_done < retry.max_attempts \
                 and moves.BACKOFF.offered_by(policy):
             now = ctx.clock()
-            backoff = {**no_lease(policy), "retry_due_at": now + retry.delay(runs_done),
+            wait = outcome.retry_delay if outcome.retry_delay is not None \
+                else retry.delay(runs_done)
+            backoff = {**no_lease(policy), "retry_due_at": now + wait,
                        "run_attempts": runs_done, "exit_code": outcome.exit_code,
                        "error_detail": detail[-DETAIL_LIMIT:], **output_patch(policy, outcome)}
             return Outcome(moves.BACKOFF, outcome.exit_code, detail,

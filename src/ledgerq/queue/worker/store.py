@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ledgerq.lifecycle.store import Row
 from ledgerq.queue.maintenance.store import MaintenanceTx
@@ -12,6 +12,13 @@ from ledgerq.queue.store import SharedTx
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import EntityPolicy
+
+
+class Kinds(NamedTuple):
+    """Which action kinds a claim takes: only ``names`` (``only``), or all but them."""
+
+    names: tuple[str, ...]
+    only: bool
 
 
 class WorkerTx(SharedTx, Protocol):
@@ -31,11 +38,12 @@ class WorkerTx(SharedTx, Protocol):
     def read_worker_stop_request(self, worker_id: str) -> float | None:
         """When the worker was last asked to stop, or None."""
 
-    def read_claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str], queue: str,
+    def read_claim_page(self, policy: EntityPolicy, kinds: Kinds, queue: str,
                         after: tuple[int, float, str] | None, limit: int, *,
                         columns: tuple[str, ...], default_queue: str) -> list[Row]:
         """One keyset page of queue ``queue``'s queued, unscheduled rows after ``after``
-        (None: from the start) in claim order: priority descending, then (queued_at, id);
+        (None: from the start) whose action kind ``kinds`` takes, in claim order:
+        priority descending, then (queued_at, id);
         each row's ``columns`` (:data:`~ledgerq.queue.moves.CANDIDATE_COLUMNS`) that the
         spec declares. Rows without a ``queued_at`` are never claimed. Specs that predate
         queues and priorities: every run is priority 0 in ``default_queue``."""

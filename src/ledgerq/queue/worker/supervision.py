@@ -18,9 +18,9 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Awaitable, Coroutine, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.lifecycle.values import value_problem
@@ -34,6 +34,7 @@ from ledgerq.queue.runs import (
     worker_actor,
 )
 from ledgerq.queue.worker.config import RunContext
+from ledgerq.queue.worker.finished import Finished
 from ledgerq.queue.worker.launcher import ExecuteFn, OutputCapture, capturing
 from ledgerq.queue.worker.leases import until_next_check
 from ledgerq.queue.worker.locks import KeyLock
@@ -55,6 +56,9 @@ log = logging.getLogger("ledgerq.worker")
 RENEW_FRACTION = 1 / 3
 #: exit_code recorded for a run killed at its deadline (the coreutils ``timeout`` convention).
 TIMEOUT_EXIT_CODE = 124
+
+#: What an executor's run gives back (see launcher.ExecuteFn).
+Got: TypeAlias = tuple[int, str] | Finished
 
 #: A run given back to the queue because its worker is stopping (not a failed attempt).
 SHUTDOWN = Outcome(moves.SHUTDOWN)
@@ -253,7 +257,7 @@ def _begin_executor(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str,
     return _supervised(db, policy, run, lease, task, capture, started, ctx)
 
 
-def _result(task: asyncio.Future[tuple[int, str]], capture: OutputCapture) -> Outcome:
+def _result(task: asyncio.Future[Got], capture: OutputCapture) -> Outcome:
     """The outcome of a run whose executor finished (``task`` is done)."""
     output = capture.columns()
     if task.cancelled():  # by itself: the supervisor's own cancels never get here
@@ -264,6 +268,8 @@ def _result(task: asyncio.Future[tuple[int, str]], capture: OutputCapture) -> Ou
     except Exception as exc:
         return Outcome(moves.RAISED, 1, f"{type(exc).__name__}: {exc}", retryable=True,
                        output=output)
+    if isinstance(got, Finished):
+        return _finished(got, output)
     if not _storable_result(got):
         # Written as given, it would be refused, and the run left running until its
         # lease expired (and then run again): the executor failed instead.
@@ -274,6 +280,19 @@ def _result(task: asyncio.Future[tuple[int, str]], capture: OutputCapture) -> Ou
         return Outcome(moves.EXITED_ZERO, 0, output=output)
     return Outcome(moves.EXITED_NONZERO, code, detail or f"exit code {code}", retryable=True,
                    output=output)
+
+
+def _finished(got: Finished, output: Mapping[str, str | None]) -> Outcome:
+    """The outcome of an executor that said how its run ended (a Python task)."""
+    if not _storable_result((got.exit_code, got.detail)):
+        return Outcome(moves.RAISED, 1, f"executor returned {got!r:.200}, whose exit code "
+                       "or detail cannot be stored", retryable=True, output=output)
+    if got.exit_code == 0:
+        return Outcome(moves.EXITED_ZERO, 0, output=output, result=got.result)
+    move = moves.RAISED if got.error is not None else moves.EXITED_NONZERO
+    return Outcome(move, got.exit_code, got.detail or f"exit code {got.exit_code}",
+                   retryable=got.retryable, output=output, error=got.error,
+                   retry_delay=got.retry_delay)
 
 
 def _storable_result(got: object) -> bool:
@@ -292,7 +311,7 @@ _PAIR = (tuple, list)
 
 
 async def _supervised(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any],
-                      lease: dict[str, Any], task: asyncio.Future[tuple[int, str]],
+                      lease: dict[str, Any], task: asyncio.Future[Got],
                       capture: OutputCapture, started: float, ctx: RunContext) -> str:
     """A run whose executor goes on as ``task``, to its end: its lease checked and renewed,
     its deadline and a shutdown honoured, then its outcome written."""
@@ -331,14 +350,14 @@ async def _supervised(db: Database[WorkerTx], policy: EntityPolicy, run: dict[st
     return await record_outcome(db, policy, run, lease, ctx, _result(task, capture))
 
 
-async def _call(executor: ExecuteFn, decoded: dict[str, Any]) -> tuple[int, str]:
+async def _call(executor: ExecuteFn, decoded: dict[str, Any]) -> Got:
     """Call inside the coroutine, so an executor raising before it awaits is a failed run
     too."""
     return await executor(decoded)
 
 
 def _start(executor: ExecuteFn, decoded: dict[str, Any], context: contextvars.Context
-           ) -> asyncio.Future[tuple[int, str]]:
+           ) -> asyncio.Future[Got]:
     """The executor's run, its first step taken at once (in ``context``): a done future
     when that step finished it, else a task (in the same context) that goes on from there.
 
@@ -351,27 +370,27 @@ def _start(executor: ExecuteFn, decoded: dict[str, Any], context: contextvars.Co
     try:
         pending = context.run(coro.send, None)
     except StopIteration as stop:
-        done: asyncio.Future[tuple[int, str]] = loop.create_future()
+        done: asyncio.Future[Got] = loop.create_future()
         done.set_result(stop.value)
         return done
     except Exception as exc:  # raised before its first wait: a failed run, as in a task
-        failed: asyncio.Future[tuple[int, str]] = loop.create_future()
+        failed: asyncio.Future[Got] = loop.create_future()
         failed.set_exception(exc)
         return failed
     except asyncio.CancelledError:  # it cancelled itself: a cancelled run, as in a task
-        cancelled: asyncio.Future[tuple[int, str]] = loop.create_future()
+        cancelled: asyncio.Future[Got] = loop.create_future()
         cancelled.cancel()
         return cancelled
     return loop.create_task(_Started(coro, pending), context=context)
 
 
-class _Started(collections.abc.Coroutine[Any, Any, tuple[int, str]]):
+class _Started(collections.abc.Coroutine[Any, Any, Got]):
     """An executor's coroutine whose first step ran already (it waits on ``pending``), as
     the coroutine a task runs: the task's first step is handed ``pending`` to wait on, and
     every later value, and every exception thrown (a cancel, even one before the task's
     first step), goes to the executor's coroutine where it waits."""
 
-    def __init__(self, coro: Coroutine[Any, Any, tuple[int, str]], pending: Any) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Got], pending: Any) -> None:
         self._coro = coro
         self._pending: Any = pending
         self._handed = False
@@ -394,7 +413,7 @@ class _Started(collections.abc.Coroutine[Any, Any, tuple[int, str]]):
     def close(self) -> None:
         self._coro.close()
 
-    def __await__(self) -> Generator[Any, Any, tuple[int, str]]:
+    def __await__(self) -> Generator[Any, Any, Got]:
         raise TypeError("an executor's run goes on as a task (supervision._start)")
 
 

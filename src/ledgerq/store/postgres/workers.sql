@@ -25,6 +25,9 @@ SELECT stop_requested_at FROM workers WHERE worker_id = %s
 -- name: kinds_excluded
 AND action_kind NOT IN ({marks})
 
+-- name: kinds_only
+AND action_kind IN ({marks})
+
 -- name: claimable_unscheduled
 schedule_id IS NULL
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.lifecycle.store import Row
 from ledgerq.store.sqltx.base import PRIORITY_COLUMN, QUEUE_COLUMN, SLOT_COLUMN, SqlBase
+
+if TYPE_CHECKING:
+    from ledgerq.queue.worker.store import Kinds
 
 
 class WorkerOps(SqlBase):
@@ -30,36 +34,40 @@ class WorkerOps(SqlBase):
         row = self.execute(self.q("read_worker_stop_request"), (worker_id,)).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
-    def read_claim_page(self, policy: EntityPolicy, excluded_kinds: Sequence[str], queue: str,
+    def read_claim_page(self, policy: EntityPolicy, kinds: Kinds, queue: str,
                         after: tuple[int, float, str] | None, limit: int, *,
                         columns: tuple[str, ...], default_queue: str) -> list[Row]:
         if QUEUE_COLUMN not in policy.columns or PRIORITY_COLUMN not in policy.columns:
             # Specs that predate queues: every run is priority 0 in the default queue.
             if queue != default_queue:
                 return []
-            rows = self._claim_rows(policy, "claim_unqueued", excluded_kinds, columns,
+            rows = self._claim_rows(policy, "claim_unqueued", kinds, columns,
                                     (float("-inf"), "") if after is None else after[1:], limit)
             return [{**r, PRIORITY_COLUMN: 0, QUEUE_COLUMN: default_queue} for r in rows]
         # Two index ranges, each read in order: the rest of the cursor's priority level,
         # then every level below it (from the top when there is no cursor yet).
         rows = []
         if after is not None:
-            rows = self._claim_rows(policy, "claim_level", excluded_kinds, columns,
+            rows = self._claim_rows(policy, "claim_level", kinds, columns,
                                     (queue, *after), limit)
             if len(rows) >= limit:
                 return rows
         below = () if after is None else (after[0],)
-        return rows + self._claim_rows(policy, "claim_below", excluded_kinds, columns,
+        return rows + self._claim_rows(policy, "claim_below", kinds, columns,
                                        (queue, *below), limit - len(rows), bounded=bool(below))
 
-    def _claim_rows(self, policy: EntityPolicy, name: str, excluded_kinds: Sequence[str],
+    def _claim_rows(self, policy: EntityPolicy, name: str, kinds: Kinds,
                     columns: tuple[str, ...], keys: Sequence[object], limit: int, *,
                     bounded: bool = False) -> list[Row]:
-        key = (name, policy.table, len(excluded_kinds), columns, bounded)
+        names, only = kinds
+        if only and not names:
+            return []
+        key = (name, policy.table, len(names), only, columns, bounded)
         sql = self._texts.get(key)
         if sql is None:
-            kinds = (self.q("kinds_excluded", marks=self.marks(len(excluded_kinds)))
-                     if excluded_kinds else "")
+            kind_filter = (self.q("kinds_only" if only else "kinds_excluded",
+                                  marks=self.marks(len(names)))
+                           if names else "")
             # Fires of ledgerq's own scheduler (a slot recorded) are queue rows; rows an
             # external scheduler recorded are never claimed (the ADR-0071 queue's rule). Specs
             # without the slot column predate the scheduler: every scheduled row is external.
@@ -70,8 +78,9 @@ class WorkerOps(SqlBase):
                 columns=", ".join(quote(c) for c in columns if c in policy.columns),
                 hint=self.hint(policy, "queued", QUEUE_COLUMN if name != "claim_unqueued"
                                else "queued_at"),
-                kinds=kinds, scope=scope, bound=self.q("priority_below") if bounded else "")
-        return self.dicts(self.execute(sql, (*keys, *excluded_kinds, limit)))
+                kinds=kind_filter, scope=scope,
+                bound=self.q("priority_below") if bounded else "")
+        return self.dicts(self.execute(sql, (*keys, *names, limit)))
 
     def list_running_keys(self, policy: EntityPolicy) -> set[str]:
         sql = self.q("list_running_keys", table=self.table(policy),
