@@ -82,6 +82,23 @@ class MigrationRefused(LedgerqError, ValueError):
     """Specs conflict with the database in a way no version order explains."""
 
 
+class TaskFailed(LedgerqError):
+    """A task's run ended other than completed: ``await run.result()`` raises this.
+
+    ``status`` is the state it ended in (``failed``, ``timed_out``, ``cancelled``, ...);
+    ``error_type``, ``message`` and ``traceback`` are what the task raised (None when it
+    raised nothing: a timeout, a cancel, a refusal).
+    """
+
+    def __init__(self, run_id: str, status: str, *, error_type: str | None = None,
+                 message: str | None = None, traceback: str | None = None) -> None:
+        self.run_id, self.status = run_id, status
+        self.error_type, self.message, self.traceback = error_type, message, traceback
+        why = f"{error_type}: {message}" if error_type else message or "no error recorded"
+        super().__init__(f"run {run_id} ended {status}: {why}")
+
+
 __all__ = ["DatabaseDamaged", "DatabaseError", "DatabaseGone", "DatabaseUnavailable",
            "IdempotencyConflict", "IntegrityViolation", "InvalidInput", "LedgerqError",
-           "MigrationRefused", "MissingExtra", "NotFound", "SchemaMissing", "SpecError"]
+           "MigrationRefused", "MissingExtra", "NotFound", "SchemaMissing", "SpecError",
+           "TaskFailed"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -83,6 +84,11 @@ def worker(
         "--metrics-port", min=0, max=65535, show_default=False,
         help="Serve Prometheus /metrics on 127.0.0.1:PORT (as ledgerq serve has them).")
     ] = None,
+    app_name: Annotated[str | None, typer.Option(
+        "--app", envvar="LEDGERQ_APP", metavar="MODULE:APP", show_default=False,
+        help="Serve this ledgerq App's tasks (e.g. myproject.tasks:app; env LEDGERQ_APP). "
+             "Its database is the default --db; its tasks' queues the default --queue.")
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Run a worker until SIGINT/SIGTERM: claim, execute, renew leases, reap, retry.
@@ -121,6 +127,21 @@ def worker(
         text_option(token, f"--cap[{i}]")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    task_app = None
+    if app_name is not None:
+        from ledgerq.tasks.loading import load_app
+
+        try:
+            task_app = load_app(app_name)
+        except InvalidInput as exc:
+            die(str(exc))
+        root = ctx.find_root().obj
+        explicit = db is not None or (isinstance(root, dict) and root.get("db") is not None) \
+            or os.environ.get("LEDGERQ_DB")
+        if not explicit:
+            db = str(task_app.target)
+        if not queue:
+            queue = sorted(task_app.queues)
     path = db_path(ctx, db)
 
     async def go() -> None:
@@ -137,6 +158,8 @@ def worker(
                     sys.stderr.write(printable(f"{stamp} {holder.get('id', '')} {text}") + "\n")
                     sys.stderr.flush()
 
+            # It wraps the launcher: it serves the kinds the launcher can run.
+            @functools.wraps(default_execute)
             async def execute(row: dict[str, Any]) -> tuple[int, str] | Finished:
                 start = time.monotonic()
                 say(f"run {row['id']} start {row['action_kind']}")
@@ -151,7 +174,8 @@ def worker(
             w = Worker(handle, worker_id=worker_id, capacity=capacity,
                        poll_interval=poll_interval, lease_ttl=lease_ttl,
                        heartbeat_ttl=heartbeat_ttl, advertised_capabilities=list(cap or []),
-                       execution_targets=targets, execute=execute,
+                       execution_targets=targets, execute=execute, handle_signals=True,
+                       adapters=task_app.executors(capacity) if task_app else None,
                        lock_dir=lock_dir if lock_dir is not None else DEFAULT_LOCK_DIR,
                        shutdown_grace=shutdown_grace, scheduler=not no_scheduler,
                        output_tail=output_tail, max_tasks=max_tasks,

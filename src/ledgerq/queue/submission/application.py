@@ -26,6 +26,12 @@ ACTION_ALIASES: Mapping[str, str] = {"playbook": "play"}
 EXECUTION_TARGETS: frozenset[str] = frozenset(
     {"host", "local_worktree", "daytona", "remote_agent", "process"}
 )
+#: Where a run executes when its application names no target: a worker's own host.
+DEFAULT_TARGET = "host"
+#: A Python task's name, which its runs carry as their action kind: a module path and a
+#: function name make one (``app.emails.send``). At most MAX_TASK_NAME_LENGTH characters.
+TASK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:[.:-][A-Za-z0-9_]+)*")
+MAX_TASK_NAME_LENGTH = 200
 
 
 #: Bounds of a RetryPolicy: past them a policy means "forever" and overflows its delays.
@@ -113,6 +119,21 @@ def queue_name_problem(name: object) -> str | None:
     return None
 
 
+def task_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a task, or None. The record's kinds are taken: a task
+    named ``command`` would be run by the launcher."""
+    if not isinstance(name, str):
+        return f"must be a string, got {type(name).__name__}"
+    if len(name) > MAX_TASK_NAME_LENGTH:
+        return f"is {len(name):,} characters long; the limit is {MAX_TASK_NAME_LENGTH}"
+    if TASK_NAME.fullmatch(name) is None:
+        return (f"{shown(name)} is not a task name: identifiers joined by '.', ':' or '-' "
+                "(e.g. 'emails.send')")
+    if name in ACTION_KINDS or name in ACTION_ALIASES:
+        return f"{shown(name)} is one of the ADR-0071 queue's action kinds"
+    return None
+
+
 def check_priority(value: object, field_name: str = "priority") -> int:
     """``value`` as a priority, or InvalidInput naming ``field_name``."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -141,7 +162,7 @@ class TaskApplication:
 
     action_kind: str
     args: dict[str, Any]
-    execution_target: str
+    execution_target: str = DEFAULT_TARGET
     required_capabilities: list[str] = field(default_factory=list)
     library_ref: str | None = None
     library_content_hash: str | None = None
@@ -365,7 +386,8 @@ def _kinds_message() -> str:
     return f"expected one of {', '.join(ACTION_KINDS)} (aliases: {aliases})"
 
 
-def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS) -> TaskApplication:
+def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS,
+             vocabulary: Vocabulary | None = None) -> TaskApplication:
     """Check every field and return the normalized application; raise InvalidInput (a
     ValueError) naming the field.
 
@@ -373,11 +395,34 @@ def validate(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS) -> 
     that bound size (``limits``) run before the work they bound: depth before encoding,
     the id count before any lookup.
     """
-    return validate_encoded(app, limits=limits)[0]
+    return validate_encoded(app, limits=limits, vocabulary=vocabulary)[0]
 
 
-def validate_encoded(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS
-                     ) -> tuple[TaskApplication, str]:
+@dataclass(frozen=True)
+class Vocabulary:
+    """The action kinds and execution targets a submission may name.
+
+    The ADR-0071 queue's closed lists are the default; an app adds its tasks' names
+    (each a kind its workers run in-process) and may replace the targets.
+    """
+
+    task_kinds: frozenset[str] = frozenset()
+    targets: frozenset[str] = EXECUTION_TARGETS
+
+    def kinds_message(self) -> str:
+        tasks = sorted(self.task_kinds)
+        shown_tasks = ", ".join(tasks[:MESSAGE_ITEMS]) + (", ..." if len(tasks) > MESSAGE_ITEMS
+                                                          else "")
+        return _kinds_message() + (f"; or a task: {shown_tasks}" if tasks else
+                                   "; or the name of a task an app declares")
+
+
+#: The ADR-0071 queue's vocabulary: its kinds and targets, no tasks.
+RECORD_VOCABULARY = Vocabulary()
+
+
+def validate_encoded(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIMITS,
+                     vocabulary: Vocabulary | None = None) -> tuple[TaskApplication, str]:
     """:func:`validate`, and the application's ``args`` as JSON text: what its row stores
     and its :func:`digest` hashes, which the checks encode anyway (a submit then encodes
     its args once, not three times)."""
@@ -395,15 +440,18 @@ def validate_encoded(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIM
                                f"is {limits.max_idempotency_key_length:,} "
                                "(SubmitLimits.max_idempotency_key_length)")
         check_text(key, "idempotency_key")
+    words = RECORD_VOCABULARY if vocabulary is None else vocabulary
     kind = app.action_kind
     if not isinstance(kind, str):
-        raise InvalidInput(f"action_kind must be a string; {_kinds_message()}")
+        raise InvalidInput(f"action_kind must be a string; {words.kinds_message()}")
     kind = ACTION_ALIASES.get(kind, kind)
-    if kind not in ACTION_KINDS:
-        raise InvalidInput(f"unknown action_kind {shown(app.action_kind)}; {_kinds_message()}")
-    if not isinstance(app.execution_target, str) or app.execution_target not in EXECUTION_TARGETS:
+    if kind not in ACTION_KINDS and kind not in words.task_kinds:
+        raise InvalidInput(f"unknown action_kind {shown(app.action_kind)}; "
+                           f"{words.kinds_message()}")
+    if not isinstance(app.execution_target, str) \
+            or app.execution_target not in words.targets:
         raise InvalidInput(f"unknown execution_target {shown(app.execution_target)}; expected "
-                           f"one of {', '.join(sorted(EXECUTION_TARGETS))}")
+                           f"one of {', '.join(sorted(words.targets))}")
     if not isinstance(app.args, dict):
         raise InvalidInput(f"args must be a dict, got {type(app.args).__name__}")
     exact = _check_args(app.args, limits)

@@ -25,6 +25,7 @@ from ledgerq.queue.submission.application import (
     MESSAGE_ITEMS,
     SubmitLimits,
     TaskApplication,
+    Vocabulary,
     check_text,
     digest,
     shown,
@@ -189,20 +190,24 @@ def _insert_all(tx: SubmissionTx, policy: EntityPolicy, apps: list[TaskApplicati
 
 async def submit_task(db: Database[SubmissionTx], app: TaskApplication, *, now: float | None = None,
                       host: str | None = None, actor: Actor = SUBMITTER,
-                      limits: SubmitLimits | None = None) -> str:
+                      limits: SubmitLimits | None = None,
+                      vocabulary: Vocabulary | None = None) -> str:
     """Validate, then insert one queued row and its creation fact; returns the run id.
 
     A repeated non-empty idempotency key with an equal application returns the first
     run's id and writes nothing; with a different application it raises ValueError.
-    ``limits`` replaces the default size limits (see :class:`SubmitLimits`).
+    ``limits`` replaces the default size limits (see :class:`SubmitLimits`);
+    ``vocabulary`` the kinds and targets it may name (default: the ADR-0071 queue's).
     """
-    return (await submit_many(db, [app], now=now, host=host, actor=actor, limits=limits))[0]
+    return (await submit_many(db, [app], now=now, host=host, actor=actor, limits=limits,
+                              vocabulary=vocabulary))[0]
 
 
 async def submit_many(db: Database[SubmissionTx], apps: Sequence[TaskApplication], *,
                       now: float | None = None,
                       host: str | None = None, actor: Actor = SUBMITTER,
-                      limits: SubmitLimits | None = None) -> list[str]:
+                      limits: SubmitLimits | None = None,
+                      vocabulary: Vocabulary | None = None) -> list[str]:
     """Submit a batch in one transaction: all rows are written, or (on any error) none.
 
     Every application is validated (against ``limits``, default :data:`DEFAULT_LIMITS`)
@@ -214,7 +219,7 @@ async def submit_many(db: Database[SubmissionTx], apps: Sequence[TaskApplication
     texts: list[str | None] = []
     for i, a in enumerate(apps):
         try:
-            valid, text = validate_encoded(a, limits=checked)
+            valid, text = validate_encoded(a, limits=checked, vocabulary=vocabulary)
         except InvalidInput as exc:
             if len(apps) == 1:
                 raise

@@ -46,6 +46,9 @@ class Executors:
     def served_kinds(self) -> tuple[str, ...]:
         """Every kind this worker claims, sorted: the only ones it has code for."""
         record = [k for k in ACTION_KINDS if k != WORKFLOW_KIND]
-        if self.execute is None and shutil.which(DEFAULT_COMMAND_PREFIX) is None:
+        # An executor that wraps the launcher (functools.wraps) can run what it can.
+        launches = self.execute is None \
+            or getattr(self.execute, "__wrapped__", None) is default_execute
+        if launches and shutil.which(DEFAULT_COMMAND_PREFIX) is None:
             record = [COMMAND_KIND]
         return tuple(sorted({*record, *self.adapters}))

@@ -24,6 +24,7 @@ from ledgerq.queue.maintenance.stuck import is_database_failure
 from ledgerq.queue.moves import ERROR_COLUMN, RESULT_COLUMN, Move, lease_columns
 from ledgerq.queue.runs import no_lease, run_policy, terms, worker_actor
 from ledgerq.queue.submission.application import RetryPolicy
+from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database
@@ -162,6 +163,8 @@ async def record_outcomes(db: Database[WorkerTx], policy: EntityPolicy, ended: S
             planned.append(exc)
     writes = [p for p in planned if not isinstance(p, Exception)]
     written = iter(await _write_outcomes(db, policy, writes, ctx.clock()) if writes else [])
+    if writes:
+        wakeup.notify(db.path, wakeup.ENDED)
     out: list[str | Exception] = []
     for end, plan in zip(ended, planned, strict=True):
         if isinstance(plan, Exception):

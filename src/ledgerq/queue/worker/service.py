@@ -89,7 +89,9 @@ def default_worker_id() -> str:
 
 
 class Worker:
-    """Claims and runs queued rows until :meth:`stop` or SIGINT/SIGTERM.
+    """Claims and runs queued rows until :meth:`stop` (or SIGINT/SIGTERM, with
+    ``handle_signals=True``, which ``ledgerq worker`` sets: a library worker embedded in
+    a server leaves the server's signals alone).
 
     Concurrency: at most ``capacity`` runs execute at once; equal concurrency keys
     never overlap (checked inside each claim's transaction, across workers) and each
@@ -109,7 +111,7 @@ class Worker:
                  shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
                  claim_limit: int = DEFAULT_CLAIM_LIMIT,
                  check_interval: float | None = None,
-                 handle_signals: bool = True,
+                 handle_signals: bool = False,
                  claim_cooldown: float = DEFAULT_CLAIM_COOLDOWN,
                  stuck_retry: float = STUCK_RETRY_SECONDS,
                  scheduler: bool = True, output_tail: int = OUTPUT_TAIL_BYTES,

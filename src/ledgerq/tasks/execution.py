@@ -1,0 +1,105 @@
+"""A task's function run for one claimed row, and what the worker records of its end.
+
+The worker supervises the run as it does any other (lease renewal, deadline, cancel);
+this module only turns the row into a call and the call's end into a
+:class:`~ledgerq.queue.worker.finished.Finished`: the return value as JSON, or the
+exception's type, message and traceback, and whether a retry could help.
+
+Async functions run on the worker's loop. Sync functions run on a thread pool, so a
+task that blocks (file I/O, a C library, ``time.sleep``) never holds the loop that
+renews every lease; the pool is sized by the worker's capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import traceback
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
+
+from ledgerq.codec import dumps
+from ledgerq.errors import InvalidInput
+from ledgerq.queue.worker.finished import Finished
+from ledgerq.queue.worker.outcomes import DETAIL_LIMIT
+from ledgerq.tasks.control import Fail, Retry
+
+if TYPE_CHECKING:
+    from ledgerq.tasks.task import Task
+
+#: The most a task's result may take as JSON (UTF-8 bytes): it rides on the row and on
+#: its terminal fact, read by ``show`` and every fold of the log.
+MAX_RESULT_BYTES = 1024 * 1024
+#: How much of a failure's traceback is kept (its end: the frame that raised).
+TRACEBACK_LIMIT = 16 * 1024
+
+ExecuteFn = Callable[[dict[str, Any]], Awaitable[Finished]]
+
+
+def error_of(exc: BaseException) -> dict[str, Any]:
+    """An exception as the run's ``error`` column stores it, each part bounded."""
+    text = "".join(traceback.format_exception(exc))
+    return {"type": _type_name(exc), "message": str(exc)[:DETAIL_LIMIT],
+            "traceback": text[-TRACEBACK_LIMIT:]}
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" \
+        else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _failed(exc: BaseException, *, retryable: bool, note: str = "",
+            delay: float | None = None) -> Finished:
+    detail = f"{type(exc).__name__}: {exc}{note}"
+    return Finished(1, detail[:DETAIL_LIMIT], error=error_of(exc), retryable=retryable,
+                    retry_delay=delay)
+
+
+def executor_for(task: Task[Any], pool: Executor | None = None) -> ExecuteFn:
+    """The worker's executor for ``task``'s runs; sync functions run in ``pool``."""
+
+    async def execute(run: dict[str, Any]) -> Finished:
+        try:
+            kwargs = task.arguments.decode(run.get("action_args") or {})
+        except InvalidInput as exc:
+            # The function changed since the defer: no attempt can decode them.
+            return _failed(exc, retryable=False)
+        try:
+            if task.is_async:
+                value = await task.fn(**kwargs)
+            else:
+                loop = asyncio.get_running_loop()
+                call = functools.partial(contextvars.copy_context().run, task.fn, **kwargs)
+                value = await loop.run_in_executor(pool, call)
+        except Retry as exc:
+            if task.retry is None:
+                return _failed(exc, retryable=False,
+                               note=" (the task has no retry policy: give it retry=)")
+            return _failed(exc, retryable=True, delay=exc.delay)
+        except Fail as exc:
+            return _failed(exc, retryable=False)
+        except Exception as exc:
+            return _failed(exc, retryable=task.retries(exc))
+        return _succeeded(task, value)
+
+    return execute
+
+
+def _succeeded(task: Task[Any], value: Any) -> Finished:
+    try:
+        encoded = task.returns.encode(value)
+    except InvalidInput as exc:
+        return _failed(exc, retryable=False)
+    if encoded is not None:
+        size = len(dumps(encoded).encode())
+        if size > task.max_result_bytes:
+            big = InvalidInput(f"task {task.name} returned {size:,} bytes as JSON; the "
+                               f"limit is {task.max_result_bytes:,} (max_result_bytes=)")
+            return _failed(big, retryable=False)
+    return Finished(0, result=encoded)
+
+
+__all__ = ["MAX_RESULT_BYTES", "error_of", "executor_for"]
