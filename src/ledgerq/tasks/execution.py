@@ -54,7 +54,10 @@ def _type_name(exc: BaseException) -> str:
 def _failed(exc: BaseException, *, retryable: bool, note: str = "",
             delay: float | None = None) -> Finished:
     detail = f"{type(exc).__name__}: {exc}{note}"
-    return Finished(1, detail[:DETAIL_LIMIT], error=error_of(exc), retryable=retryable,
+    error = error_of(exc)
+    if note:
+        error["message"] = f"{error['message']}{note}"
+    return Finished(1, detail[:DETAIL_LIMIT], error=error, retryable=retryable,
                     retry_delay=delay)
 
 

@@ -74,7 +74,10 @@ class Task(Generic[R]):
             raise InvalidInput(f"@app.task decorates a function, got {fn!r}")
         self.app = app
         self.fn = fn
-        self.name = name if name is not None else f"{fn.__module__}.{fn.__qualname__}"
+        # A function defined inside another (a test, a factory) is named without the
+        # "<locals>" its qualname carries.
+        self.name = name if name is not None else \
+            f"{fn.__module__}.{fn.__qualname__.replace('<locals>.', '')}"
         problem = task_name_problem(self.name)
         if problem is not None:
             raise InvalidInput(f"task name {problem}")
