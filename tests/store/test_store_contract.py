@@ -565,7 +565,8 @@ async def test_queue_scans(db: StateDB) -> None:
               row_values(id="n1", queued_at=0.5, priority=-1),
               row_values(id="o1", queued_at=0.1, priority=9, queue="other")):
         await db.write(lambda tx, r=r: tx.insert_entity(policy, r))
-    page = await db.read(lambda tx: tx.read_claim_page(policy, ANY_KIND, "default", None, 10, **CLAIM))
+    page = await db.read(lambda tx: tx.read_claim_page(
+        policy, ANY_KIND, "default", None, 10, **CLAIM))
     assert [r["id"] for r in page] == ["p5b", "p5a", "q1", "q2", "q3", "n1"]
     page = await db.read(lambda tx: tx.read_claim_page(
         policy, ANY_KIND, "default", (5, 8.0, "p5b"), 2, **CLAIM))

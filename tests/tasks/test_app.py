@@ -7,7 +7,7 @@ import dataclasses
 import enum
 import time
 import uuid
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -107,7 +107,7 @@ async def test_defer_drain_result(db_target: str) -> None:
 async def test_arguments_round_trip_as_their_types(db_target: str) -> None:
     app = make_app(db_target)
     echo = app.tasks["typed.echo"]
-    when = datetime(2026, 12, 6, 12, 30, tzinfo=timezone.utc)
+    when = datetime(2026, 12, 6, 12, 30, tzinfo=UTC)
     key = uuid.uuid4()
     order = Order(id=uuid.uuid4(), total=Decimal("12.50"))
     async with app:
@@ -249,7 +249,7 @@ async def test_a_worker_claims_only_kinds_it_has_code_for(db_target: str) -> Non
 async def test_the_record_vocabulary_still_holds_and_tasks_join_it(tmp_path: Any) -> None:
     app = make_app(str(tmp_path / "v.db"))
     async with app:
-        with pytest.raises(InvalidInput, match="unknown action_kind 'typed.echo'"):
+        with pytest.raises(InvalidInput, match=r"unknown action_kind 'typed\.echo'"):
             await submit_task(app.db, TaskApplication("typed.echo", {}))
         run_id = await submit_task(app.db, TaskApplication("typed.echo", {}),
                                    vocabulary=app.vocabulary)
