@@ -51,6 +51,32 @@ def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 # ----------------------------------------------------------------- README
 
 
+def test_readme_first_example_runs_with_a_real_worker(tmp_path: Path) -> None:
+    """The README's first lines, as a reader runs them: tasks.py, a ``ledgerq worker
+    --app tasks:app`` process, then ``python tasks.py``; Ctrl-C stops the worker cleanly."""
+    import os
+    import signal
+
+    code = block(README, "example: first", "python")
+    assert len(code.splitlines()) <= 16
+    (tmp_path / "tasks.py").write_text(code, encoding="utf-8")
+    assert "ledgerq worker --app tasks:app &" in README.read_text(encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    worker = subprocess.Popen([sys.executable, "-m", "ledgerq", "worker", "--app", "tasks:app",
+                               "--poll-interval", "0.05"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        res = subprocess.run([sys.executable, "tasks.py"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert res.stdout == "cat.png resized to 100px\n"
+    finally:
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert "stopped: 1 completed" in err
+
+
 def test_readme_example_runs(tmp_path: Path) -> None:
     res = run_python(block(README, "example: readme", "python"), tmp_path)
     lines = res.stdout.splitlines()

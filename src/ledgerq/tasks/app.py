@@ -108,7 +108,7 @@ class App:
 
     @property
     def vocabulary(self) -> Vocabulary:
-        """What this app's defers may name: the record's kinds and its tasks."""
+        """What this app's defers may name: the ADR-0071 queue's kinds and its tasks."""
         return Vocabulary(task_kinds=frozenset(self.tasks), targets=self.targets)
 
     def deferred_to(self, queue: str) -> None:
@@ -179,8 +179,8 @@ class App:
 
     def worker(self, *, capacity: int = 8, queues: Iterable[str] | None = None,
                **options: Any) -> Worker:
-        """A :class:`~ledgerq.queue.Worker` serving this app's tasks (and the record's
-        kinds it can run); ``await worker.run()``. ``queues`` default: every queue the
+        """A :class:`~ledgerq.queue.Worker` serving this app's tasks (and the ADR-0071
+        queue's kinds it can run); ``await worker.run()``. ``queues`` default: every queue the
         app's tasks name."""
         from ledgerq.queue.worker.service import Worker
 

@@ -80,6 +80,8 @@ class LoopThread:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
+            if future.done():  # the coroutine's own TimeoutError (the same class)
+                raise
             future.cancel()
             raise TimeoutError(f"{what} did not finish within {timeout} s") from None
 

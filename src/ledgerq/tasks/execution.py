@@ -70,6 +70,8 @@ def executor_for(task: Task[Any], pool: Executor | None = None) -> ExecuteFn:
         except InvalidInput as exc:
             # The function changed since the defer: no attempt can decode them.
             return _failed(exc, retryable=False)
+        if task.isolation == "process":
+            return await in_child(task, kwargs)
         try:
             if task.is_async:
                 value = await task.fn(**kwargs)
@@ -77,18 +79,46 @@ def executor_for(task: Task[Any], pool: Executor | None = None) -> ExecuteFn:
                 loop = asyncio.get_running_loop()
                 call = functools.partial(contextvars.copy_context().run, task.fn, **kwargs)
                 value = await loop.run_in_executor(pool, call)
-        except Retry as exc:
-            if task.retry is None:
-                return _failed(exc, retryable=False,
-                               note=" (the task has no retry policy: give it retry=)")
-            return _failed(exc, retryable=True, delay=exc.delay)
-        except Fail as exc:
-            return _failed(exc, retryable=False)
         except Exception as exc:
-            return _failed(exc, retryable=task.retries(exc))
+            return raised(task, exc)
         return _succeeded(task, value)
 
     return execute
+
+
+def raised(task: Task[Any], exc: Exception) -> Finished:
+    """The end of a run whose function raised ``exc``: retried as it and the task say."""
+    if isinstance(exc, Retry):
+        if task.retry is None:
+            return _failed(exc, retryable=False,
+                           note=" (the task has no retry policy: give it retry=)")
+        return _failed(exc, retryable=True, delay=exc.delay)
+    if isinstance(exc, Fail):
+        return _failed(exc, retryable=False)
+    return _failed(exc, retryable=task.retries(exc))
+
+
+def run_here(task: Task[Any], kwargs: dict[str, Any]) -> Finished:
+    """The function called in this thread, to its end (a child process's whole work)."""
+    try:
+        value = task.fn(**kwargs)
+    except Exception as exc:
+        return raised(task, exc)
+    return _succeeded(task, value)
+
+
+async def in_child(task: Task[Any], kwargs: dict[str, Any]) -> Finished:
+    """The function run in a child process of its own, which a timeout or a cancel kills
+    (SIGKILL): a thread cannot be stopped, a process can.
+
+    The child imports the task by its module and attribute (it is declared at module
+    level: checked when it is declared) and sends back the run's end, already a plain
+    tuple; a child that dies without one (killed, crashed, out of memory) is a failure
+    its retry policy may try again.
+    """
+    from ledgerq.tasks import isolation
+
+    return await isolation.run_in_child(task, kwargs)
 
 
 def _succeeded(task: Task[Any], value: Any) -> Finished:

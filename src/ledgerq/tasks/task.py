@@ -10,9 +10,11 @@ idempotency key.
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from ledgerq.durations import check_instant, check_span
@@ -51,6 +53,21 @@ class DeferOptions:
     depends_on: Sequence[str] = ()
 
 
+def module_name(fn: Callable[..., Any]) -> str:
+    """The module ``fn`` is imported from by a worker: for a script run as ``python
+    tasks.py`` (``__main__``), the name its file is imported by (``tasks``), so the
+    script that defers and the worker that loads ``--app tasks:app`` agree on the names."""
+    module = getattr(fn, "__module__", None) or "__main__"
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return str(spec.name)
+    path = getattr(main, "__file__", None)
+    return Path(path).stem if path else module
+
+
 def _exceptions(value: object, what: str) -> tuple[type[BaseException], ...]:
     items = value if isinstance(value, tuple | list) else (value,)
     for item in items:
@@ -74,10 +91,11 @@ class Task(Generic[R]):
             raise InvalidInput(f"@app.task decorates a function, got {fn!r}")
         self.app = app
         self.fn = fn
+        module = module_name(fn)
         # A function defined inside another (a test, a factory) is named without the
         # "<locals>" its qualname carries.
         self.name = name if name is not None else \
-            f"{fn.__module__}.{fn.__qualname__.replace('<locals>.', '')}"
+            f"{module}.{fn.__qualname__.replace('<locals>.', '')}"
         problem = task_name_problem(self.name)
         if problem is not None:
             raise InvalidInput(f"task name {problem}")
@@ -89,6 +107,11 @@ class Task(Generic[R]):
             raise InvalidInput(f"task {self.name}: isolation='process' runs a sync function "
                                "in a child process; this one is async")
         self.isolation: Isolation = isolation
+        #: (module, attribute) a child process imports it by.
+        self.location = (module, fn.__qualname__)
+        if isolation == "process" and "<locals>" in fn.__qualname__:
+            raise InvalidInput(f"task {self.name}: isolation='process' needs a function "
+                               "declared at module level, which a child process can import")
         self.queue = check_queue(queue if queue is not None else app.default_queue,
                                  f"task {self.name}: queue")
         self.priority = check_priority(priority, f"task {self.name}: priority")

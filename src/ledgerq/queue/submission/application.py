@@ -120,8 +120,8 @@ def queue_name_problem(name: object) -> str | None:
 
 
 def task_name_problem(name: object) -> str | None:
-    """Why ``name`` cannot name a task, or None. The record's kinds are taken: a task
-    named ``command`` would be run by the launcher."""
+    """Why ``name`` cannot name a task, or None. The ADR-0071 queue's kinds are taken: a
+    task named ``command`` would be run by the launcher."""
     if not isinstance(name, str):
         return f"must be a string, got {type(name).__name__}"
     if len(name) > MAX_TASK_NAME_LENGTH:

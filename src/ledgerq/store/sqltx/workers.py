@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.lifecycle.store import Row
 from ledgerq.store.sqltx.base import PRIORITY_COLUMN, QUEUE_COLUMN, SLOT_COLUMN, SqlBase
 
-if TYPE_CHECKING:
-    from ledgerq.queue.worker.store import Kinds
+#: Which action kinds a claim takes: (names, only): only those names, or all but them
+#: (the queue's ``Kinds``).
+KindFilter = tuple[tuple[str, ...], bool]
 
 
 class WorkerOps(SqlBase):
@@ -34,7 +34,7 @@ class WorkerOps(SqlBase):
         row = self.execute(self.q("read_worker_stop_request"), (worker_id,)).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
-    def read_claim_page(self, policy: EntityPolicy, kinds: Kinds, queue: str,
+    def read_claim_page(self, policy: EntityPolicy, kinds: KindFilter, queue: str,
                         after: tuple[int, float, str] | None, limit: int, *,
                         columns: tuple[str, ...], default_queue: str) -> list[Row]:
         if QUEUE_COLUMN not in policy.columns or PRIORITY_COLUMN not in policy.columns:
@@ -56,7 +56,7 @@ class WorkerOps(SqlBase):
         return rows + self._claim_rows(policy, "claim_below", kinds, columns,
                                        (queue, *below), limit - len(rows), bounded=bool(below))
 
-    def _claim_rows(self, policy: EntityPolicy, name: str, kinds: Kinds,
+    def _claim_rows(self, policy: EntityPolicy, name: str, kinds: KindFilter,
                     columns: tuple[str, ...], keys: Sequence[object], limit: int, *,
                     bounded: bool = False) -> list[Row]:
         names, only = kinds
