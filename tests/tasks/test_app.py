@@ -316,3 +316,35 @@ async def test_memory_database_in_test_mode() -> None:
         assert await app.drain() == 6
         assert await run.result() == 5
         assert (await list_runs(app.db, statuses=["completed"])).total == 6
+
+
+async def test_each_run_is_logged_and_a_loop_blocking_task_is_named(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    app = App(str(tmp_path / "log.db"))
+
+    @app.task(name="log.ok")
+    def ok() -> int:
+        return 1
+
+    @app.task(name="log.boom")
+    def boom() -> None:
+        raise RuntimeError("kaboom")
+
+    @app.task(name="log.blocks")
+    async def blocks() -> None:
+        time.sleep(0.4)  # a blocking call in async code: it holds the worker's loop
+
+    caplog.set_level(logging.INFO, logger="ledgerq.worker")
+    async with app:
+        for task in (ok, boom, blocks):
+            await task.defer_async()
+        await app.drain()
+    lines = [r.getMessage() for r in caplog.records if r.name == "ledgerq.worker"]
+    assert any("start task=log.ok queue=default attempt=1" in line for line in lines)
+    assert any("end task=log.ok" in line and "outcome=completed" in line for line in lines)
+    failed = next(r for r in caplog.records if "end task=log.boom" in r.getMessage())
+    assert failed.levelname == "WARNING" and 'raise RuntimeError("kaboom")' in failed.getMessage()
+    blocked = next(r for r in caplog.records if "blocked the event loop" in r.getMessage())
+    assert "log.blocks" in blocked.getMessage() and blocked.levelname == "WARNING"

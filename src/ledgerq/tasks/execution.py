@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import logging
+import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,10 @@ if TYPE_CHECKING:
 MAX_RESULT_BYTES = 1024 * 1024
 #: How much of a failure's traceback is kept (its end: the frame that raised).
 TRACEBACK_LIMIT = 16 * 1024
+#: An async task's step that holds the loop longer than this is logged (see Watched).
+BLOCKING_STEP_SECONDS = 0.25
+
+log = logging.getLogger("ledgerq.worker")
 
 ExecuteFn = Callable[[dict[str, Any]], Awaitable[Finished]]
 
@@ -74,7 +80,7 @@ def executor_for(task: Task[Any], pool: Executor | None = None) -> ExecuteFn:
             return await in_child(task, kwargs)
         try:
             if task.is_async:
-                value = await task.fn(**kwargs)
+                value = await Watched(task.fn(**kwargs), task.name, run.get("id"))
             else:
                 loop = asyncio.get_running_loop()
                 call = functools.partial(contextvars.copy_context().run, task.fn, **kwargs)
@@ -84,6 +90,42 @@ def executor_for(task: Task[Any], pool: Executor | None = None) -> ExecuteFn:
         return _succeeded(task, value)
 
     return execute
+
+
+class Watched:
+    """An async task's coroutine, each step timed: a step that holds the event loop longer
+    than :data:`BLOCKING_STEP_SECONDS` (a blocking call in async code) is logged by the
+    task's name with how long it held it, since every other run and every lease renewal
+    of the worker waited that long."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], name: str, run_id: object) -> None:
+        self.coro, self.name, self.run_id = coro, name, run_id
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value, error = self.coro, None, None
+        while True:
+            started = time.perf_counter()
+            try:
+                step = coro.throw(error) if error is not None else coro.send(value)
+            except StopIteration as stop:
+                self._timed(started)
+                return stop.value
+            except BaseException:
+                self._timed(started)
+                raise
+            self._timed(started)
+            try:
+                value, error = (yield step), None
+            except BaseException as exc:  # a cancel, thrown into the task where it waits
+                value, error = None, exc
+
+    def _timed(self, started: float) -> None:
+        held = time.perf_counter() - started
+        if held > BLOCKING_STEP_SECONDS:
+            log.warning("task %s (run %s) blocked the event loop for %.2fs without "
+                        "awaiting: every other run and lease renewal of this worker "
+                        "waited; await non-blocking calls, or declare the task sync (it "
+                        "then runs on a thread)", self.name, self.run_id, held)
 
 
 def raised(task: Task[Any], exc: Exception) -> Finished:

@@ -166,6 +166,8 @@ async def record_outcomes(db: Database[WorkerTx], policy: EntityPolicy, ended: S
     if writes:
         wakeup.notify(db.path, wakeup.ENDED)
     out: list[str | Exception] = []
+    if log.isEnabledFor(logging.WARNING):
+        _log_ends(ended, planned, ctx)
     for end, plan in zip(ended, planned, strict=True):
         if isinstance(plan, Exception):
             out.append(plan)
@@ -178,6 +180,30 @@ async def record_outcomes(db: Database[WorkerTx], policy: EntityPolicy, ended: S
         else:
             out.append(await _conflicted(db, end.run, end.lease, plan.to_state))
     return out
+
+
+def _log_ends(ended: Sequence[Ended], planned: Sequence[MoveTerms | Exception],
+              ctx: RunContext) -> None:
+    """One line per run's end (INFO), and a failure's traceback (WARNING): what a worker
+    embedded in an application reports through its logging."""
+    now, info = ctx.clock(), log.isEnabledFor(logging.INFO)
+    for end, plan in zip(ended, planned, strict=True):
+        run, outcome = end.run, end.outcome
+        error = outcome.error
+        if not info and error is None:
+            continue
+        claimed = run.get("lease_expires_at")
+        took = now - (claimed - ctx.lease_ttl) if isinstance(claimed, float) else 0.0
+        state = plan.to_state if isinstance(plan, MoveTerms) else "error"
+        line = (f"run {run['id']} end task={run.get('action_kind')} "
+                f"queue={run.get('queue', 'default')} "
+                f"attempt={int(run.get('run_attempts') or 0) + 1} duration={took:.3f}s "
+                f"outcome={state}")
+        if error is not None:
+            log.warning("%s: %s: %s\n%s", line, error.get("type"), error.get("message"),
+                        error.get("traceback", ""))
+        else:
+            log.info("%s%s", line, f": {outcome.detail}" if outcome.detail else "")
 
 
 def _planned(policy: EntityPolicy, end: Ended, ctx: RunContext) -> MoveTerms:

@@ -248,6 +248,9 @@ def _begin_executor(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str,
                     ctx: RunContext) -> Ended | Coroutine[Any, Any, str]:
     """The executor's first step, taken at once (see :func:`_start`)."""
     started = ctx.clock()
+    if log.isEnabledFor(logging.INFO):
+        log.info("run %s start task=%s queue=%s attempt=%d", run["id"], run["action_kind"],
+                 run.get("queue", "default"), int(run.get("run_attempts") or 0) + 1)
     # The executor's context is a copy, capture included: what it launches fills the
     # capture, and what it sets stays its own.
     capture = OutputCapture(ctx.output_tail)
