@@ -120,6 +120,22 @@ def _start_time(delay: str | None, at: str | None) -> float | None:
         die(str(exc))
 
 
+async def _typed_task(db: Any, application: Any) -> Any:
+    """``application`` of a recorded task kind, its text arguments typed by the recorded
+    parameters; an unrecorded kind is refused naming the kinds there are."""
+    from dataclasses import replace
+
+    from ledgerq.queue.submission import task_kinds
+
+    kind = application.action_kind
+    known = await task_kinds.recorded(db)
+    if kind not in known:
+        names = ", ".join(sorted(known)[:10]) or "none recorded"
+        die(f"unknown action_kind {kind!r}: not one of the ADR-0071 queue's kinds, and no "
+            f"app recorded a task of that name in this database (tasks: {names})")
+    return replace(application, args=known[kind].coerce(application.args))
+
+
 @app.command()
 def submit(
     ctx: typer.Context,
@@ -189,7 +205,13 @@ def submit(
     json_out: JsonOption = False,
 ) -> None:
     """Submit one task; prints its run id. Validated exactly like submit_task()."""
-    from ledgerq.queue.submission.application import RetryPolicy, TaskApplication, validate
+    from ledgerq.queue.submission.application import (
+        ACTION_ALIASES,
+        ACTION_KINDS,
+        RetryPolicy,
+        TaskApplication,
+        validate,
+    )
 
     args = task_args(kind, command, argv, args_json, arg)
     retry = None
@@ -218,16 +240,23 @@ def submit(
         timeout_seconds=timeout, depends_on=tuple(depends_on or ()), not_before=not_before,
         priority=priority, queue=queue,
     )
-    try:
-        validate(application)
-    except (ValueError, TypeError) as exc:
-        die(str(exc))
+    # A kind outside the ADR-0071 queue's is a Python task its app recorded in the
+    # database: checked (and its text arguments typed) against what was recorded there.
+    is_task = kind not in ACTION_KINDS and kind not in ACTION_ALIASES
+    if not is_task:
+        try:
+            validate(application)
+        except (ValueError, TypeError) as exc:
+            die(str(exc))
     path = db_path(ctx, db)
 
     async def go() -> tuple[str, str]:
         from ledgerq.queue.submission.submit import submit_task
 
-        async with open_db(ctx, path, must_exist=False) as handle:
+        nonlocal application
+        async with open_db(ctx, path, must_exist=is_task) as handle:
+            if is_task:
+                application = await _typed_task(handle, application)
             try:
                 run_id = await submit_task(handle, application)
             except ValueError as exc:

@@ -37,8 +37,10 @@ Normal = dict[str, Any]
 #: 4: ``ledgerq archive`` (``ledgerq_archives``, ``ledgerq_archive_batch``, and the log's
 #: DELETE guard admitting the archive's listed entities) and ``workers.queues``; opening
 #: an older one replaces its guard and adds the column. 5: on PostgreSQL, a run entering
-#: ``queued`` notifies listening workers by trigger (``ledgerq_claimable``).
-SCHEMA_VERSION = 5
+#: ``queued`` notifies listening workers by trigger (``ledgerq_claimable``). 6: Python
+#: tasks: ``task_kinds`` (each app's task names and their parameters' JSON Schema) and
+#: ``workers.kinds`` (the action kinds each worker serves).
+SCHEMA_VERSION = 6
 #: Ids a refusal names at most: enough to find the rows, short enough to read.
 SAMPLE_IDS = 5
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from ledgerq.durations import MAX_EPOCH
 from ledgerq.errors import InvalidInput
 from ledgerq.queue.moves import DEFAULT_QUEUE
+from ledgerq.queue.submission import task_kinds
 from ledgerq.queue.submission.application import (
     DEFAULT_TARGET,
     EXECUTION_TARGETS,
@@ -26,6 +27,7 @@ from ledgerq.queue.submission.application import (
     Vocabulary,
     check_queue,
 )
+from ledgerq.queue.submission.task_kinds import TaskKind
 from ledgerq.tasks.bridge import LoopThread
 from ledgerq.tasks.execution import MAX_RESULT_BYTES, executor_for
 from ledgerq.tasks.task import Isolation, Task
@@ -129,9 +131,19 @@ class App:
         return self._db
 
     async def open(self) -> App:
+        """Open the database, and record this app's tasks in it (their names and their
+        parameters' JSON Schema: what the command line and the HTTP API check a
+        submission of them against)."""
         if not self.db.is_open:
             await self.db.open()
+            await self.record_tasks(self.db)
         return self
+
+    async def record_tasks(self, db: StateDB) -> None:
+        if not db.readonly and self.tasks:
+            await task_kinds.record(db, [
+                TaskKind(name, task.arguments.json_schema(), task.returns.json_schema(),
+                         task.queue) for name, task in self.tasks.items()])
 
     async def close(self) -> None:
         """Close the async handle; the sync side stays until :meth:`close_sync`."""
@@ -150,6 +162,7 @@ class App:
         if self._sync_db is None:
             db = self._new_db()
             await db.open()
+            await self.record_tasks(db)
             self._sync_db = db
         return self._sync_db
 

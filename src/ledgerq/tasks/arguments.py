@@ -140,6 +140,10 @@ class TaskResult:
             raise InvalidInput(f"task {self.name} returned {type(value).__name__}, which "
                                f"is not its declared return type: {exc}") from None
 
+    def json_schema(self) -> dict[str, Any] | None:
+        """The return value's JSON Schema (None for a task that returns nothing)."""
+        return None if self.returns_none else self.adapter.json_schema()
+
     def decode(self, stored: Any) -> Any:
         """The stored JSON back as the declared return type."""
         return None if self.returns_none else self.adapter.validate_python(stored)

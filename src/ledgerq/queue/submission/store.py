@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ledgerq.lifecycle.store import Row
@@ -16,6 +17,14 @@ class SubmissionTx(SharedTx, Protocol):
 
     def find_run_by_idempotency_key(self, policy: EntityPolicy, key: str) -> Row | None:
         """``id`` and ``application_digest`` of the run submitted under ``key``."""
+
+    def read_task_kinds(self, names: Sequence[str] | None = None) -> list[Row]:
+        """``name``, ``parameters`` (JSON Schema text), ``returns``, ``queue`` and
+        ``recorded_at`` of the recorded task kinds among ``names`` (None: all), by name."""
+
+    def record_task_kinds(self, kinds: Sequence[tuple[str, str, str | None, str | None, float]]
+                          ) -> None:
+        """Insert or replace each ``(name, parameters, returns, queue, recorded_at)``."""
 
     def notify_claimable(self) -> None:
         """Tell workers of other processes and hosts that a row may have become claimable

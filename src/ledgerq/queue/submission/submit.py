@@ -6,6 +6,7 @@ import functools
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import dumps
@@ -19,10 +20,13 @@ from ledgerq.queue import moves
 from ledgerq.queue.capabilities import host_scoped_concurrency_key
 from ledgerq.queue.moves import DEFAULT_QUEUE, PRIORITY_COLUMN, QUEUE_COLUMN
 from ledgerq.queue.runs import perform, resolve_dependents, run_policy
-from ledgerq.queue.submission import joined
+from ledgerq.queue.submission import joined, task_kinds
 from ledgerq.queue.submission.application import (
+    ACTION_ALIASES,
+    ACTION_KINDS,
     DEFAULT_LIMITS,
     MESSAGE_ITEMS,
+    RECORD_VOCABULARY,
     SubmitLimits,
     TaskApplication,
     Vocabulary,
@@ -215,6 +219,7 @@ async def submit_many(db: Database[SubmissionTx], apps: Sequence[TaskApplication
     message starts with the application's index when the batch holds more than one.
     """
     checked = DEFAULT_LIMITS if limits is None else limits
+    vocabulary = await _with_recorded_kinds(db, apps, vocabulary)
     normalized: list[TaskApplication] = []
     texts: list[str | None] = []
     for i, a in enumerate(apps):
@@ -249,6 +254,32 @@ async def submit_many(db: Database[SubmissionTx], apps: Sequence[TaskApplication
                              alone=plain and len(normalized) == 1)
     wakeup.notify(db.path)
     return ids
+
+
+async def _with_recorded_kinds(db: Database[SubmissionTx], apps: Sequence[TaskApplication],
+                               vocabulary: Vocabulary | None) -> Vocabulary | None:
+    """``vocabulary`` plus the recorded task kinds the applications name, each
+    application's args checked against its kind's recorded parameters (InvalidInput
+    naming the argument). Kinds the vocabulary knows cost no read."""
+    words = RECORD_VOCABULARY if vocabulary is None else vocabulary
+    unknown = {a.action_kind for a in apps if isinstance(a.action_kind, str)
+               and a.action_kind not in ACTION_KINDS and a.action_kind not in ACTION_ALIASES
+               and a.action_kind not in words.task_kinds}
+    if not unknown:
+        return vocabulary
+    kinds = await task_kinds.recorded(db, sorted(unknown))
+    if not kinds:
+        return vocabulary
+    for i, a in enumerate(apps):
+        kind = kinds.get(a.action_kind)
+        if kind is not None and isinstance(a.args, dict):
+            try:
+                kind.check(a.args)
+            except InvalidInput as exc:
+                if len(apps) == 1:
+                    raise
+                raise InvalidInput(f"apps[{i}]: {exc}") from exc
+    return replace(words, task_kinds=words.task_kinds | frozenset(kinds))
 
 
 def _joinable(app: TaskApplication) -> bool:

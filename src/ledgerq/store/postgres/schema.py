@@ -71,6 +71,14 @@ CREATE TABLE IF NOT EXISTS ledgerq_archive_batch (
   entity_id   text NOT NULL,
   PRIMARY KEY (entity_type, entity_id)
 );
+-- Python tasks an app declared (see the SQLite twin).
+CREATE TABLE IF NOT EXISTS task_kinds (
+  name        text PRIMARY KEY,
+  parameters  jsonb NOT NULL,
+  returns     jsonb,
+  queue       text,
+  recorded_at double precision NOT NULL
+);
 CREATE OR REPLACE FUNCTION status_transitions_append_only() RETURNS trigger
   LANGUAGE plpgsql AS $$
 BEGIN
@@ -104,7 +112,8 @@ CREATE TABLE IF NOT EXISTS workers (
   pid                     bigint,
   started_at              double precision,
   stop_requested_at       double precision,
-  queues                  jsonb
+  queues                  jsonb,
+  kinds                   jsonb
 );
 CREATE INDEX IF NOT EXISTS idx_workers_leased_run
   ON workers(leased_run_id) WHERE leased_run_id IS NOT NULL;
@@ -132,6 +141,7 @@ CREATE OR REPLACE TRIGGER ledgerq_claimable
 WORKERS_UPGRADE = """
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS stop_requested_at double precision;
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS queues jsonb;
+ALTER TABLE workers ADD COLUMN IF NOT EXISTS kinds jsonb;
 """
 
 

@@ -9,3 +9,16 @@ SELECT id, application_digest FROM {table} WHERE idempotency_key = %s
 -- name: notify_claimable
 -- Delivered at commit, once per transaction (PostgreSQL folds equal notifications).
 SELECT pg_notify('ledgerq_claimable', '')
+
+-- name: read_task_kinds
+SELECT name, parameters, returns, queue, recorded_at FROM task_kinds
+WHERE name IN ({marks}) ORDER BY name
+
+-- name: read_all_task_kinds
+SELECT name, parameters, returns, queue, recorded_at FROM task_kinds ORDER BY name
+
+-- name: record_task_kind
+INSERT INTO task_kinds (name, parameters, returns, queue, recorded_at)
+VALUES (%s, %s, %s, %s, %s)
+ON CONFLICT (name) DO UPDATE SET parameters = excluded.parameters,
+  returns = excluded.returns, queue = excluded.queue, recorded_at = excluded.recorded_at

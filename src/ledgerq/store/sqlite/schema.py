@@ -64,6 +64,15 @@ CREATE TABLE IF NOT EXISTS ledgerq_archive_batch (
   entity_id   TEXT NOT NULL,
   PRIMARY KEY (entity_type, entity_id)
 );
+-- Python tasks an app declared, recorded when it opens the database: submissions that
+-- name one are checked against its parameters' JSON Schema without the app's code.
+CREATE TABLE IF NOT EXISTS task_kinds (
+  name        TEXT PRIMARY KEY,
+  parameters  JSON NOT NULL,
+  returns     JSON,
+  queue       TEXT,
+  recorded_at REAL NOT NULL
+);
 """
 
 #: The log's DELETE guard (schema version 4: it admits the archive's listed entities).
@@ -89,7 +98,8 @@ CREATE TABLE IF NOT EXISTS workers (
   pid                     INTEGER,
   started_at              REAL,
   stop_requested_at       REAL,
-  queues                  JSON
+  queues                  JSON,
+  kinds                   JSON
 );
 -- The foreign key's child side: deleting a run (rebuild) looks up referencing workers.
 CREATE INDEX IF NOT EXISTS idx_workers_leased_run
@@ -100,7 +110,8 @@ CREATE INDEX IF NOT EXISTS idx_workers_leased_run
 #: made by an older version (CREATE TABLE IF NOT EXISTS leaves it as it is) gets them in
 #: the migration of the open that finds the older schema version recorded.
 WORKERS_ADDED = {"stop_requested_at": "ALTER TABLE workers ADD COLUMN stop_requested_at REAL",
-                 "queues": "ALTER TABLE workers ADD COLUMN queues JSON"}
+                 "queues": "ALTER TABLE workers ADD COLUMN queues JSON",
+                 "kinds": "ALTER TABLE workers ADD COLUMN kinds JSON"}
 
 
 def upgrade_workers(conn: sqlite3.Connection) -> None:
