@@ -48,7 +48,7 @@ async def test_an_app_records_its_tasks_and_other_programs_submit_them(db_target
                                "argument 'retries': must be integer")):
             with pytest.raises(InvalidInput, match=problem):
                 await submit_task(db, TaskApplication("email.send", args))
-        with pytest.raises(InvalidInput, match="unknown action_kind 'email.sen'"):
+        with pytest.raises(InvalidInput, match=r"unknown action_kind 'email\.sen'"):
             await submit_task(db, TaskApplication("email.sen", {}))
         assert (await list_runs(db)).total == 1
     # The app's worker runs what the other program submitted.
