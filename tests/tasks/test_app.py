@@ -249,7 +249,10 @@ async def test_a_worker_claims_only_kinds_it_has_code_for(db_target: str) -> Non
 async def test_the_record_vocabulary_still_holds_and_tasks_join_it(tmp_path: Any) -> None:
     app = make_app(str(tmp_path / "v.db"))
     async with app:
-        with pytest.raises(InvalidInput, match=r"unknown action_kind 'typed\.echo'"):
+        with pytest.raises(InvalidInput, match=r"unknown action_kind 'typed\.ech'"):
+            await submit_task(app.db, TaskApplication("typed.ech", {}))
+        # Recorded when the app opened: checked against its parameters without the code.
+        with pytest.raises(InvalidInput, match="missing argument 'when'"):
             await submit_task(app.db, TaskApplication("typed.echo", {}))
         run_id = await submit_task(app.db, TaskApplication("typed.echo", {}),
                                    vocabulary=app.vocabulary)
@@ -348,3 +351,69 @@ async def test_each_run_is_logged_and_a_loop_blocking_task_is_named(
     assert failed.levelname == "WARNING" and 'raise RuntimeError("kaboom")' in failed.getMessage()
     blocked = next(r for r in caplog.records if "blocked the event loop" in r.getMessage())
     assert "log.blocks" in blocked.getMessage() and blocked.levelname == "WARNING"
+
+
+async def test_a_timeout_records_what_really_happened(tmp_path: Any) -> None:
+    app = App(str(tmp_path / "timeouts.db"))
+    returned: list[str] = []
+
+    @app.task(name="slow.sync", timeout=0.3)
+    def slow_sync() -> None:
+        time.sleep(1.0)  # no thread can be stopped: this one runs to its end
+        returned.append("thread")
+
+    @app.task(name="slow.async", timeout=0.3)
+    async def slow_async() -> None:
+        await asyncio.sleep(30)
+
+    async with app:
+        in_thread = await slow_sync.defer_async()
+        on_loop = await slow_async.defer_async()
+        await app.drain()
+        # The drain's slot for the thread stayed taken until the thread returned.
+        assert returned == ["thread"]
+        thread_row = await get_run(app.db, in_thread.id)
+        loop_row = await get_run(app.db, on_loop.id)
+    assert thread_row["status"] == loop_row["status"] == "timed_out"
+    assert "the thread could not be stopped" in thread_row["error_detail"]
+    assert loop_row["error_detail"] == "timed out after 0.3s; cancelled"
+
+
+async def test_hooks_see_each_run_start_and_end(tmp_path: Any,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    app = App(str(tmp_path / "hooks.db"))
+    seen: list[tuple[str, Any]] = []
+
+    @app.task(name="hooked.ok")
+    def ok(n: int) -> int:
+        return n + 1
+
+    @app.task(name="hooked.bad")
+    async def bad() -> None:
+        raise ValueError("nope")
+
+    @app.on_started
+    def started(run: dict[str, Any]) -> None:
+        seen.append(("started", run["action_kind"]))
+
+    @app.on_succeeded
+    async def succeeded(run: dict[str, Any], value: Any) -> None:
+        seen.append(("succeeded", value))
+
+    @app.on_failed
+    def failed(run: dict[str, Any], exc: BaseException) -> None:
+        seen.append(("failed", type(exc).__name__))
+
+    @app.on_started
+    def broken(run: dict[str, Any]) -> None:
+        raise RuntimeError("a broken hook")
+
+    async with app:
+        ran = await ok.defer_async(n=1)
+        await app.drain()
+        await bad.defer_async()
+        await app.drain()
+        assert await ran.result() == 2  # the broken hook changed nothing
+    assert seen == [("started", "hooked.ok"), ("succeeded", 2),
+                    ("started", "hooked.bad"), ("failed", "ValueError")]
+    assert any("a broken hook" in r.getMessage() or r.exc_info for r in caplog.records)

@@ -48,6 +48,8 @@ RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
     "ledgerq_archives", "ledgerq_archive_batch",
     # PostgreSQL's wake-up: the trigger on the runs table and its function.
     "ledgerq_claimable", "ledgerq_notify_claimable",
+    # Python tasks an app recorded (and PostgreSQL's name for its primary key).
+    "task_kinds", "task_kinds_pkey",
 })
 ACTOR_TYPES: frozenset[str] = frozenset(get_args(ActorType))
 

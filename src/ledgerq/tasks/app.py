@@ -30,6 +30,7 @@ from ledgerq.queue.submission.application import (
 from ledgerq.queue.submission.task_kinds import TaskKind
 from ledgerq.tasks.bridge import LoopThread
 from ledgerq.tasks.execution import MAX_RESULT_BYTES, executor_for
+from ledgerq.tasks.hooks import Hooks
 from ledgerq.tasks.task import Isolation, Task
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from ledgerq.store.db import StateDB, Synchronous
 
 F = TypeVar("F", bound=Callable[..., Any])
+H = TypeVar("H", bound=Callable[..., Any])
 
 #: Threads for sync tasks when no worker sized the pool (a drain).
 DEFAULT_THREADS = 8
@@ -74,6 +76,8 @@ class App:
         self._db: StateDB | None = None
         self._sync_db: StateDB | None = None
         self._pool: ThreadPoolExecutor | None = None
+        #: Functions called as each run of this app's tasks starts and ends.
+        self.hooks = Hooks()
 
     def __repr__(self) -> str:
         return f"<App {self.target!s} tasks={len(self.tasks)}>"
@@ -107,6 +111,22 @@ class App:
             return task
 
         return declare if fn is None else declare(fn)
+
+    def on_started(self, hook: H) -> H:
+        """Register ``hook(run)``, called in the worker as each run starts."""
+        self.hooks.started.append(hook)
+        return hook
+
+    def on_succeeded(self, hook: H) -> H:
+        """Register ``hook(run, value)``, called with the return value as a run completes."""
+        self.hooks.succeeded.append(hook)
+        return hook
+
+    def on_failed(self, hook: H) -> H:
+        """Register ``hook(run, exception)``, called as a run fails, times out or is
+        stopped (before a retry too)."""
+        self.hooks.failed.append(hook)
+        return hook
 
     @property
     def vocabulary(self) -> Vocabulary:
@@ -188,7 +208,7 @@ class App:
     def executors(self, threads: int = DEFAULT_THREADS) -> Mapping[str, ExecuteFn]:
         """Task name -> the worker's executor for it (an adapter of its kind)."""
         pool = self.pool(threads)
-        return {name: executor_for(task, pool) for name, task in self.tasks.items()}
+        return {name: executor_for(task, pool, self.hooks) for name, task in self.tasks.items()}
 
     def worker(self, *, capacity: int = 8, queues: Iterable[str] | None = None,
                **options: Any) -> Worker:

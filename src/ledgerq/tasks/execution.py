@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any
 from ledgerq.codec import dumps
 from ledgerq.errors import InvalidInput
 from ledgerq.queue.worker.finished import Finished
+from ledgerq.queue.worker.launcher import current_capture, stops_by
 from ledgerq.queue.worker.outcomes import DETAIL_LIMIT
 from ledgerq.tasks.control import Fail, Retry
+from ledgerq.tasks.hooks import Hooks
 
 if TYPE_CHECKING:
     from ledgerq.tasks.task import Task
@@ -64,32 +66,50 @@ def _failed(exc: BaseException, *, retryable: bool, note: str = "",
     if note:
         error["message"] = f"{error['message']}{note}"
     return Finished(1, detail[:DETAIL_LIMIT], error=error, retryable=retryable,
-                    retry_delay=delay)
+                    retry_delay=delay, exception=exc)
 
 
-def executor_for(task: Task[Any], pool: Executor | None = None) -> ExecuteFn:
-    """The worker's executor for ``task``'s runs; sync functions run in ``pool``."""
+def executor_for(task: Task[Any], pool: Executor | None = None,
+                 hooks: Hooks | None = None) -> ExecuteFn:
+    """The worker's executor for ``task``'s runs; sync functions run in ``pool``;
+    ``hooks`` are called as each run starts and ends."""
 
     async def execute(run: dict[str, Any]) -> Finished:
+        if not hooks:
+            return await _execute(task, run, pool)
+        await hooks.call("started", run)
         try:
-            kwargs = task.arguments.decode(run.get("action_args") or {})
-        except InvalidInput as exc:
-            # The function changed since the defer: no attempt can decode them.
-            return _failed(exc, retryable=False)
-        if task.isolation == "process":
-            return await in_child(task, kwargs)
-        try:
-            if task.is_async:
-                value = await Watched(task.fn(**kwargs), task.name, run.get("id"))
-            else:
-                loop = asyncio.get_running_loop()
-                call = functools.partial(contextvars.copy_context().run, task.fn, **kwargs)
-                value = await loop.run_in_executor(pool, call)
-        except Exception as exc:
-            return raised(task, exc)
-        return _succeeded(task, value)
+            finished = await _execute(task, run, pool)
+        except BaseException as exc:  # cancelled (timeout, shutdown, lease lost)
+            await hooks.call("failed", run, exc)
+            raise
+        if finished.exit_code == 0:
+            await hooks.call("succeeded", run, task.returns.decode(finished.result))
+        else:
+            await hooks.call("failed", run, finished.exception or RuntimeError(
+                finished.detail))
+        return finished
 
     return execute
+
+
+async def _execute(task: Task[Any], run: dict[str, Any], pool: Executor | None) -> Finished:
+    try:
+        kwargs = task.arguments.decode(run.get("action_args") or {})
+    except InvalidInput as exc:
+        # The function changed since the defer: no attempt can decode them.
+        return _failed(exc, retryable=False)
+    if task.isolation == "process":
+        return await in_child(task, kwargs)
+    try:
+        if task.is_async:
+            stops_by("cancelled")
+            value = await Watched(task.fn(**kwargs), task.name, run.get("id"))
+        else:
+            value = await _on_thread(task, kwargs, pool)
+    except Exception as exc:
+        return raised(task, exc)
+    return _succeeded(task, value)
 
 
 class Watched:
@@ -126,6 +146,24 @@ class Watched:
                         "awaiting: every other run and lease renewal of this worker "
                         "waited; await non-blocking calls, or declare the task sync (it "
                         "then runs on a thread)", self.name, self.run_id, held)
+
+
+async def _on_thread(task: Task[Any], kwargs: dict[str, Any], pool: Executor | None) -> Any:
+    """The sync function on a pool thread. A thread cannot be stopped: a timeout or a
+    cancel stops the wait, says so in the run's record, and leaves the thread to its
+    supervisor, which holds the worker's capacity slot until it returns."""
+    stops_by("the thread could not be stopped; it runs on, holding its capacity slot "
+             "until it returns (isolation='process' can be killed)")
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, task.fn, **kwargs)
+    future = loop.run_in_executor(pool, call)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        capture = current_capture()
+        if capture is not None and not future.done():
+            capture.lingering = future
+        raise
 
 
 def raised(task: Task[Any], exc: Exception) -> Finished:

@@ -22,6 +22,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.queue.worker.finished import Finished
+from ledgerq.queue.worker.launcher import stops_by
 
 if TYPE_CHECKING:
     from ledgerq.tasks.task import Task
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 async def run_in_child(task: Task[Any], kwargs: dict[str, Any]) -> Finished:
     """``task``'s function called in a new child process; killed if this is cancelled."""
+    stops_by("process killed")
     module, attribute = task.location
     payload = pickle.dumps((module, attribute, kwargs, list(sys.path)))
     child = await asyncio.create_subprocess_exec(
@@ -68,7 +70,8 @@ def _main() -> None:
         result = run_here(found, kwargs)
     finally:
         sys.stdout = real_stdout
-    sys.stdout.buffer.write(pickle.dumps(tuple(result)))
+    # The exception stays here (it may not pickle): its type, message and traceback go.
+    sys.stdout.buffer.write(pickle.dumps(tuple(result._replace(exception=None))))
     sys.stdout.flush()
 
 

@@ -31,6 +31,8 @@ class Finished(NamedTuple):
     #: Seconds until the retry, when the task asked for one (``Retry(delay=)``); None:
     #: the retry policy's backoff.
     retry_delay: float | None = None
+    #: The exception itself, for the app's hooks in this process; never stored.
+    exception: BaseException | None = None
 
 
 __all__ = ["Finished"]

@@ -138,6 +138,14 @@ class OutputCapture:
     limit: int
     stdout: str | None = None
     stderr: str | None = None
+    #: How stopping the run works, as its timeout record says it: a launched process
+    #: group is killed; an executor that runs otherwise says what it does instead
+    #: (:func:`stops_by`).
+    stopping: str = "process group killed"
+    #: What still runs after the run was stopped (a thread no one can stop): its
+    #: supervisor waits for it once the run's end is written, so the capacity slot it
+    #: takes stays taken until it returns.
+    lingering: Awaitable[Any] | None = None
 
     def columns(self) -> dict[str, str | None]:
         """The run columns this capture fills (the spec's ``stdout_tail``/``stderr_tail``)."""
@@ -146,6 +154,19 @@ class OutputCapture:
 
 _capture: contextvars.ContextVar[OutputCapture | None] = contextvars.ContextVar(
     "ledgerq_output_capture", default=None)
+
+
+def current_capture() -> OutputCapture | None:
+    """The capture of the run whose executor calls this (None outside a run)."""
+    return _capture.get()
+
+
+def stops_by(how: str) -> None:
+    """Say, from inside an executor, how stopping this run works (for its timeout
+    record: "cancelled", "process killed", ...)."""
+    capture = _capture.get()
+    if capture is not None:
+        capture.stopping = how
 
 
 def capturing(capture: OutputCapture) -> contextvars.Context:

@@ -330,10 +330,15 @@ async def _supervised(db: Database[WorkerTx], policy: EntityPolicy, run: dict[st
                 break
             if deadline is not None and ctx.clock() >= deadline:
                 await _stop(task)
-                return await record_outcome(db, policy, run, lease, ctx, Outcome(
+                written = await record_outcome(db, policy, run, lease, ctx, Outcome(
                     moves.TIMED_OUT, TIMEOUT_EXIT_CODE,
-                    f"timed out after {timeout:g}s; process group killed",
+                    f"timed out after {timeout:g}s; {capture.stopping}",
                     output=capture.columns()))
+                if capture.lingering is not None:
+                    # Recorded as it is; the slot stays taken until the work returns.
+                    with contextlib.suppress(BaseException):
+                        await capture.lingering
+                return written
             if ctx.stopping is not None and ctx.stopping.is_set():
                 await _stop(task)
                 return await record_outcome(db, policy, run, lease, ctx, SHUTDOWN)
