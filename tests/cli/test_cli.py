@@ -529,7 +529,7 @@ def test_stats_counts_oldest_age_and_running_per_worker(dbfile: Path) -> None:
     s = as_json("stats", "--db", dbfile)
     assert set(s) == {"now", "counts", "total", "oldest_queued_at",
                       "oldest_queued_age_seconds", "running_by_worker", "workers",
-                      "stuck", "stuck_runs"}
+                      "stuck", "stuck_runs", "unserved_kinds"}
     assert (s["stuck"], s["stuck_runs"]) == (0, [])
     assert list(s["counts"]) == sorted(default_registry().entity("schedule_run").states)
     assert s["counts"]["queued"] == 1 and s["counts"]["running"] == 1

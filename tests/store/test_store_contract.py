@@ -459,6 +459,12 @@ async def test_worker_rows(db: StateDB) -> None:
     (row,) = await db.read(lambda tx: tx.list_worker_rows())
     queues = loads(row["queues"]) if isinstance(row["queues"], str) else row["queues"]
     assert queues == ["a", "b"]  # the latest heartbeat's queues (jsonb comes back decoded)
+    assert row["kinds"] is None  # a heartbeat that does not say which kinds it claims
+    await db.write(lambda tx: tx.upsert_worker("w1", "[]", "[]", 8.0, "h", 43, "[]",
+                                                  '["command", "app.task"]'))
+    (row,) = await db.read(lambda tx: tx.list_worker_rows())
+    kinds = loads(row["kinds"]) if isinstance(row["kinds"], str) else row["kinds"]
+    assert kinds == ["command", "app.task"]
 
 
 async def test_worker_stop_requests(db: StateDB) -> None:
@@ -547,6 +553,7 @@ async def test_queue_scans(db: StateDB) -> None:
         "id", "status", "leased_by", "lease_expires_at", "lease_token"}
     assert await db.read(lambda tx: tx.count_running_by_worker(policy)) == {"w1": 1, "w2": 1}
     assert await db.read(lambda tx: tx.find_oldest_queued_at(policy)) == 1.0
+    assert await db.read(lambda tx: tx.list_queued_kinds(policy)) == ["k", "skipme"]
     assert (await db.read(lambda tx: tx.count_statuses(policy))) == {
         "queued": 3, "running": 2, "retry_wait": 1, "delayed": 1}
     total, got = await db.read(lambda tx: tx.read_page(

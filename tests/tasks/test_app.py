@@ -18,7 +18,8 @@ from ledgerq import App, Fail, Retry, RetryPolicy, TaskFailed
 from ledgerq.codec import loads
 from ledgerq.errors import InvalidInput
 from ledgerq.projections import history, verify
-from ledgerq.queue import TaskApplication, get_run, list_runs, submit_task
+from ledgerq.queue import TaskApplication, get_run, list_runs, queue_stats, submit_task
+from ledgerq.queue.reads import worker_statuses
 from ledgerq.tasks.bridge import SyncCallInEventLoop
 
 
@@ -237,6 +238,11 @@ async def test_a_worker_claims_only_kinds_it_has_code_for(db_target: str) -> Non
         await going
         row = await get_run(app.db, run.id)
         assert row["status"] == "queued" and row["lease_attempts"] == 0
+        # Operators see why: the kind no live worker serves, and what each one serves.
+        assert (await queue_stats(app.db)).unserved_kinds == [resize.name]
+        (status,) = await worker_statuses(app.db)
+        assert status.kinds is not None and "command" in status.kinds
+        assert resize.name not in status.kinds
         worker = app.worker(capacity=2, poll_interval=0.02, lock_dir=None)
         going = asyncio.create_task(worker.run())
         try:

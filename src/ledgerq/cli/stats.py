@@ -39,6 +39,9 @@ def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False)
     out.print(f"\noldest queued: {fmt_age(s.oldest_queued_age_seconds)}"
               + (f" (since {fmt_ts(s.oldest_queued_at)})" if s.oldest_queued_at else ""))
     out.print(cell(f"stuck: {s.stuck}"))
+    if s.unserved_kinds:
+        out.print(cell("queued kinds no live worker serves (they wait for one that has "
+                       f"their code): {', '.join(s.unserved_kinds)}"))
     for r in s.stuck_runs:
         out.print(cell(f"  {r.id} {r.status}: {r.why}"))
     if s.workers or s.running_by_worker:

@@ -31,14 +31,15 @@ def workers(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = Fals
         emit_json({"workers": [w.to_dict() for w in found]})
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for name in ("WORKER", "HOST", "PID", "QUEUES", "CAPABILITIES", "TARGETS", "HEARTBEAT",
-                 "STOP", "RUNNING"):
+    for name in ("WORKER", "HOST", "PID", "QUEUES", "KINDS", "CAPABILITIES", "TARGETS",
+                 "HEARTBEAT", "STOP", "RUNNING"):
         table.add_column(name)
     for w in found:
         stop = "" if w.stop_requested_age_seconds is None else \
             f"requested {fmt_age(w.stop_requested_age_seconds)} ago"
         table.add_row(cell(w.worker_id), cell(w.hostname or ""), cell(w.pid or ""),
                       cell("(all)" if w.queues is None else ",".join(w.queues)),
+                      cell("(all)" if w.kinds is None else ",".join(w.kinds)),
                       cell(",".join(w.advertised_capabilities) or "-"),
                       cell(",".join(w.execution_targets) or "-"),
                       f"{fmt_age(w.heartbeat_age_seconds)} ago", cell(stop),

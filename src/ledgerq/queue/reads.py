@@ -21,6 +21,7 @@ from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue.moves import ENTITY, PRIORITY_COLUMN, QUEUE_COLUMN
 from ledgerq.queue.store import STUCK_KINDS
+from ledgerq.queue.worker.config import DEFAULT_HEARTBEAT_TTL_SECONDS
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database
@@ -320,6 +321,9 @@ class WorkerStatus:
     #: The queues it claims from; None for a worker of an older release (it claims from
     #: every queue, having no notion of one).
     queues: list[str] | None
+    #: The action kinds it claims (the ones it has code for); None for a worker of an
+    #: older release, which did not say.
+    kinds: list[str] | None
     started_at: float | None
     last_heartbeat_at: float
     heartbeat_age_seconds: float
@@ -353,13 +357,14 @@ async def worker_statuses(db: Database[ReadsTx], *, now: float | None = None) ->
             offset += page
         out: list[WorkerStatus] = []
         for w in tx.list_worker_rows():
-            w = _decode(w, ("advertised_capabilities", "execution_targets", "queues"))
+            w = _decode(w, ("advertised_capabilities", "execution_targets", "queues", "kinds"))
             asked = w.get("stop_requested_at")
             out.append(WorkerStatus(
                 worker_id=w["worker_id"], hostname=w["hostname"], pid=w["pid"],
                 advertised_capabilities=list(w["advertised_capabilities"] or []),
                 execution_targets=list(w["execution_targets"] or []),
                 queues=None if w.get("queues") is None else list(w["queues"]),
+                kinds=None if w.get("kinds") is None else list(w["kinds"]),
                 started_at=w.get("started_at"), last_heartbeat_at=w["last_heartbeat_at"],
                 heartbeat_age_seconds=max(0.0, ts - w["last_heartbeat_at"]),
                 stop_requested_at=asked,
@@ -396,9 +401,26 @@ class QueueStats:
     workers: list[WorkerInfo] = field(default_factory=list)
     stuck: int = 0
     stuck_runs: list[StuckRun] = field(default_factory=list)
+    #: Kinds of queued runs that no live worker claims (none has their code): they wait
+    #: until one that does starts.
+    unserved_kinds: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _unserved(tx: ReadsTx, policy: EntityPolicy, now: float) -> list[str]:
+    """Kinds of queued runs no live worker claims. A live worker of an older release
+    (its kinds not said) may claim any: then none is reported."""
+    served: set[str] = set()
+    for w in tx.list_worker_rows():
+        if now - w["last_heartbeat_at"] > DEFAULT_HEARTBEAT_TTL_SECONDS:
+            continue
+        kinds = w.get("kinds")
+        if kinds is None:
+            return []
+        served.update(loads(kinds) if isinstance(kinds, str) else kinds)
+    return [k for k in tx.list_queued_kinds(policy) if k not in served]
 
 
 async def queue_stats(db: Database[ReadsTx], *, now: float | None = None,
@@ -443,7 +465,8 @@ async def queue_stats(db: Database[ReadsTx], *, now: float | None = None,
             now=ts, counts=counts, total=sum(counts.values()),
             oldest_queued_at=oldest,
             oldest_queued_age_seconds=None if oldest is None else max(0.0, ts - oldest),
-            running_by_worker=running, workers=workers, stuck=stuck, stuck_runs=stuck_runs)
+            running_by_worker=running, workers=workers, stuck=stuck, stuck_runs=stuck_runs,
+            unserved_kinds=_unserved(tx, policy, ts) if counts.get("queued") else [])
 
     return await db.read(read)
 

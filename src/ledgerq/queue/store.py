@@ -99,6 +99,9 @@ class ReadsTx(SharedTx, Protocol):
     def count_statuses(self, policy: EntityPolicy) -> dict[str, int]:
         """Rows per status."""
 
+    def list_queued_kinds(self, policy: EntityPolicy) -> list[str]:
+        """The action kinds of queued rows, each once, sorted."""
+
     def find_oldest_queued_at(self, policy: EntityPolicy) -> float | None:
         """The earliest queued_at among queued rows (whatever queue and priority)."""
 

@@ -121,6 +121,9 @@ class Stats(BaseModel):
     workers: list[WorkerOut]
     stuck: int
     stuck_runs: list[StuckOut]
+    unserved_kinds: list[str] = Field(
+        default_factory=list,
+        description="Kinds of queued runs no live worker claims (none has their code).")
 
 
 class Edge(BaseModel):

@@ -24,9 +24,11 @@ async def beat(db: Database[WorkerTx], config: WorkerConfig, now: float | None =
     caps = dumps(list(config.advertised_capabilities))
     targets = dumps(list(config.execution_targets))
     queues = dumps(list(config.queues))
+    kinds = dumps(list(config.executors.served_kinds))
     host = socket.gethostname()
 
     def unit(tx: WorkerTx) -> None:
-        tx.upsert_worker(config.worker_id, caps, targets, ts, host, os.getpid(), queues)
+        tx.upsert_worker(config.worker_id, caps, targets, ts, host, os.getpid(), queues,
+                         kinds)
 
     await db.write(unit)

@@ -25,9 +25,10 @@ class WorkerTx(SharedTx, Protocol):
     """What heartbeats, claims, lease checks, outcomes and recycling call."""
 
     def upsert_worker(self, worker_id: str, capabilities: str, targets: str, now: float,
-                      hostname: str, pid: int, queues: str) -> None:
+                      hostname: str, pid: int, queues: str, kinds: str | None = None) -> None:
         """Insert or refresh a worker's row (its heartbeat); ``queues`` is the JSON list
-        of queues it serves (a row an older release wrote has NULL: every queue)."""
+        of queues it serves (a row an older release wrote has NULL: every queue), and
+        ``kinds`` the JSON list of action kinds it claims (NULL: not said, every kind)."""
 
     def read_worker_heartbeat(self, worker_id: str) -> float | None:
         """The worker's last heartbeat, or None when it has no row."""

@@ -47,6 +47,9 @@ SELECT id FROM {table} WHERE id LIKE %s ORDER BY id LIMIT %s
 -- name: count_statuses
 SELECT status, COUNT(*) FROM {table} GROUP BY status
 
+-- name: list_queued_kinds
+SELECT DISTINCT action_kind FROM {table} WHERE status = 'queued'
+
 -- name: find_oldest_queued_at
 -- Specs without queues and priorities: one step into their (queued_at) index.
 SELECT MIN(queued_at) FROM {table} WHERE status = 'queued'

@@ -6,12 +6,13 @@
 
 -- name: upsert_worker
 INSERT INTO workers (worker_id, advertised_capabilities, execution_targets,
-                     last_heartbeat_at, hostname, pid, started_at, queues)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                     last_heartbeat_at, hostname, pid, started_at, queues, kinds)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (worker_id) DO UPDATE SET
   advertised_capabilities = excluded.advertised_capabilities,
   execution_targets = excluded.execution_targets, queues = excluded.queues,
-  last_heartbeat_at = excluded.last_heartbeat_at, pid = excluded.pid
+  last_heartbeat_at = excluded.last_heartbeat_at, pid = excluded.pid,
+  kinds = excluded.kinds
 
 -- name: read_worker_heartbeat
 SELECT last_heartbeat_at FROM workers WHERE worker_id = ?

@@ -60,6 +60,10 @@ class ReadOps(SqlBase):
         rows = self.execute(self.q("count_statuses", table=self.table(policy))).fetchall()
         return {r[0]: int(r[1]) for r in rows}
 
+    def list_queued_kinds(self, policy: EntityPolicy) -> list[str]:
+        rows = self.execute(self.q("list_queued_kinds", table=self.table(policy))).fetchall()
+        return sorted(r[0] for r in rows)
+
     def find_oldest_queued_at(self, policy: EntityPolicy) -> float | None:
         table = self.table(policy)
         if QUEUE_COLUMN not in policy.columns or PRIORITY_COLUMN not in policy.columns:

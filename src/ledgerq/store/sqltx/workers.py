@@ -18,9 +18,9 @@ class WorkerOps(SqlBase):
     """Heartbeats, the claim scan, concurrency keys, leases, stop requests."""
 
     def upsert_worker(self, worker_id: str, capabilities: str, targets: str, now: float,
-                      hostname: str, pid: int, queues: str) -> None:
+                      hostname: str, pid: int, queues: str, kinds: str | None = None) -> None:
         self.execute(self.q("upsert_worker"),
-                     (worker_id, capabilities, targets, now, hostname, pid, now, queues))
+                     (worker_id, capabilities, targets, now, hostname, pid, now, queues, kinds))
 
     def read_worker_heartbeat(self, worker_id: str) -> float | None:
         row = self.execute(self.q("read_worker_heartbeat"), (worker_id,)).fetchone()

@@ -133,6 +133,9 @@ async function refreshOverview() {
   while (depth.length > DEPTH_SAMPLES) depth.shift();
   drawDepth();
   document.getElementById("oldest").textContent = age(stats.oldest_queued_age_seconds);
+  const unserved = stats.unserved_kinds || [];
+  document.getElementById("unserved").textContent = unserved.join(", ");
+  document.getElementById("unserved-line").hidden = unserved.length === 0;
   fillRows("workers", stats.workers, (w) => [td(w.worker_id, "id"), td(w.hostname),
     td(age(w.heartbeat_age_seconds)), td(w.running)]);
   fillRows("running", running.items, (r) => [td(taskLink(r.id), "id"), td(r.action_kind),
