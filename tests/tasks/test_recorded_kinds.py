@@ -113,3 +113,40 @@ def test_the_http_api_submits_a_recorded_task(tmp_path: Path) -> None:
         assert created.status_code == 201, created.text
         refused = post({"action_kind": "email.send", "args": {"to": "a@b"}})
         assert refused.status_code == 422 and "missing argument 'subject'" in refused.text
+
+
+async def test_a_result_wakes_on_another_processes_end_through_notify(
+        pg_target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL: a worker in another process ends the run; the waiting result wakes on
+    the NOTIFY at its commit, not at a poll (polling is switched off here)."""
+    import os
+
+    from ledgerq.tasks import runs
+
+    monkeypatch.setattr(runs, "POLL_SECONDS", 60.0)
+    module = tmp_path / "remote_tasks.py"
+    module.write_text(
+        "import os\nfrom ledgerq import App\n"
+        "app = App(os.environ['REMOTE_TARGET'])\n\n"
+        "@app.task(name='remote.add')\n"
+        "def add(a: int, b: int) -> int:\n    return a + b\n", encoding="utf-8")
+    app = App(pg_target)
+
+    @app.task(name="remote.add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "REMOTE_TARGET": pg_target,
+           "PYTHONPATH": os.pathsep.join([str(root / "src"), str(tmp_path)])}
+    async with app:
+        run = await add.defer_async(a=2, b=3)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "ledgerq", "worker", "--app", "remote_tasks:app",
+             "--poll-interval", "0.05", "--no-scheduler"], env=env, cwd=tmp_path,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            assert await run.result(timeout=20) == 5
+        finally:
+            worker.terminate()
+            worker.communicate(timeout=30)

@@ -47,7 +47,7 @@ RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
     # ``ledgerq archive``: its record and the list of entities it may delete facts of.
     "ledgerq_archives", "ledgerq_archive_batch",
     # PostgreSQL's wake-up: the trigger on the runs table and its function.
-    "ledgerq_claimable", "ledgerq_notify_claimable",
+    "ledgerq_claimable", "ledgerq_notify_claimable", "ledgerq_ended", "ledgerq_notify_ended",
     # Python tasks an app recorded (and PostgreSQL's name for its primary key).
     "task_kinds", "task_kinds_pkey",
 })

@@ -77,8 +77,10 @@ class Backend(Protocol):
                         ) -> list[dict[str, Any]]: ...
     async def check_integrity(self) -> list[str]: ...
     async def durability(self) -> str: ...
-    async def listen(self, key: str, on_wake: Callable[[], None]) -> None: ...
-    async def unlisten(self) -> None: ...
+    async def listen(self, key: str, on_wake: Callable[[], None],
+                     channel: str = "claimable") -> None: ...
+    async def unlisten(self, on_wake: Callable[[], None] | None = None,
+                       channel: str = "claimable") -> None: ...
     async def migrate(self, mappings: Sequence[StateMapping], *, dry_run: bool) -> Plan: ...
     @property
     def migration(self) -> Plan | None: ...
@@ -271,14 +273,16 @@ class StateDB:
         """What a commit waits for, as the backend reports it (for operators' logs)."""
         return await self._backend.durability()
 
-    async def listen(self, on_wake: Callable[[], None]) -> None:
+    async def listen(self, on_wake: Callable[[], None], channel: str = "claimable") -> None:
         """Call ``on_wake`` (from any thread) whenever another process or host may have
-        made a row claimable, until :meth:`unlisten`; a no-op where the backend has no
-        channel for it (SQLite: other processes' workers poll)."""
-        await self._backend.listen(self.path, on_wake)
+        made a row claimable (``channel="claimable"``) or ended a run (``"ended"``),
+        until :meth:`unlisten`; a no-op where the backend has no channel for it (SQLite:
+        other processes poll)."""
+        await self._backend.listen(self.path, on_wake, channel)
 
-    async def unlisten(self) -> None:
-        await self._backend.unlisten()
+    async def unlisten(self, on_wake: Callable[[], None] | None = None,
+                       channel: str = "claimable") -> None:
+        await self._backend.unlisten(on_wake, channel)
 
     async def run(self, fn: Callable[[Any], T]) -> T:
         """SQLite only: run ``fn`` with the raw write connection, outside any transaction.

@@ -95,4 +95,9 @@ def runs_ddl(template: str, registry: Registry) -> str | None:
     wake-up trigger) with the table the spec names, or None when the registry has no run
     entity (the engine alone)."""
     runs = next((p for p in registry.policies() if p.name == RUN_ENTITY), None)
-    return None if runs is None else template.replace("{runs}", quote(runs.table))
+    if runs is None:
+        return None
+    # ``{terminal}``: the spec's terminal states as SQL string literals (identifier-safe
+    # names: the registry checked them).
+    terminal = ", ".join(f"'{s}'" for s in sorted(runs.terminal))
+    return template.replace("{runs}", quote(runs.table)).replace("{terminal}", terminal)

@@ -9,6 +9,7 @@ background loop per app with its own handle, opened on first use.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from ledgerq.queue.submission.application import (
     check_queue,
 )
 from ledgerq.queue.submission.task_kinds import TaskKind
+from ledgerq.queue.worker import wakeup
 from ledgerq.tasks.bridge import LoopThread
 from ledgerq.tasks.execution import MAX_RESULT_BYTES, executor_for
 from ledgerq.tasks.hooks import Hooks
@@ -157,7 +159,14 @@ class App:
         if not self.db.is_open:
             await self.db.open()
             await self.record_tasks(self.db)
+            await self._hear_ends(self.db)
         return self
+
+    async def _hear_ends(self, db: StateDB) -> None:
+        """Wake this process's result waits when another process or host ends a run
+        (PostgreSQL's NOTIFY; SQLite has no such channel and they poll)."""
+        await db.listen(functools.partial(wakeup.notify, db.path, wakeup.ENDED),
+                        channel="ended")
 
     async def record_tasks(self, db: StateDB) -> None:
         if not db.readonly and self.tasks:
@@ -168,6 +177,7 @@ class App:
     async def close(self) -> None:
         """Close the async handle; the sync side stays until :meth:`close_sync`."""
         if self._db is not None and self._db.is_open:
+            await self._db.unlisten(channel="ended")
             await self._db.close()
 
     async def __aenter__(self) -> App:
@@ -183,6 +193,7 @@ class App:
             db = self._new_db()
             await db.open()
             await self.record_tasks(db)
+            await self._hear_ends(db)
             self._sync_db = db
         return self._sync_db
 
@@ -190,7 +201,11 @@ class App:
         """Close the sync side's handle and stop its background loop."""
         db, self._sync_db = self._sync_db, None
         if db is not None:
-            self.bridge.run(db.close(), what="App.close_sync()")
+            async def close() -> None:
+                await db.unlisten(channel="ended")
+                await db.close()
+
+            self.bridge.run(close(), what="App.close_sync()")
         self.bridge.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)

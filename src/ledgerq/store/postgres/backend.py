@@ -80,6 +80,8 @@ ROLLED_BACK = frozenset({"40001", "40P01"})
 MAX_GROUP = 64
 #: The listener's reconnect backoff, from first to longest wait (seconds).
 LISTEN_BACKOFF = (0.1, 5.0)
+#: NOTIFY channel -> the channel name callers listen to.
+CHANNELS = {"ledgerq_claimable": "claimable", "ledgerq_ended": "ended"}
 
 
 def url_connect_timeout(url: str) -> float:
@@ -143,7 +145,8 @@ class PostgresBackend:
         self._kept_cursor: psycopg.AsyncCursor[tuple[Any, ...]] | None = None
         self._kept_since = 0.0
         self._executor: ThreadPoolExecutor | None = None
-        self._listeners = 0
+        #: Channel ("claimable", "ended") -> the callbacks its notifications call.
+        self._wakers: dict[str, list[Callable[[], None]]] = {}
         self._listen_thread: threading.Thread | None = None
         self._listen_stop = threading.Event()
         self._closing = False
@@ -532,19 +535,31 @@ class PostgresBackend:
 
     # ------------------------------------------------------------ wake-ups
 
-    async def listen(self, key: str, on_wake: Callable[[], None]) -> None:
-        self._listeners += 1
+    async def listen(self, key: str, on_wake: Callable[[], None],
+                     channel: str = "claimable") -> None:
+        self._wakers.setdefault(channel, []).append(on_wake)
         if self._listen_thread is None:
             self._listen_stop.clear()
             self._listen_thread = threading.Thread(
-                target=self._listen_loop, args=(on_wake,), name="ledgerq-pg-listen",
-                daemon=True)
+                target=self._listen_loop, name="ledgerq-pg-listen", daemon=True)
             self._listen_thread.start()
 
-    async def unlisten(self) -> None:
-        self._listeners = max(0, self._listeners - 1)
-        if self._listeners == 0:
+    async def unlisten(self, on_wake: Callable[[], None] | None = None,
+                       channel: str = "claimable") -> None:
+        wakers = self._wakers.get(channel, [])
+        if on_wake is not None and on_wake in wakers:
+            wakers.remove(on_wake)
+        elif wakers:
+            wakers.pop()
+        if not any(self._wakers.values()):
             await asyncio.get_running_loop().run_in_executor(None, self._stop_listener)
+
+    def _wake(self, channel: str | None) -> None:
+        """Call the callbacks of ``channel`` (None: of every channel)."""
+        for name, wakers in list(self._wakers.items()):
+            if channel is None or name == channel:
+                for wake in list(wakers):
+                    wake()
 
     def _stop_listener(self) -> None:
         thread, self._listen_thread = self._listen_thread, None
@@ -552,20 +567,22 @@ class PostgresBackend:
             self._listen_stop.set()
             thread.join(timeout=5)
 
-    def _listen_loop(self, on_wake: Callable[[], None]) -> None:
+    def _listen_loop(self) -> None:
         """LISTEN on a connection of its own; reconnect with backoff when it dies, and
-        wake once after each reconnect (a notification may have been missed)."""
+        wake every channel once after each reconnect (a notification may have been
+        missed)."""
         delay = LISTEN_BACKOFF[0]
         while not self._listen_stop.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True,
                                      connect_timeout=_libpq_seconds(self.connect_timeout)) as conn:
                     conn.execute(QUERIES("listen"))
+                    conn.execute(QUERIES("listen_ended"))
                     delay = LISTEN_BACKOFF[0]
-                    on_wake()
+                    self._wake(None)
                     while not self._listen_stop.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=64):
-                            on_wake()
+                        for note in conn.notifies(timeout=0.5, stop_after=64):
+                            self._wake(CHANNELS.get(note.channel))
             except psycopg.Error as exc:
                 if self._listen_stop.is_set():
                     return

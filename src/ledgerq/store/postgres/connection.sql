@@ -8,6 +8,9 @@
 -- name: listen
 LISTEN ledgerq_claimable
 
+-- name: listen_ended
+LISTEN ledgerq_ended
+
 -- name: schema_lock
 -- One creator at a time, however many hosts start at once (released at commit).
 SELECT pg_advisory_xact_lock(hashtextextended('ledgerq schema', 0))

@@ -134,6 +134,18 @@ END $$;
 CREATE OR REPLACE TRIGGER ledgerq_claimable
   AFTER INSERT OR UPDATE OF status ON {runs}
   FOR EACH ROW WHEN (NEW.status = 'queued') EXECUTE FUNCTION ledgerq_notify_claimable();
+-- A run's end (it entered a terminal state): whoever awaits its result, on any host,
+-- wakes at the commit instead of at its next poll.
+CREATE OR REPLACE FUNCTION ledgerq_notify_ended() RETURNS trigger
+  LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('ledgerq_ended', NEW.id);
+  RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER ledgerq_ended
+  AFTER UPDATE OF status ON {runs}
+  FOR EACH ROW WHEN (NEW.status IN ({terminal}) AND OLD.status IS DISTINCT FROM NEW.status)
+  EXECUTE FUNCTION ledgerq_notify_ended();
 """
 
 #: Columns of ``workers`` added after it was first shipped (see the SQLite twin): a table

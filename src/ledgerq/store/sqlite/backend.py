@@ -371,10 +371,12 @@ class SqliteBackend:
         self._require()
         return await self._call(self._reader or self._require(), fn)
 
-    async def listen(self, key: str, on_wake: Callable[[], None]) -> None:
+    async def listen(self, key: str, on_wake: Callable[[], None],
+                     channel: str = "claimable") -> None:
         """SQLite has no cross-process channel: other processes' workers poll."""
 
-    async def unlisten(self) -> None:
+    async def unlisten(self, on_wake: Callable[[], None] | None = None,
+                       channel: str = "claimable") -> None:
         """See :meth:`listen`."""
 
     async def durability(self) -> str:
