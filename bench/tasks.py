@@ -203,7 +203,7 @@ def result_latency(base: str, n: int) -> None:
           f"{_percentiles(asyncio.run(sqlite_latency(n)))}  (target p50 <= 5 ms)")
     scratch = Scratch(base)
     try:
-        db, dsn = scratch.create()
+        _, dsn = scratch.create()
         samples = asyncio.run(postgres_latency(dsn, n))
         print(f"  PostgreSQL, worker in another process: {_percentiles(samples)}  "
               "(target p50 <= 20 ms)")
