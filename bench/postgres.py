@@ -109,7 +109,7 @@ from rounds import Ratio
 from rounds import ratio as rounds_ratio
 
 SYSTEMS = ["floor", "floor+log", "floor+log/batch", "schema-floor", "ledgerq-sql",
-           "ledgerq-units", "pgqueuer", "procrastinate", "ledgerq"]
+           "ledgerq-units", "pgqueuer", "procrastinate", "ledgerq", "ledgerq-tasks"]
 #: The scenarios the batched floor runs: its submits are floor+log's.
 BATCHED_SCENARIOS = ["drain 1", "drain W", "end to end"]
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -398,6 +398,9 @@ def _peer_for(system: str) -> Peer:
     if system == "procrastinate":
         from pg_peers import procrastinate_peer
         return procrastinate_peer.peer()
+    if system == "ledgerq-tasks":
+        from pg_peers import ledgerq_tasks
+        return ledgerq_tasks.peer()
     raise ValueError(system)
 
 
@@ -456,7 +459,8 @@ def print_table(rounds: Rounds, workers: int) -> None:
              "schema-floor": f"ledgerq's schema floor, {BATCH}",
              "ledgerq-sql": "ledgerq's statement",
              "ledgerq-units": "ledgerq's units alone",
-             "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "ledgerq": "ledgerq"}
+             "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "ledgerq": "ledgerq",
+             "ledgerq-tasks": "ledgerq, Python tasks"}
     systems = [s for s in SYSTEMS if any(s in r for r in rounds)]
     for system in systems:
         line(names[system], [_fmt(_figure(rounds, system, s)) for s in SCENARIOS])
