@@ -11,8 +11,14 @@
                   process (NOTIFY). p50 and p90 over N runs, one at a time. Targets: p50
                   <= 5 ms (SQLite, one process), <= 20 ms (PostgreSQL, across processes).
 
+  drain-sqlite    SQLite, one process, synchronous=FULL: N no-op tasks deferred, then run
+                  to their end in the same process, lifecycles per second from the first
+                  defer to the last end committed: ledgerq (an App, a sync task, its
+                  worker in the process) against SqliteHuey (fsync=True, its consumer in
+                  the process, thread workers). Target: ledgerq >= 0.8x SqliteHuey.
+
   python bench/tasks.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres] [--n 500]
-                        [--only sync-defer|result-latency]
+                        [--only sync-defer|result-latency|drain-sqlite]
 """
 
 # ruff: noqa: E402  (the imports below must follow the sys.path fix)
@@ -211,17 +217,89 @@ def result_latency(base: str, n: int) -> None:
         scratch.drop_all()
 
 
+# ----------------------------------------------------------------- SQLite drain
+
+WORKERS = 4
+
+
+async def ledgerq_drain_sqlite(path: str, n: int) -> float:
+    from ledgerq import App
+    from ledgerq.queue import list_runs
+
+    app = App(path, synchronous="FULL")
+
+    @app.task(name="bench.noop")
+    def noop(i: int) -> int:
+        return i
+
+    async with app:
+        worker = app.worker(capacity=WORKERS * 8, poll_interval=0.01, lock_dir=None,
+                            scheduler=False)
+        serving = asyncio.create_task(worker.run())
+        await (await noop.defer_async(i=-1)).result(timeout=30)  # the worker is up
+        t0 = time.perf_counter()
+        runs = [await noop.defer_async(i=i) for i in range(n)]
+        for run in runs:
+            await run.result(timeout=120)
+        took = time.perf_counter() - t0
+        await worker.stop()
+        await serving
+        assert (await list_runs(app.db, statuses=["completed"])).total == n + 1
+    return n / took
+
+
+def huey_drain_sqlite(path: str, n: int) -> float:
+    from huey import SqliteHuey
+
+    huey = SqliteHuey(filename=path, fsync=True)
+
+    @huey.task()
+    def noop(i: int) -> int:
+        return i
+
+    consumer = huey.create_consumer(workers=WORKERS, worker_type="thread",
+                                    periodic=False, initial_delay=0.001, backoff=1.0,
+                                    max_delay=0.01)
+    consumer.start()  # its worker and scheduler threads (run() would also take signals)
+    noop(-1).get(blocking=True, timeout=30)
+    t0 = time.perf_counter()
+    results = [noop(i) for i in range(n)]
+    for result in results:
+        result.get(blocking=True, timeout=120, backoff=1.0, max_delay=0.005)
+    took = time.perf_counter() - t0
+    consumer.stop(graceful=True)
+    return n / took
+
+
+def drain_sqlite(n: int, rounds: int) -> None:
+    got: dict[str, list[float]] = {"SqliteHuey": [], "ledgerq": []}
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            got["SqliteHuey"].append(huey_drain_sqlite(str(Path(tmp) / "huey.db"), n))
+        with tempfile.TemporaryDirectory() as tmp:
+            got["ledgerq"].append(asyncio.run(
+                ledgerq_drain_sqlite(str(Path(tmp) / "lq.db"), n)))
+    best = {k: statistics.median(v) for k, v in got.items()}
+    print(f"SQLite, one process, FULL: {n} tasks deferred then run, median of {rounds}:")
+    for name, rate in best.items():
+        print(f"  {name:12} {rate:8,.0f} lifecycles/s")
+    print(f"  ledgerq / SqliteHuey: {best['ledgerq'] / best['SqliteHuey']:.2f}x "
+          "(target >= 0.8x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--n", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--only", choices=["sync-defer", "result-latency"])
+    parser.add_argument("--only", choices=["sync-defer", "result-latency", "drain-sqlite"])
     args = parser.parse_args()
     if args.only in (None, "sync-defer"):
         sync_defer(args.dsn, args.n, args.rounds)
     if args.only in (None, "result-latency"):
         result_latency(args.dsn, min(args.n, 200))
+    if args.only in (None, "drain-sqlite"):
+        drain_sqlite(args.n, args.rounds)
 
 
 if __name__ == "__main__":
