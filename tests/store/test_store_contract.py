@@ -40,7 +40,8 @@ CLAIM: dict[str, Any] = {"columns": CANDIDATE_COLUMNS, "default_queue": DEFAULT_
 #: Statements only PostgreSQL needs: what SQLite's single writer makes unnecessary (row
 #: and key locks, the wake-up channel) and its connection management (schema fingerprint,
 #: read-only snapshots), where SQLite uses pragmas and its own file checks.
-POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "schema_lock", "lock_for_migration",
+POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "schema_lock",
+                 "lock_for_migration",
                  "tables_present",
                  "durability", "record_schema_version", "forget_prepared", "lock_archives",
                  # A pass's claims in one statement (SQLite: one swap per row), and
