@@ -423,3 +423,29 @@ async def test_hooks_see_each_run_start_and_end(tmp_path: Any,
     assert seen == [("started", "hooked.ok"), ("succeeded", 2),
                     ("started", "hooked.bad"), ("failed", "ValueError")]
     assert any("a broken hook" in r.getMessage() or r.exc_info for r in caplog.records)
+
+
+async def test_a_library_worker_serves_its_metrics(tmp_path: Any) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = make_app(str(tmp_path / "metrics.db"))
+    async with app:
+        worker = app.worker(capacity=2, poll_interval=0.02, lock_dir=None, metrics_port=port)
+        going = asyncio.create_task(worker.run())
+        try:
+            for _ in range(100):
+                try:
+                    body = await asyncio.to_thread(
+                        lambda: urllib.request.urlopen(
+                            f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            assert "ledgerq_runs{" in body
+        finally:
+            await worker.stop()
+            await going

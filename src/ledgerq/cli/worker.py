@@ -147,7 +147,7 @@ def worker(
     async def go() -> None:
         from ledgerq.queue.worker.finished import Finished
         from ledgerq.queue.worker.launcher import default_execute
-        from ledgerq.queue.worker.service import DEFAULT_LOCK_DIR, Worker
+        from ledgerq.queue.worker.service import DEFAULT_LOCK_DIR, MetricsUnavailable, Worker
 
         async with open_db(ctx, path, must_exist=False) as handle:
             holder: dict[str, str] = {}
@@ -179,7 +179,8 @@ def worker(
                        lock_dir=lock_dir if lock_dir is not None else DEFAULT_LOCK_DIR,
                        shutdown_grace=shutdown_grace, scheduler=not no_scheduler,
                        output_tail=output_tail, max_tasks=max_tasks,
-                       max_runtime=runtime_limit, queues=queue or None)
+                       max_runtime=runtime_limit, queues=queue or None,
+                       metrics_port=metrics_port)
             holder["id"] = w.worker_id
             # What the connection really runs with, read back: a durability setting that
             # did not take must not be announced as if it had.
@@ -191,27 +192,12 @@ def worker(
                 f"{durability}, "
                 f"db {path}") + "\n")
             sys.stderr.flush()
-            exporter = None
-            if metrics_port is not None:
-                from ledgerq.web.metrics import exporter as serve_metrics
-
-                bound = asyncio.Event()
-                exporter = asyncio.create_task(serve_metrics(handle, metrics_port,
-                                                             bound=bound))
-                serving = asyncio.create_task(bound.wait())
-                await asyncio.wait({exporter, serving}, return_when=asyncio.FIRST_COMPLETED)
-                serving.cancel()
-                if exporter.done() and exporter.exception() is not None:
-                    # A worker that says it exports metrics and does not would go unseen
-                    # by every dashboard that scrapes it: refuse to start instead.
-                    die(f"--metrics-port {metrics_port}: cannot serve metrics: "
-                        f"{exporter.exception()}")
             try:
                 await w.run()
-            finally:
-                if exporter is not None:
-                    exporter.cancel()
-                    await asyncio.gather(exporter, return_exceptions=True)
+            except MetricsUnavailable as exc:
+                # A worker that says it exports metrics and does not would go unseen by
+                # every dashboard that scrapes it: it refuses to start instead.
+                die(f"--metrics-port {metrics_port}: {exc}")
             summary = ", ".join(f"{n} {k}" for k, n in sorted(w.outcomes.items())) or "no runs"
             if w.recycling.why is not None:
                 summary += f"; drained: {w.recycling.why}"

@@ -83,6 +83,26 @@ def _file_identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+class MetricsUnavailable(OSError):
+    """A worker asked to serve ``/metrics`` cannot (its port is taken): it refuses to
+    start rather than run unseen by every dashboard that scrapes it."""
+
+
+async def _serve_metrics(db: Any, port: int) -> asyncio.Task[None]:
+    """The exporter of ``db``'s metrics on 127.0.0.1:``port``, once it serves."""
+    from ledgerq.web.metrics import exporter
+
+    bound = asyncio.Event()
+    task = asyncio.create_task(exporter(db, port, bound=bound))
+    serving = asyncio.create_task(bound.wait())
+    await asyncio.wait({task, serving}, return_when=asyncio.FIRST_COMPLETED)
+    serving.cancel()
+    if task.done() and task.exception() is not None:
+        raise MetricsUnavailable(f"cannot serve metrics on 127.0.0.1:{port}: "
+                                 f"{task.exception()}")
+    return task
+
+
 def default_worker_id() -> str:
     """``host:<8 hex>``, the ADR-0071 queue's worker id shape."""
     return f"host:{uuid.uuid4().hex[:8]}"
@@ -116,7 +136,8 @@ class Worker:
                  stuck_retry: float = STUCK_RETRY_SECONDS,
                  scheduler: bool = True, output_tail: int = OUTPUT_TAIL_BYTES,
                  max_tasks: int | None = None, max_runtime: float | None = None,
-                 queues: Iterable[str] | None = None) -> None:
+                 queues: Iterable[str] | None = None,
+                 metrics_port: int | None = None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, not {capacity!r}")
         # Every span checked as a number of seconds a clock can add (NaN, infinity and
@@ -147,6 +168,8 @@ class Worker:
         self.shutdown_grace = shutdown_grace
         self.claim_cooldown = claim_cooldown
         self.handle_signals = handle_signals
+        #: Where this worker serves Prometheus ``/metrics`` (127.0.0.1), if anywhere.
+        self.metrics_port = metrics_port
         #: Whether this worker also runs a scheduler pass (fires due slots) every poll:
         #: any number may, anywhere (each slot still yields one run). Specs without the
         #: schedule entity have nothing to fire.
@@ -229,7 +252,10 @@ class Worker:
             if killed:
                 log.warning("worker %s: killed %d process group(s) a dead worker left "
                             "running: %s", self.worker_id, len(killed), killed)
+        exporter = None
         try:
+            if self.metrics_port is not None:
+                exporter = await _serve_metrics(self.db, self.metrics_port)
             # Submits in other processes and hosts wake this worker too, where the
             # backend can tell it (PostgreSQL's LISTEN); otherwise it polls.
             await self.db.listen(functools.partial(wakeup.notify, self.db.path))
@@ -242,6 +268,9 @@ class Worker:
             wakeup.unsubscribe(self.db.path, self._wake)
             await self.db.unlisten()
             await self._drain()
+            if exporter is not None:
+                exporter.cancel()
+                await asyncio.gather(exporter, return_exceptions=True)
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self._running = False
