@@ -449,3 +449,44 @@ async def test_a_library_worker_serves_its_metrics(tmp_path: Any) -> None:
         finally:
             await worker.stop()
             await going
+
+
+async def test_defers_in_a_transaction_commit_together_or_not_at_all(db_target: str) -> None:
+    from ledgerq.errors import IdempotencyConflict
+    from ledgerq.lifecycle.transactions import NotCommitted
+
+    app = make_app(db_target)
+    resize = app.tasks["test_app.make_app.resize"]
+    async with app:
+        async with app.transaction() as tx:
+            a = await resize.defer_async(path="a", width=1, tx=tx)
+            b = await resize.defer_async(path="b", width=2, tx=tx)
+            with pytest.raises(NotCommitted):
+                _ = a.id
+            assert (await list_runs(app.db)).total == 0  # queued, not written
+        assert len({a.id, b.id}) == 2 and (await list_runs(app.db)).total == 2
+        # A block that raises writes nothing.
+        with pytest.raises(RuntimeError, match="the caller's own failure"):
+            async with app.transaction() as tx:
+                await resize.defer_async(path="c", width=3, tx=tx)
+                raise RuntimeError("the caller's own failure")
+        # A write that fails at the commit takes the block's other writes with it.
+        await resize.configure(idempotency_key="k").defer_async(path="x", width=1)
+        with pytest.raises(IdempotencyConflict):
+            async with app.transaction() as tx:
+                await resize.defer_async(path="d", width=4, tx=tx)
+                await resize.configure(idempotency_key="k").defer_async(
+                    path="y", width=2, tx=tx)
+        # Bad arguments are refused at the call, inside the block, as anywhere.
+        async with app.transaction() as tx:
+            with pytest.raises(InvalidInput, match="'width'"):
+                await resize.defer_async(path="e", width="5", tx=tx)
+        assert (await list_runs(app.db)).total == 3
+        assert await app.drain() == 3
+        assert await a.result() == "a@1" and await b.result() == "b@2"
+
+
+def test_a_task_parameter_may_not_be_named_tx() -> None:
+    app = App(":memory:")
+    with pytest.raises(InvalidInput, match="'tx'"):
+        app.task(name="t")(lambda tx: None)

@@ -10,8 +10,9 @@ above it knows which one it is talking to.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar, get_args
@@ -21,6 +22,7 @@ from ledgerq.extras import require
 from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import EntityPolicy, Registry, default_registry
+from ledgerq.lifecycle.transactions import Transaction
 from ledgerq.store.sqltx import SqlTx
 from ledgerq.store.timeouts import BUSY_TIMEOUT_MS
 
@@ -193,6 +195,19 @@ class StateDB:
         sees or keeps.
         """
         return await self._backend.write(fn, bulk=bulk, reads_first=reads_first, alone=alone)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """Calls given ``tx=`` inside the block commit together when it ends, or none of
+        them (see :mod:`ledgerq.lifecycle.transactions`); a block that raises writes
+        nothing."""
+        tx = Transaction(self)
+        try:
+            yield tx
+        except BaseException:
+            tx.discard()
+            raise
+        await tx.commit()
 
     async def write_together(self, fn: Callable[[SqlTx], T]) -> T:
         """:meth:`write`, allowed to share its transaction with concurrent ones (group

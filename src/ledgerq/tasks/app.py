@@ -9,6 +9,7 @@ background loop per app with its own handle, opened on first use.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,6 +38,7 @@ from ledgerq.tasks.task import Isolation, Task
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import Registry
+    from ledgerq.lifecycle.transactions import Transaction
     from ledgerq.queue.worker.launcher import ExecuteFn
     from ledgerq.queue.worker.service import Worker
     from ledgerq.store.db import StateDB, Synchronous
@@ -234,6 +236,10 @@ class App:
 
         return Worker(self.db, capacity=capacity, adapters=self.executors(capacity),
                       queues=sorted(self.queues) if queues is None else queues, **options)
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Transaction]:
+        """``app.db.transaction()``: defers given ``tx=`` commit together, or none."""
+        return self.db.transaction()
 
     async def drain(self, *, advance_clock: bool = False,
                     queues: Iterable[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from ledgerq.queue.reads import RUN_ENTITY, get_run
 from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
+    from ledgerq.lifecycle.transactions import Pending
     from ledgerq.store.db import StateDB
     from ledgerq.tasks.task import Task
 
@@ -71,11 +72,18 @@ def outcome_of(task: Task[Any], db: StateDB, row: dict[str, Any]) -> Any:
 class AsyncTaskRun(Generic[R]):
     """A deferred run, for async code."""
 
-    def __init__(self, task: Task[R], run_id: str, db: StateDB) -> None:
-        self.task, self.id, self._db = task, run_id, db
+    def __init__(self, task: Task[R], run_id: str | Pending[str], db: StateDB) -> None:
+        self.task, self._id, self._db = task, run_id, db
+
+    @property
+    def id(self) -> str:
+        """The run's id (a run deferred in a transaction has one once it commits)."""
+        return self._id if isinstance(self._id, str) else self._id.value
 
     def __repr__(self) -> str:
-        return f"<AsyncTaskRun {self.task.name} {self.id}>"
+        shown = self._id if isinstance(self._id, str) else (
+            self._id.value if self._id.done else "(not committed)")
+        return f"<AsyncTaskRun {self.task.name} {shown}>"
 
     async def status(self) -> str:
         """The run's state now (``queued``, ``running``, ``completed``, ...)."""

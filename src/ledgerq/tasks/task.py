@@ -30,6 +30,7 @@ from ledgerq.tasks.arguments import TaskArguments, TaskResult
 from ledgerq.tasks.execution import MAX_RESULT_BYTES
 
 if TYPE_CHECKING:
+    from ledgerq.lifecycle.transactions import Transaction
     from ledgerq.store.db import StateDB
     from ledgerq.tasks.app import App
     from ledgerq.tasks.runs import AsyncTaskRun, TaskRun
@@ -137,6 +138,9 @@ class Task(Generic[R]):
                 or max_result_bytes < 1:
             raise InvalidInput(f"task {self.name}: max_result_bytes must be an int >= 1")
         self.max_result_bytes = max_result_bytes
+        if "tx" in inspect.signature(fn).parameters:
+            raise InvalidInput(f"task {self.name}: a parameter may not be named 'tx': "
+                               "defer_async(..., tx=) names the transaction to defer in")
         self.arguments = TaskArguments(fn, self.name)
         self.returns = TaskResult(fn, self.name)
         self.__doc__ = fn.__doc__
@@ -170,10 +174,12 @@ class Task(Generic[R]):
         return Deferrer(self, DeferOptions(delay, at, priority, queue, idempotency_key,
                                            tuple(depends_on)))
 
-    async def defer_async(self, *args: Any, **kwargs: Any) -> AsyncTaskRun[R]:
+    async def defer_async(self, *args: Any, tx: Transaction | None = None,
+                          **kwargs: Any) -> AsyncTaskRun[R]:
         """Queue a run of this task with these arguments; its handle (``.id``,
-        ``await .result()``). InvalidInput naming the parameter when they do not fit."""
-        return await Deferrer(self, DeferOptions()).defer_async(*args, **kwargs)
+        ``await .result()``). InvalidInput naming the parameter when they do not fit.
+        ``tx``: a ``db.transaction()`` the run is written in, with its other writes."""
+        return await Deferrer(self, DeferOptions()).defer_async(*args, tx=tx, **kwargs)
 
     def defer(self, *args: Any, **kwargs: Any) -> TaskRun[R]:
         """:meth:`defer_async` from synchronous code (a view, a script): through the app's
@@ -204,9 +210,18 @@ class Deferrer(Generic[R]):
             priority=task.priority if o.priority is None else o.priority,
             queue=task.queue if o.queue is None else o.queue)
 
-    async def defer_async(self, *args: Any, **kwargs: Any) -> AsyncTaskRun[R]:
+    async def defer_async(self, *args: Any, tx: Transaction | None = None,
+                          **kwargs: Any) -> AsyncTaskRun[R]:
         from ledgerq.tasks.runs import AsyncTaskRun
 
+        if tx is not None:
+            from ledgerq.queue.submission.submit import submit_in
+
+            app = self.task.app
+            application = self.application(args, kwargs, time.time())
+            app.deferred_to(application.queue)
+            pending = await submit_in(tx, application, vocabulary=app.vocabulary)
+            return AsyncTaskRun(self.task, pending, app.db)
         db = self.task.app.db
         run_id = await self.submit(db, args, kwargs)
         return AsyncTaskRun(self.task, run_id, db)

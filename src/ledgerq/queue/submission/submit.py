@@ -39,6 +39,7 @@ from ledgerq.queue.worker import wakeup
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database
+    from ledgerq.lifecycle.transactions import Pending, Transaction
     from ledgerq.queue.submission.store import SubmissionTx
 
 SUBMITTER = Actor(type="system", id="ledgerq.submit")
@@ -280,6 +281,26 @@ async def _with_recorded_kinds(db: Database[SubmissionTx], apps: Sequence[TaskAp
                     raise
                 raise InvalidInput(f"apps[{i}]: {exc}") from exc
     return replace(words, task_kinds=words.task_kinds | frozenset(kinds))
+
+
+async def submit_in(tx: Transaction, app: TaskApplication, *, host: str | None = None,
+                    actor: Actor = SUBMITTER, limits: SubmitLimits | None = None,
+                    vocabulary: Vocabulary | None = None) -> Pending[str]:
+    """:func:`submit_task` as one of a transaction's writes (``db.transaction()``): the
+    application is checked now (a refusal raises here and queues nothing); the row and
+    its creation fact are written when the transaction commits, with its other writes.
+    The run id is the returned value's, once committed."""
+    db: Database[SubmissionTx] = tx.db
+    words = await _with_recorded_kinds(db, [app], vocabulary)
+    valid, text = validate_encoded(app, limits=DEFAULT_LIMITS if limits is None else limits,
+                                   vocabulary=words)
+    policy = run_policy(db)
+    hostname = socket.gethostname() if not host and valid.required_capabilities \
+        else host or ""
+    pending = tx.add(lambda t: _insert_all(t, policy, [valid], time.time(), hostname, actor,
+                                           [text])[0], what="the run's id")
+    tx.after_commit(lambda: wakeup.notify(db.path))
+    return pending
 
 
 def _joinable(app: TaskApplication) -> bool:
