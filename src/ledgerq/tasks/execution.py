@@ -27,6 +27,7 @@ from ledgerq.errors import InvalidInput
 from ledgerq.queue.worker.finished import Finished
 from ledgerq.queue.worker.launcher import current_capture, stops_by
 from ledgerq.queue.worker.outcomes import DETAIL_LIMIT
+from ledgerq.tasks import tracing
 from ledgerq.tasks.control import Fail, Retry
 from ledgerq.tasks.hooks import Hooks
 
@@ -75,22 +76,33 @@ def executor_for(task: Task[Any], pool: Executor | None = None,
     ``hooks`` are called as each run starts and ends."""
 
     async def execute(run: dict[str, Any]) -> Finished:
-        if not hooks:
-            return await _execute(task, run, pool)
-        await hooks.call("started", run)
-        try:
-            finished = await _execute(task, run, pool)
-        except BaseException as exc:  # cancelled (timeout, shutdown, lease lost)
-            await hooks.call("failed", run, exc)
-            raise
-        if finished.exit_code == 0:
-            await hooks.call("succeeded", run, task.returns.decode(finished.result))
-        else:
-            await hooks.call("failed", run, finished.exception or RuntimeError(
-                finished.detail))
-        return finished
+        if not tracing.enabled():
+            return await _hooked(task, run, pool, hooks)
+        with tracing.running(task.name, run) as span:
+            finished = await _hooked(task, run, pool, hooks)
+            if finished.exit_code != 0:
+                tracing.failed(span, finished.exception, finished.detail)
+            return finished
 
     return execute
+
+
+async def _hooked(task: Task[Any], run: dict[str, Any], pool: Executor | None,
+                  hooks: Hooks | None) -> Finished:
+    """The run with the app's hooks around it (when it has any)."""
+    if not hooks:
+        return await _execute(task, run, pool)
+    await hooks.call("started", run)
+    try:
+        finished = await _execute(task, run, pool)
+    except BaseException as exc:  # cancelled (timeout, shutdown, lease lost)
+        await hooks.call("failed", run, exc)
+        raise
+    if finished.exit_code == 0:
+        await hooks.call("succeeded", run, task.returns.decode(finished.result))
+    else:
+        await hooks.call("failed", run, finished.exception or RuntimeError(finished.detail))
+    return finished
 
 
 async def _execute(task: Task[Any], run: dict[str, Any], pool: Executor | None) -> Finished:

@@ -26,6 +26,7 @@ from ledgerq.queue.submission.application import (
     check_queue,
     task_name_problem,
 )
+from ledgerq.tasks import tracing
 from ledgerq.tasks.arguments import TaskArguments, TaskResult
 from ledgerq.tasks.execution import MAX_RESULT_BYTES
 
@@ -193,16 +194,20 @@ class Deferrer(Generic[R]):
     def __init__(self, task: Task[R], options: DeferOptions) -> None:
         self.task, self.options = task, options
 
+    @property
+    def queue(self) -> str:
+        return self.task.queue if self.options.queue is None else self.options.queue
+
     def configure(self, **changes: Any) -> Deferrer[R]:
         merged = {**vars(self.options), **changes}
         return self.task.configure(**merged)
 
     def application(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    now: float) -> TaskApplication:
+                    now: float, trigger: dict[str, str] | None = None) -> TaskApplication:
         """The run's application for this call (arguments checked and encoded)."""
         task, o = self.task, self.options
         not_before = o.at if o.at is not None else (now + o.delay if o.delay else None)
-        return TaskApplication(
+        return TaskApplication(trigger_context=trigger,
             action_kind=task.name, args=task.arguments.encode(args, kwargs),
             execution_target=task.target, required_capabilities=list(task.capabilities),
             idempotency_key=o.idempotency_key, retry=task.retry,
@@ -218,9 +223,10 @@ class Deferrer(Generic[R]):
             from ledgerq.queue.submission.submit import submit_in
 
             app = self.task.app
-            application = self.application(args, kwargs, time.time())
-            app.deferred_to(application.queue)
-            pending = await submit_in(tx, application, vocabulary=app.vocabulary)
+            with tracing.deferring(self.task.name, self.queue) as trigger:
+                application = self.application(args, kwargs, time.time(), trigger)
+                app.deferred_to(application.queue)
+                pending = await submit_in(tx, application, vocabulary=app.vocabulary)
             return AsyncTaskRun(self.task, pending, app.db)
         db = self.task.app.db
         run_id = await self.submit(db, args, kwargs)
@@ -240,9 +246,10 @@ class Deferrer(Generic[R]):
         from ledgerq.queue.submission.submit import submit_task
 
         app = self.task.app
-        application = self.application(args, kwargs, time.time())
-        app.deferred_to(application.queue)
-        return await submit_task(db, application, vocabulary=app.vocabulary)
+        with tracing.deferring(self.task.name, self.queue) as trigger:
+            application = self.application(args, kwargs, time.time(), trigger)
+            app.deferred_to(application.queue)
+            return await submit_task(db, application, vocabulary=app.vocabulary)
 
 
 __all__ = ["DeferOptions", "Deferrer", "Isolation", "Task"]

@@ -177,6 +177,11 @@ class TaskApplication:
     priority: int = 0
     #: The named queue it waits in; a worker claims only from the queues it serves.
     queue: str = DEFAULT_QUEUE
+    #: What triggered the run, as text pairs (the caller's W3C trace context,
+    #: ``traceparent``/``tracestate``, so the run's span continues the caller's trace);
+    #: stored in the run's ``trigger_context``. Not part of the idempotency comparison:
+    #: a retried request from another trace is the same application.
+    trigger_context: Mapping[str, str] | None = None
 
 
 #: Documented defaults of :class:`SubmitLimits` (docs/queue.md, "Limits"). The walk over
@@ -525,12 +530,36 @@ def validate_encoded(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIM
                                "dependencies starts when they succeed")
     check_priority(app.priority)
     check_queue(app.queue)
+    _check_trigger_context(app.trigger_context)
     changes: dict[str, Any] = {}
     if kind != app.action_kind:
         changes["action_kind"] = kind
     if not isinstance(deps, tuple):
         changes["depends_on"] = tuple(deps)
     return (replace(app, **changes) if changes else app), encoded
+
+
+#: A trigger context's bounds: a trace context is two short headers.
+MAX_TRIGGER_ITEMS = 16
+MAX_TRIGGER_TEXT = 1024
+
+
+def _check_trigger_context(context: object) -> None:
+    if context is None:
+        return
+    if not isinstance(context, Mapping):
+        raise InvalidInput(f"trigger_context must be a mapping of text to text, got "
+                           f"{type(context).__name__}")
+    if len(context) > MAX_TRIGGER_ITEMS:
+        raise InvalidInput(f"trigger_context has {len(context)} items; the limit is "
+                           f"{MAX_TRIGGER_ITEMS}")
+    for key, value in context.items():
+        if not isinstance(key, str) or not isinstance(value, str) \
+                or len(key) > MAX_TRIGGER_TEXT or len(value) > MAX_TRIGGER_TEXT:
+            raise InvalidInput(f"trigger_context[{shown(key)}] must be text to text, each "
+                               f"at most {MAX_TRIGGER_TEXT} characters")
+        check_text(key, "trigger_context key")
+        check_text(value, f"trigger_context[{shown(key)}]")
 
 
 def digest(app: TaskApplication, args_json: str | None = None) -> str:

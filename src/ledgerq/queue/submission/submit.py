@@ -132,7 +132,8 @@ def run_row(app: TaskApplication, now: float, host: str, status: str, deps: list
     caps = app.required_capabilities  # most runs ask for none: nothing to encode or scope
     row = {
         "id": new_run_id(),
-        "schedule_id": None, "invocation_id": None, "trigger_context": "{}",
+        "schedule_id": None, "invocation_id": None,
+        "trigger_context": dumps(dict(app.trigger_context)) if app.trigger_context else "{}",
         "action_kind": app.action_kind,
         "action_args": dumps(app.args) if args_json is None else args_json,
         "status": status, "chain_depth": 0,
