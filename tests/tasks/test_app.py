@@ -446,6 +446,7 @@ async def test_a_library_worker_serves_its_metrics(tmp_path: Any) -> None:
                 except OSError:
                     await asyncio.sleep(0.05)
             assert "ledgerq_runs{" in body
+            assert "# TYPE ledgerq_run_duration_seconds histogram" in body
         finally:
             await worker.stop()
             await going
@@ -490,3 +491,18 @@ def test_a_task_parameter_may_not_be_named_tx() -> None:
     app = App(":memory:")
     with pytest.raises(InvalidInput, match="'tx'"):
         app.task(name="t")(lambda tx: None)
+
+
+async def test_a_workers_metrics_have_run_durations_by_queue_and_task(tmp_path: Any) -> None:
+    from prometheus_client import generate_latest
+
+    from ledgerq.queue.worker import durations
+
+    app = make_app(str(tmp_path / "durations.db"))
+    resize = app.tasks["test_app.make_app.resize"]
+    async with app:
+        await resize.configure(queue="images").defer_async(path="p", width=1)
+        await app.drain()
+    text = generate_latest(durations.REGISTRY).decode()
+    assert ('ledgerq_run_duration_seconds_count{outcome="completed",queue="images",'
+            'task="test_app.make_app.resize"}') in text

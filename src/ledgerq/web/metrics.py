@@ -20,6 +20,9 @@ Names are prefixed ``ledgerq_``:
   ``ledgerq_worker_last_heartbeat_timestamp_seconds{worker_id}`` gauges;
   ``ledgerq_worker_running{worker_id}`` gauge.
 * ``ledgerq_stuck_runs`` gauge (see ``ledgerq stats``).
+* ``ledgerq_run_duration_seconds{queue,task,outcome}`` histogram, served by a worker's
+  exporter only: the runs that process executed, from claim to end (observed where they
+  ran; see ``ledgerq.queue.worker.durations``).
 """
 
 from __future__ import annotations
@@ -131,6 +134,16 @@ class SnapshotCollector(Collector):
         yield running
 
 
+class _Joined(Collector):
+    """Another registry's metrics, served beside the snapshot's."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
+
+
 def render(snapshot: Snapshot) -> bytes:
     """The Prometheus text exposition of one snapshot."""
     registry = CollectorRegistry(auto_describe=False)
@@ -150,9 +163,13 @@ async def exporter(db: StateDB, port: int, *, host: str = "127.0.0.1",
     """
     from prometheus_client import start_http_server
 
+    from ledgerq.queue.worker import durations
+
     collector = SnapshotCollector(await take_snapshot(db))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    # The runs this process executed: their durations are observed here, not read.
+    registry.register(_Joined(durations.REGISTRY))
     server, thread = start_http_server(port, addr=host, registry=registry)
     if bound is not None:
         bound.set()

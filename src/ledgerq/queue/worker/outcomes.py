@@ -24,7 +24,7 @@ from ledgerq.queue.maintenance.stuck import is_database_failure
 from ledgerq.queue.moves import ERROR_COLUMN, RESULT_COLUMN, Move, lease_columns
 from ledgerq.queue.runs import no_lease, run_policy, terms, worker_actor
 from ledgerq.queue.submission.application import RetryPolicy
-from ledgerq.queue.worker import wakeup
+from ledgerq.queue.worker import durations, wakeup
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database
@@ -166,8 +166,7 @@ async def record_outcomes(db: Database[WorkerTx], policy: EntityPolicy, ended: S
     if writes:
         wakeup.notify(db.path, wakeup.ENDED)
     out: list[str | Exception] = []
-    if log.isEnabledFor(logging.WARNING):
-        _log_ends(ended, planned, ctx)
+    _report_ends(ended, planned, ctx)
     for end, plan in zip(ended, planned, strict=True):
         if isinstance(plan, Exception):
             out.append(plan)
@@ -182,19 +181,23 @@ async def record_outcomes(db: Database[WorkerTx], policy: EntityPolicy, ended: S
     return out
 
 
-def _log_ends(ended: Sequence[Ended], planned: Sequence[MoveTerms | Exception],
-              ctx: RunContext) -> None:
-    """One line per run's end (INFO), and a failure's traceback (WARNING): what a worker
-    embedded in an application reports through its logging."""
+def _report_ends(ended: Sequence[Ended], planned: Sequence[MoveTerms | Exception],
+                 ctx: RunContext) -> None:
+    """Each run's duration in the process's histogram; one line per run's end (INFO),
+    and a failure's traceback (WARNING): what a worker embedded in an application
+    reports through its logging."""
     now, info = ctx.clock(), log.isEnabledFor(logging.INFO)
+    warn = info or log.isEnabledFor(logging.WARNING)
     for end, plan in zip(ended, planned, strict=True):
         run, outcome = end.run, end.outcome
-        error = outcome.error
-        if not info and error is None:
-            continue
         claimed = run.get("lease_expires_at")
         took = now - (claimed - ctx.lease_ttl) if isinstance(claimed, float) else 0.0
         state = plan.to_state if isinstance(plan, MoveTerms) else "error"
+        durations.observe(str(run.get("queue", "default")), str(run.get("action_kind")),
+                          state, took)
+        error = outcome.error
+        if not info and (error is None or not warn):
+            continue
         line = (f"run {run['id']} end task={run.get('action_kind')} "
                 f"queue={run.get('queue', 'default')} "
                 f"attempt={int(run.get('run_attempts') or 0) + 1} duration={took:.3f}s "
