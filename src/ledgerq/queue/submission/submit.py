@@ -221,7 +221,8 @@ async def submit_many(db: Database[SubmissionTx], apps: Sequence[TaskApplication
     message starts with the application's index when the batch holds more than one.
     """
     checked = DEFAULT_LIMITS if limits is None else limits
-    vocabulary = await _with_recorded_kinds(db, apps, vocabulary)
+    if _unknown_kinds(apps, vocabulary):  # (most submits name a kind already known)
+        vocabulary = await _with_recorded_kinds(db, apps, vocabulary)
     normalized: list[TaskApplication] = []
     texts: list[str | None] = []
     for i, a in enumerate(apps):
@@ -258,15 +259,22 @@ async def submit_many(db: Database[SubmissionTx], apps: Sequence[TaskApplication
     return ids
 
 
+def _unknown_kinds(apps: Sequence[TaskApplication], vocabulary: Vocabulary | None
+                   ) -> set[str]:
+    """The kinds the applications name that neither the ADR-0071 queue's list nor
+    ``vocabulary`` holds (a recorded task's, or a mistake)."""
+    tasks = () if vocabulary is None else vocabulary.task_kinds
+    return {k for a in apps if type(k := a.action_kind) is str and k not in ACTION_KINDS
+            and k not in ACTION_ALIASES and k not in tasks}
+
+
 async def _with_recorded_kinds(db: Database[SubmissionTx], apps: Sequence[TaskApplication],
                                vocabulary: Vocabulary | None) -> Vocabulary | None:
     """``vocabulary`` plus the recorded task kinds the applications name, each
     application's args checked against its kind's recorded parameters (InvalidInput
     naming the argument). Kinds the vocabulary knows cost no read."""
     words = RECORD_VOCABULARY if vocabulary is None else vocabulary
-    unknown = {a.action_kind for a in apps if isinstance(a.action_kind, str)
-               and a.action_kind not in ACTION_KINDS and a.action_kind not in ACTION_ALIASES
-               and a.action_kind not in words.task_kinds}
+    unknown = _unknown_kinds(apps, vocabulary)
     if not unknown:
         return vocabulary
     kinds = await task_kinds.recorded(db, sorted(unknown))
