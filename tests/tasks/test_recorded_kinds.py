@@ -113,6 +113,12 @@ def test_the_http_api_submits_a_recorded_task(tmp_path: Path) -> None:
         assert created.status_code == 201, created.text
         refused = post({"action_kind": "email.send", "args": {"to": "a@b"}})
         assert refused.status_code == 422 and "missing argument 'subject'" in refused.text
+        # The OpenAPI document shows what the recorded task takes.
+        doc = api.get("/openapi.json").json()
+        args = doc["components"]["schemas"]["TaskArgs.email.send"]
+        assert args["required"] == ["to", "subject"]
+        assert doc["paths"]["/api/tasks"]["post"]["x-ledgerq-tasks"] == {
+            "email.send": {"$ref": "#/components/schemas/TaskArgs.email.send"}}
 
 
 async def test_a_result_wakes_on_another_processes_end_through_notify(

@@ -11,6 +11,7 @@ configured; then the routes. Every refusal is ``{"detail": "<one line>"}``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -47,16 +48,45 @@ def _validation_message(exc: RequestValidationError) -> str:
     return f"{where}: {first.get('msg', 'invalid')}"
 
 
+def _document_tasks(doc: dict[str, Any], kinds: dict[str, Any]) -> None:
+    """Each recorded Python task's arguments as a schema ``TaskArgs.<name>`` (its own
+    definitions beside it, as ``TaskArgs.<name>.<def>``), listed on ``POST /api/tasks``
+    (``x-ledgerq-tasks``): what ``args`` must be when ``action_kind`` names that task."""
+    if not kinds:
+        return
+    schemas = doc["components"]["schemas"]
+    listed: dict[str, Any] = {}
+    for name, kind in sorted(kinds.items()):
+        prefix = f"TaskArgs.{name}"
+        parameters = json.loads(json.dumps(kind.parameters).replace(
+            '"#/$defs/', f'"#/components/schemas/{prefix}.'))
+        for sub, schema in parameters.pop("$defs", {}).items():
+            schemas[f"{prefix}.{sub}"] = schema
+        schemas[prefix] = parameters
+        listed[name] = {"$ref": f"#/components/schemas/{prefix}"}
+    post = doc["paths"].get("/api/tasks", {}).get("post")
+    if post is not None:
+        post["x-ledgerq-tasks"] = listed
+        post["description"] = (post.get("description", "") + "\n\nRecorded Python tasks "
+                               "(`action_kind`: the schema `args` must match): "
+                               + ", ".join(sorted(listed)))
+
+
 def create_app(config: ServeConfig) -> FastAPI:
     """The app for ``config`` (checked first: no token off loopback is refused)."""
     config.check()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from ledgerq.queue.submission import task_kinds
         from ledgerq.store.db import StateDB
 
         async with StateDB(config.db, registry=_registry(config)) as db:
             app.state.db = db
+            # The Python tasks apps recorded, for the OpenAPI document (as they were
+            # when the server started).
+            app.state.task_kinds = await task_kinds.recorded(db)
+            app.openapi_schema = None
             yield
 
     app = FastAPI(title="ledgerq", version="1", lifespan=lifespan,
@@ -105,6 +135,7 @@ def create_app(config: ServeConfig) -> FastAPI:
                 body = model.model_json_schema(ref_template=ref)
                 schemas.update(body.pop("$defs", {}))
                 schemas[model.__name__] = body
+            _document_tasks(doc, getattr(app.state, "task_kinds", {}))
             app.openapi_schema = doc
         return app.openapi_schema
 
