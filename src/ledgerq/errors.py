@@ -82,6 +82,28 @@ class MigrationRefused(LedgerqError, ValueError):
     """Specs conflict with the database in a way no version order explains."""
 
 
+class IllegalTransition(InvalidInput):
+    """The spec declares no edge from the entity's state to the one asked for (the
+    message lists the states it allows)."""
+
+
+class ActorNotAllowed(InvalidInput):
+    """The edge is restricted to other actor types than the request's."""
+
+
+class MissingColumns(InvalidInput):
+    """The edge requires guard or patch columns the request does not give."""
+
+
+class UnknownReason(InvalidInput):
+    """The reason code is not one the entity's spec declares."""
+
+
+class Conflict(LedgerqError, ValueError):
+    """The move lost: the entity was not in the state the caller expected (``expect=``),
+    a guard did not match, or another writer moved it first. Nothing was written."""
+
+
 class TaskFailed(LedgerqError):
     """A task's run ended other than completed: ``await run.result()`` raises this.
 
@@ -98,7 +120,8 @@ class TaskFailed(LedgerqError):
         super().__init__(f"run {run_id} ended {status}: {why}")
 
 
-__all__ = ["DatabaseDamaged", "DatabaseError", "DatabaseGone", "DatabaseUnavailable",
-           "IdempotencyConflict", "IntegrityViolation", "InvalidInput", "LedgerqError",
-           "MigrationRefused", "MissingExtra", "NotFound", "SchemaMissing", "SpecError",
-           "TaskFailed"]
+__all__ = ["ActorNotAllowed", "Conflict", "DatabaseDamaged", "DatabaseError",
+           "DatabaseGone", "DatabaseUnavailable", "IdempotencyConflict", "IllegalTransition",
+           "IntegrityViolation", "InvalidInput", "LedgerqError", "MigrationRefused",
+           "MissingColumns", "MissingExtra", "NotFound", "SchemaMissing", "SpecError",
+           "TaskFailed", "UnknownReason"]

@@ -47,7 +47,7 @@ def apply_claims(tx: EventStore, policy: EntityPolicy, rows: list[tuple[str, dic
     if set(policy.json_columns) & (guard.keys() | patch.keys()):
         raise ValueError("apply_claims: JSON columns cannot be batched")
     if plan.refusal is not None:
-        raise ValueError(plan.refusal)
+        raise plan.refused_as(plan.refusal)
     ts = time.time() if now is None else now
     changes = stamp(reason, ts)
     # No value is a container (no JSON column, and check_values refuses one elsewhere):

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ledgerq.codec import CONTAINERS, dumps
+from ledgerq.errors import NotFound
 from ledgerq.lifecycle.facts import Fact, make_fact
 from ledgerq.lifecycle.ids import new_id, new_token
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
@@ -106,7 +107,7 @@ def apply_move(tx: EventStore, policy: EntityPolicy, entity_id: str,
     if row is None:
         if skip_locked:  # held by another writer (or gone): not this caller's to move
             return _conflict(from_state or "")
-        raise LookupError(f"{policy.name} {entity_id!r} not found")
+        raise NotFound(f"{policy.name} {entity_id!r} not found")
     observed: str = row[0]
     if from_state is not None and observed != from_state:
         return _conflict(observed)
@@ -114,7 +115,7 @@ def apply_move(tx: EventStore, policy: EntityPolicy, entity_id: str,
         plan = move_plan(tx, policy, observed, to_state, reason, actor, guard, patch,
                          whole_row, skip_locked)
     if plan.refusal is not None:
-        raise ValueError(plan.refusal)
+        raise plan.refused_as(plan.refusal)
     for i, col in enumerate(guard_cols):
         if row[2 + i] != guard[col]:
             return _conflict(observed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ledgerq.errors import ActorNotAllowed, IllegalTransition, InvalidInput, MissingColumns
 from ledgerq.lifecycle.facts import reason_json
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.policy_cache import CACHES, PLAN_LIMIT, cache_of
@@ -44,6 +45,8 @@ class Plan(NamedTuple):
     #: The swap without a read (the WHERE holds status and guards), and with one.
     unread: Any = None
     read: Any = None
+    #: The exception a refusal raises (a subclass of InvalidInput, itself a ValueError).
+    refused_as: type[InvalidInput] = InvalidInput
 
 
 def move_plan(tx: EventStore, policy: EntityPolicy, observed: str, to_state: str,
@@ -70,9 +73,10 @@ def _make_plan(tx: EventStore, policy: EntityPolicy, observed: str, to_state: st
     check_allowed(policy, guard, patch)
     same = observed == to_state
     moved_to = None if same else to_state
-    refusal = _refusal(policy, observed, to_state, actor, guard, patch)
-    if refusal is not None:
-        return Plan(refusal, observed, to_state, moved_to, whole_row, skip_locked)
+    refused = _refusal(policy, observed, to_state, actor, guard, patch)
+    if refused is not None:
+        return Plan(refused[0], observed, to_state, moved_to, whole_row, skip_locked,
+                    refused_as=refused[1])
     rule = policy.rule(observed, to_state)
     fresh = tuple(sorted(rule.fresh_tokens - patch.keys()))
     # Read back what the database stored of every column whose stored form may differ
@@ -95,22 +99,24 @@ def _make_plan(tx: EventStore, policy: EntityPolicy, observed: str, to_state: st
 
 
 def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,
-             guard: dict[str, Any], patch: dict[str, Any]) -> str | None:
-    """Why the spec forbids this move from ``observed`` (the checks after the read), or
-    None: the edge, its actor types, the guard and patch columns it requires."""
+             guard: dict[str, Any], patch: dict[str, Any]
+             ) -> tuple[str, type[InvalidInput]] | None:
+    """Why the spec forbids this move from ``observed`` (the checks after the read) and
+    the exception that says so, or None: the edge, its actor types, the guard and patch
+    columns it requires."""
     if not policy.allows(observed, to_state):
         allowed = ", ".join(policy.targets(observed)) or "none (terminal)"
         return (f"{policy.name} {observed} -> {to_state} is {VOCABULARY_ERROR}; "
-                f"allowed from {observed}: {allowed}")
+                f"allowed from {observed}: {allowed}"), IllegalTransition
     rule = policy.rule(observed, to_state)
     if rule.actors is not None and actor.type not in rule.actors:
         return (f"{policy.name} {observed} -> {to_state} is restricted to actor type(s) "
-                f"{', '.join(sorted(rule.actors))}; got {actor.type!r}")
+                f"{', '.join(sorted(rule.actors))}; got {actor.type!r}"), ActorNotAllowed
     for kind, need, given in (("guard", rule.requires_guard, guard),
                               ("patch", rule.requires_patch, patch)):
         if need and not need.issubset(given):
             return (f"{policy.name} {observed} -> {to_state} requires {kind} column(s) "
-                    f"{', '.join(sorted(need - set(given)))}")
+                    f"{', '.join(sorted(need - set(given)))}"), MissingColumns
     return None
 
 

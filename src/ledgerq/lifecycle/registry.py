@@ -37,6 +37,9 @@ from ledgerq.lifecycle.spec import (
 RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invocations"})
 #: Every name ledgerq's own schema takes in the database's one namespace of tables,
 #: indexes and triggers (tests/lifecycle/test_spec_identifiers.py checks it against the DDL).
+#: An edge's event: what ``entity.send(id, event)`` names.
+EVENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+
 RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
     # PostgreSQL's schema also takes these (its metadata table, the append-only trigger
     # function and the TRUNCATE trigger SQLite does not have).
@@ -113,6 +116,10 @@ class EdgeRule:
     requires_patch: frozenset[str]
     description: str
     fresh_tokens: frozenset[str] = frozenset()
+    #: The event that names this edge, and the reason code a move along it records by
+    #: default (the spec's ``event`` and ``reason``).
+    event: str | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +195,19 @@ class EntityPolicy:
 
     def rule(self, from_state: str, to_state: str) -> EdgeRule:
         return self.edge_rules[(from_state, to_state)]
+
+    def event_target(self, from_state: str, event: str) -> str | None:
+        """The state ``event`` takes a row in ``from_state`` to; None when no edge out of
+        it has that event."""
+        for (src, dst), rule in self.edge_rules.items():
+            if src == from_state and rule.event == event:
+                return dst
+        return None
+
+    @property
+    def events(self) -> frozenset[str]:
+        """Every event an edge of this entity names."""
+        return frozenset(r.event for r in self.edge_rules.values() if r.event is not None)
 
     def outcome(self, state: str) -> str | None:
         """How a row in ``state`` ended; None for a state that is not (or not declared as)
@@ -375,6 +395,8 @@ class _Graph:
     #: are reachable, or can finish, is unknown until that edge is fixed.
     maybe_reached: set[str] = field(default_factory=set)
     maybe_finishes: set[str] = field(default_factory=set)
+    #: (source state, event) -> the index of the edge that names it.
+    events: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _check_state_names(c: _Checking) -> None:
@@ -444,7 +466,13 @@ def _check_edges(c: _Checking) -> _Graph:
             requires_patch=frozenset(edge.requires_patch),
             description=edge.description,
             fresh_tokens=frozenset(edge.fresh_tokens),
+            event=edge.event, reason=edge.reason,
         )
+        if edge.event is not None:
+            taken = graph.events.setdefault((edge.source, edge.event), i)
+            if taken != i:
+                c.bad(f"$.edges[{i}].event", f"event {edge.event!r} already names edge "
+                      f"$.edges[{taken}] out of {edge.source!r}: an event takes one edge")
         for j, dst in enumerate(edge.to):
             if dst not in c.declared:
                 continue
@@ -481,6 +509,16 @@ def _check_edge(c: _Checking, i: int, edge: EdgeSpec, guard_cols: frozenset[str]
     for j, col in enumerate(edge.fresh_tokens):
         if patch_cols is not None and col not in patch_cols:
             c.bad(f"{where}.fresh_tokens[{j}]", f"column {col!r} is not in patch_columns")
+    if edge.event is not None:
+        if EVENT_NAME.fullmatch(edge.event) is None:
+            c.bad(f"{where}.event", f"event {edge.event!r} is not a name: a letter, then "
+                  "letters, digits and '_'")
+        if len(edge.to) != 1:
+            c.bad(f"{where}.event", f"an edge with an event has one target; this one has "
+                  f"{len(edge.to)} (declare an edge per target)")
+    if edge.reason is not None and edge.reason not in c.spec.reason_codes:
+        c.bad(f"{where}.reason", f"default reason {edge.reason!r} is not one of the "
+              "entity's reason_codes")
 
 
 def _check_every_state_reachable(c: _Checking, graph: _Graph) -> None:

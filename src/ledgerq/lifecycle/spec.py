@@ -76,6 +76,11 @@ class EdgeSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: them (a lease's fencing token: callers written against the ADR-0071 queue never set it).
     fresh_tokens: list[str] = []
     description: str = ""
+    #: The event that takes this edge (``entity.send(id, "pay")``): one target only; an
+    #: event names one edge out of each state.
+    event: str | None = None
+    #: The reason code a move along this edge records when its caller gives none.
+    reason: str | None = None
 
 
 class ColumnSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

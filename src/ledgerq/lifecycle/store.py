@@ -202,6 +202,13 @@ class EventStore(Protocol):
         """Whole rows of the given ids (any order; missing ids are absent), or only their
         ``columns``."""
 
+    def read_page_before(self, policy: EntityPolicy, filters: dict[str, list[Any]],
+                         columns: tuple[str, ...], before: tuple[float, str] | None,
+                         limit: int) -> list[Row]:
+        """One keyset page newest first ((created_at, id) descending), strictly older than
+        ``before`` (None: from the newest), where each column is in its list: a cursor
+        page stays correct while rows are added, which an offset page does not."""
+
     def lock_key(self, key: str) -> None:
         """Serialize this transaction with every other that locks ``key`` until it ends
         (two moves under one idempotency key, two claims of one concurrency key: the

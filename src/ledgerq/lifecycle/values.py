@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ledgerq.codec import CONTAINERS
-from ledgerq.errors import InvalidInput
+from ledgerq.errors import InvalidInput, UnknownReason
 from ledgerq.lifecycle.models import StateReason
 from ledgerq.lifecycle.policy_cache import CACHES, PolicyCache, cache_of
 from ledgerq.lifecycle.registry import EntityPolicy
@@ -168,7 +168,7 @@ def value_problem(value: Any, *, json: bool) -> str | None:
 
 def check_reason(policy: EntityPolicy, reason: StateReason) -> None:
     if reason.code not in policy.reason_codes:
-        raise ValueError(
+        raise UnknownReason(
             f"unknown reason code {reason.code!r} for {policy.name}; "
             f"declared: {', '.join(sorted(policy.reason_codes))}"
         )

@@ -77,13 +77,6 @@ class ReadsTx(SharedTx, Protocol):
         """Every worker's whole row, by id (columns a newer schema added appear only
         where the database has them: a read-only open never upgrades it)."""
 
-    def read_page_before(self, policy: EntityPolicy, filters: dict[str, list[Any]],
-                         columns: tuple[str, ...], before: tuple[float, str] | None,
-                         limit: int) -> list[Row]:
-        """One keyset page newest first ((created_at, id) descending), strictly older than
-        ``before`` (None: from the newest), where each column is in its list: a cursor
-        page stays correct while rows are added, which an offset page does not."""
-
     def count_facts_by_reason(self) -> list[tuple[str, str, int]]:
         """(entity_type, reason_code, facts) of every pair in the log, sorted."""
 

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol, TypeVar, get_args
 from ledgerq.errors import InvalidInput
 from ledgerq.extras import require
 from ledgerq.lifecycle import evolution
+from ledgerq.lifecycle.entities import Entity
 from ledgerq.lifecycle.evolution import Normal, Plan, StateMapping
 from ledgerq.lifecycle.registry import EntityPolicy, Registry, default_registry
 from ledgerq.lifecycle.transactions import Transaction
@@ -195,6 +196,11 @@ class StateDB:
         sees or keeps.
         """
         return await self._backend.write(fn, bulk=bulk, reads_first=reads_first, alone=alone)
+
+    def entity(self, name: str) -> Entity:
+        """A handle on one entity type's rows: ``create``, ``get``, ``list``, ``move``,
+        ``send``, ``history`` (:mod:`ledgerq.lifecycle.entities`)."""
+        return Entity(self, name)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:

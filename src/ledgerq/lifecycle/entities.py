@@ -1,0 +1,316 @@
+"""``db.entity(name)``: one entity type's rows, created, read and moved in one line each.
+
+A handle adds no rule of its own: every write is the engine's one guarded
+compare-and-swap with one fact (:mod:`ledgerq.lifecycle.moves`), every refusal the
+engine's, as a typed exception of :mod:`ledgerq.errors`. What it adds is the reading a
+caller otherwise does by hand: ``move`` reads the current state itself, inside the same
+write unit as the swap (so nothing can move the row in between), and ``send`` finds the
+edge the spec names by an event. A move without a reason records the edge's default
+reason (the spec's ``reason``), or the one reason code declared for the target state.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+from ledgerq.codec import dumps, loads
+from ledgerq.errors import Conflict, IllegalTransition, InvalidInput, NotFound, UnknownReason
+from ledgerq.lifecycle.creation import create_entity
+from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
+from ledgerq.lifecycle.moves import apply_transition
+from ledgerq.lifecycle.values import check_columns, check_reason
+
+if TYPE_CHECKING:
+    from ledgerq.lifecycle.registry import EntityPolicy
+    from ledgerq.lifecycle.store import Database, EventStore
+    from ledgerq.lifecycle.transactions import Pending, Transaction
+
+#: The log's columns that hold JSON text.
+FACT_JSON = ("evidence_refs", "metadata", "patch")
+MAX_PAGE = 1000
+
+
+@dataclass
+class EntityPage:
+    """One page of rows, newest first; ``next_cursor`` continues it (None: the last)."""
+
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str | bytes):
+        try:
+            return loads(value)
+        except Exception:
+            return value  # hand-written garbage stays visible as text
+    return value
+
+
+class Entity:
+    """The rows of one entity type (``db.entity("order")``)."""
+
+    def __init__(self, db: Database[Any], name: str) -> None:
+        self.db = db
+        self.policy: EntityPolicy = db.registry.entity(name)
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    def __repr__(self) -> str:
+        return f"<Entity {self.name}>"
+
+    # ------------------------------------------------------------------ reads
+
+    def decode(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """A row with its JSON columns decoded."""
+        out = dict(row)
+        for col in self.policy.json_columns:
+            if col in out:
+                out[col] = _json(out[col])
+        out["status_evidence_refs"] = _json(out.get("status_evidence_refs"))
+        return out
+
+    async def get(self, entity_id: str) -> dict[str, Any]:
+        """The row, JSON decoded; :class:`~ledgerq.errors.NotFound` (a LookupError)."""
+        rows = await self.db.read(lambda tx: tx.read_entities(self.policy, [entity_id]))
+        if not rows:
+            raise NotFound(f"{self.name} {entity_id!r} not found")
+        return self.decode(rows[0])
+
+    async def list(self, *, status: str | Iterable[str] | None = None, limit: int = 50,
+                   cursor: str | None = None) -> EntityPage:
+        """Rows newest first (in ``status``, when given), a keyset page at a time."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput(f"limit must be an int from 1 to {MAX_PAGE}, not {limit!r}")
+        statuses = [status] if isinstance(status, str) else list(status or [])
+        unknown = [s for s in statuses if s not in self.policy.states]
+        if unknown:
+            raise InvalidInput(f"{self.name} has no state {unknown[0]!r}; states: "
+                               f"{', '.join(self.policy.states)}")
+        filters = {"status": statuses} if statuses else {}
+        before = _decode_cursor(cursor) if cursor is not None else None
+        columns = tuple(self.policy.columns)
+        rows = await self.db.read(lambda tx: tx.read_page_before(
+            self.policy, filters, columns, before, limit + 1))
+        items = [self.decode(r) for r in rows[:limit]]
+        last = items[-1] if len(rows) > limit else None
+        return EntityPage(items, None if last is None else
+                          _encode_cursor(float(last["created_at"]), str(last["id"])))
+
+    async def history(self, entity_id: str) -> builtins.list[dict[str, Any]]:
+        """Every fact of the row, oldest first: the log's columns, JSON decoded (a JSON
+        column's value inside ``patch`` too, as ``get`` shows it)."""
+        facts = await self.db.read(lambda tx: tx.read_facts(self.name, entity_id))
+        out = []
+        for fact in facts:
+            decoded = {k: (_json(v) if k in FACT_JSON else v) for k, v in fact.items()}
+            patch = decoded.get("patch")
+            if isinstance(patch, dict):
+                decoded["patch"] = {k: (_json(v) if k in self.policy.json_columns else v)
+                                    for k, v in patch.items()}
+            out.append(decoded)
+        return out
+
+    # ------------------------------------------------------------------ writes
+
+    @overload
+    async def create(self, values: Mapping[str, Any] | None = None, *, actor: Actor,
+                     state: str | None = None, reason: str | StateReason | None = None,
+                     tx: None = None) -> str: ...
+
+    @overload
+    async def create(self, values: Mapping[str, Any] | None = None, *, actor: Actor,
+                     state: str | None = None, reason: str | StateReason | None = None,
+                     tx: Transaction) -> Pending[str]: ...
+
+    async def create(self, values: Mapping[str, Any] | None = None, *, actor: Actor,
+                     state: str | None = None, reason: str | StateReason | None = None,
+                     tx: Transaction | None = None) -> str | Pending[str]:
+        """A new row in ``state`` (default: the spec's one initial state) with its
+        creation fact; its id (in a transaction: the id once it commits)."""
+        if state is None:
+            initial = sorted(self.policy.initial)
+            if len(initial) != 1:
+                raise InvalidInput(f"{self.name} has several initial states "
+                                   f"({', '.join(initial)}): give state=")
+            state = initial[0]
+        why = self._reason(reason, state)
+        given = dict(values or {})
+        if "status" in given:
+            raise InvalidInput("give the state as state=, not as a 'status' value")
+        row = {k: (dumps(v) if k in self.policy.json_columns and v is not None else v)
+               for k, v in given.items()}
+        row["status"] = state
+        policy = self.policy
+
+        def unit(t: EventStore) -> str:
+            return create_entity(t, policy, row, reason=why, actor=actor)
+
+        if tx is not None:
+            return tx.add(unit, f"the new {self.name}'s id")
+        return await self.db.write(unit)
+
+    @overload
+    async def move(self, entity_id: str, to_state: str, *, actor: Actor,
+                   patch: Mapping[str, Any] | None = None,
+                   reason: str | StateReason | None = None,
+                   guard: Mapping[str, Any] | None = None,
+                   idempotency_key: str | None = None, expect: str | None = None,
+                   tx: None = None) -> TransitionResult: ...
+
+    @overload
+    async def move(self, entity_id: str, to_state: str, *, actor: Actor,
+                   patch: Mapping[str, Any] | None = None,
+                   reason: str | StateReason | None = None,
+                   guard: Mapping[str, Any] | None = None,
+                   idempotency_key: str | None = None, expect: str | None = None,
+                   tx: Transaction) -> Pending[TransitionResult]: ...
+
+    async def move(self, entity_id: str, to_state: str, *, actor: Actor,
+                   patch: Mapping[str, Any] | None = None,
+                   reason: str | StateReason | None = None,
+                   guard: Mapping[str, Any] | None = None,
+                   idempotency_key: str | None = None, expect: str | None = None,
+                   tx: Transaction | None = None) -> TransitionResult | Pending[TransitionResult]:
+        """Move the row to ``to_state`` from whatever state it is in (read inside the
+        write): :class:`~ledgerq.errors.IllegalTransition` and the other refusals of
+        :mod:`ledgerq.errors` when the spec forbids it; :class:`~ledgerq.errors.Conflict`
+        when it is not in ``expect`` (given), a guard fails, or another writer won."""
+        why = self._reason(reason, to_state)
+        if to_state not in self.policy.states:
+            raise IllegalTransition(f"{self.name} has no state {to_state!r}; states: "
+                                    f"{', '.join(self.policy.states)}")
+        unit = self._mover(entity_id, lambda _observed: to_state, why, actor, patch, guard,
+                           idempotency_key, expect, given_reason=reason is not None)
+        if tx is not None:
+            return tx.add(unit, f"the move of {self.name} {entity_id}")
+        return await self.db.write(unit)
+
+    @overload
+    async def send(self, entity_id: str, event: str, *, actor: Actor,
+                   patch: Mapping[str, Any] | None = None,
+                   reason: str | StateReason | None = None,
+                   guard: Mapping[str, Any] | None = None,
+                   idempotency_key: str | None = None, expect: str | None = None,
+                   tx: None = None) -> TransitionResult: ...
+
+    @overload
+    async def send(self, entity_id: str, event: str, *, actor: Actor,
+                   patch: Mapping[str, Any] | None = None,
+                   reason: str | StateReason | None = None,
+                   guard: Mapping[str, Any] | None = None,
+                   idempotency_key: str | None = None, expect: str | None = None,
+                   tx: Transaction) -> Pending[TransitionResult]: ...
+
+    async def send(self, entity_id: str, event: str, *, actor: Actor,
+                   patch: Mapping[str, Any] | None = None,
+                   reason: str | StateReason | None = None,
+                   guard: Mapping[str, Any] | None = None,
+                   idempotency_key: str | None = None, expect: str | None = None,
+                   tx: Transaction | None = None) -> TransitionResult | Pending[TransitionResult]:
+        """Take the edge ``event`` names out of the row's current state (read inside the
+        write); IllegalTransition when no edge out of that state has the event."""
+        if event not in self.policy.events:
+            known = ", ".join(sorted(self.policy.events)) or "none"
+            raise IllegalTransition(f"{self.name} declares no event {event!r}; events: "
+                                    f"{known}")
+        policy = self.policy
+
+        def target(observed: str) -> str:
+            found = policy.event_target(observed, event)
+            if found is None:
+                here = sorted(r.event for (s, _), r in policy.edge_rules.items()
+                              if s == observed and r.event is not None)
+                raise IllegalTransition(
+                    f"{policy.name} {entity_id!r} is {observed}, where event {event!r} "
+                    f"takes no edge; events from {observed}: {', '.join(here) or 'none'}")
+            return found
+
+        given = None if reason is None else self._reason(reason, None)
+        unit = self._mover(entity_id, target, given, actor, patch, guard, idempotency_key,
+                           expect, given_reason=reason is not None)
+        if tx is not None:
+            return tx.add(unit, f"the {event!r} of {self.name} {entity_id}")
+        return await self.db.write(unit)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _mover(self, entity_id: str, target: Any, why: StateReason | None, actor: Actor,
+               patch: Mapping[str, Any] | None, guard: Mapping[str, Any] | None,
+               idempotency_key: str | None, expect: str | None, *, given_reason: bool) -> Any:
+        """The write unit of a move: the current state read, the target chosen from it,
+        then the engine's guarded swap from that state (its checks, in its order)."""
+        policy = self.policy
+        patched = dict(patch) if patch else None
+        guarded = dict(guard) if guard else None
+        check_columns(policy, guarded, patched)
+
+        def unit(tx: EventStore) -> TransitionResult:
+            rows = tx.read_entities(policy, [entity_id], columns=("id", "status"))
+            if not rows:
+                raise NotFound(f"{policy.name} {entity_id!r} not found")
+            observed = str(rows[0]["status"])
+            if expect is not None and observed != expect:
+                raise Conflict(f"{policy.name} {entity_id!r} is {observed}, not {expect}")
+            to_state = target(observed)
+            reason = why if given_reason or why is not None else self._reason(None, to_state)
+            request = TransitionRequest(
+                entity_type=policy.name, entity_id=entity_id, from_state=observed,
+                to_state=to_state, reason=reason, actor=actor,
+                idempotency_key=idempotency_key or "")
+            result = apply_transition(tx, policy, request, guarded, patched)
+            if result.conflict:
+                raise Conflict(f"{policy.name} {entity_id!r}: the move {observed} -> "
+                               f"{to_state} lost (now {result.current_state}): a guard "
+                               "did not match, or another writer moved it first")
+            return result
+
+        return unit
+
+    def _reason(self, reason: str | StateReason | None, to_state: str | None) -> StateReason:
+        """The reason a move records: as given, else the edge's default, else the one
+        code declared for the target state (``<domain>.<state>.<cause>``)."""
+        if isinstance(reason, StateReason):
+            check_reason(self.policy, reason)
+            return reason
+        if isinstance(reason, str):
+            why = StateReason(code=reason)
+            check_reason(self.policy, why)
+            return why
+        if to_state is None:
+            raise UnknownReason("give reason=")
+        defaults = {r.reason for (_, dst), r in self.policy.edge_rules.items()
+                    if dst == to_state and r.reason is not None}
+        if len(defaults) == 1:
+            return StateReason(code=defaults.pop())
+        codes = sorted(c for c in self.policy.reason_codes if c.split(".")[1:2] == [to_state])
+        if len(codes) == 1:
+            return StateReason(code=codes[0])
+        raise UnknownReason(f"{self.name}: a move to {to_state} needs reason=, one of "
+                            f"{', '.join(codes or sorted(self.policy.reason_codes))}")
+
+
+def _encode_cursor(created_at: float, entity_id: str) -> str:
+    raw = dumps([created_at, entity_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        value = loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        position, entity_id = float(value[0]), value[1]
+        if isinstance(entity_id, str) and math.isfinite(position):
+            return position, entity_id
+    except Exception:
+        pass
+    raise InvalidInput(f"cursor {cursor[:40]!r} is not a cursor this handle made")
+
+
+__all__ = ["Entity", "EntityPage"]
