@@ -13,6 +13,7 @@ import pytest
 from ledgerq import StateDB
 from ledgerq.lifecycle import Registry, SpecError, default_registry, load_registry
 from ledgerq.lifecycle.diagrams import mermaid
+from ledgerq.lifecycle.registry import packaged_specs_dir
 from ledgerq.lifecycle.spec import EntitySpec, decode_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -539,7 +540,7 @@ async def test_status_check_follows_a_custom_spec(tmp_path: Path) -> None:
     spec = tmp_path / "specs" / "widget.toml"
     spec.parent.mkdir()
     spec.write_text(BASELINE)
-    reg = load_registry(spec.parent)
+    reg = load_registry(spec.parent, packaged=False)  # the directory's specs alone
     async with StateDB(tmp_path / "w.db", registry=reg) as db:
         tables = {r["name"] for r in await db.fetch_all(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -586,3 +587,25 @@ def test_an_index_without_descending_keys_normalizes_as_before() -> None:
     by_name = {ix["name"]: ix for ix in normal["indexes"]}
     assert "descending" not in by_name["idx_schedule_runs_lease"]
     assert by_name["idx_schedule_runs_claim_order"]["descending"] == ["priority"]
+
+
+def test_a_spec_directory_adds_to_the_packaged_specs(tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A directory holding only its own entity keeps the queue's; a file for a packaged
+    entity replaces the packaged one, and says so."""
+    import logging
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "widget.toml").write_text(BASELINE)
+    merged = load_registry(specs)
+    assert {"widget", "schedule_run", "schedule"} <= set(merged.entities)
+    packaged_run = (packaged_specs_dir() / "schedule_run.toml").read_text()
+    (specs / "runs.toml").write_text(packaged_run.replace(
+        'description = "One execution of an action', 'description = "Replaced: one execution'))
+    with caplog.at_level(logging.INFO, logger="ledgerq.specs"):
+        replaced = load_registry(specs)
+    assert replaced.entity("schedule_run").description.startswith("Replaced")
+    assert any("replaces the packaged spec of schedule_run" in r.getMessage()
+               for r in caplog.records)
+    assert set(load_registry(specs, packaged=False).entities) == {"widget", "schedule_run"}

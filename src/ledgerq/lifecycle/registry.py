@@ -7,6 +7,7 @@ so a running process cannot drift from the files it loaded.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import deque
@@ -32,6 +33,8 @@ from ledgerq.lifecycle.spec import (
     SpecProblem,
     read_spec,
 )
+
+log = logging.getLogger("ledgerq.specs")
 
 #: Tables ledgerq's own schema owns; no entity may project into them.
 RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invocations"})
@@ -727,8 +730,14 @@ def packaged_specs_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "specs"
 
 
-def load_registry(path: str | Path | None = None) -> Registry:
-    """Build a registry from a spec directory (or one file); None means the packaged specs."""
+def load_registry(path: str | Path | None = None, *, packaged: bool = True) -> Registry:
+    """The packaged specs plus a spec directory's (or one file's); None: the packaged
+    specs alone.
+
+    A spec in ``path`` for an entity the packaged specs also declare replaces the
+    packaged one (logged on ``ledgerq.specs``): a directory holding only ``order.toml``
+    still has the queue's entities. ``packaged=False``: the directory's specs alone.
+    """
     root = Path(path) if path is not None else packaged_specs_dir()
     if root.is_file():
         files = [root]
@@ -738,6 +747,8 @@ def load_registry(path: str | Path | None = None) -> Registry:
         raise SpecError([SpecProblem.whole_file(root, "no such spec file or directory")])
     if not files:
         raise SpecError([SpecProblem.whole_file(root, "contains no *.toml spec files")])
+    if path is not None and packaged and root.resolve() != packaged_specs_dir().resolve():
+        files = _with_packaged(files)
     # Every file is read and checked however many problems the others have, and the
     # checks across files run on every spec whose names decoded: one run of `ledgerq
     # specs check` reports all there is to fix.
@@ -759,6 +770,30 @@ def load_registry(path: str | Path | None = None) -> Registry:
     if problems:
         raise SpecError(problems)
     return Registry(policies)
+
+
+def _with_packaged(files: list[Path]) -> list[Path]:
+    """``files`` and the packaged spec files whose entity none of them declares."""
+    given: set[str] = set()
+    for f in files:
+        decoded = read_spec(f)
+        if decoded.spec is not None:
+            given.add(decoded.spec.entity)
+    out = list(files)
+    for f in sorted(packaged_specs_dir().glob("*.toml")):
+        decoded = read_spec(f)
+        entity = decoded.spec.entity if decoded.spec is not None else None
+        if entity in given:
+            log.info("specs: %s replaces the packaged spec of %s",
+                     next(str(g) for g in files if _declares(g, entity)), entity)
+            continue
+        out.append(f)
+    return out
+
+
+def _declares(f: Path, entity: str | None) -> bool:
+    decoded = read_spec(f)
+    return decoded.spec is not None and decoded.spec.entity == entity
 
 
 def cross_problems(policies: Iterable[EntityPolicy], *,
