@@ -38,6 +38,7 @@ from ledgerq.cli import archive  # noqa: F401
 from ledgerq.cli import watch  # noqa: F401
 from ledgerq.cli import workers  # noqa: F401
 from ledgerq.cli import serve  # noqa: F401
+from ledgerq.cli import entities  # noqa: F401
 # isort: on
 from ledgerq.cli.app import app, main, run_cli
 

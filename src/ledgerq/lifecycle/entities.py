@@ -55,9 +55,12 @@ def _json(value: Any) -> Any:
 class Entity:
     """The rows of one entity type (``db.entity("order")``)."""
 
-    def __init__(self, db: Database[Any], name: str) -> None:
+    def __init__(self, db: Database[Any], name: str, *,
+                 policy: EntityPolicy | None = None) -> None:
         self.db = db
-        self.policy: EntityPolicy = db.registry.entity(name)
+        #: The entity's rules: the loaded specs' (or ``policy``, e.g. the database's
+        #: recorded spec of an entity the loaded specs lack).
+        self.policy: EntityPolicy = policy if policy is not None else db.registry.entity(name)
 
     @property
     def name(self) -> str:

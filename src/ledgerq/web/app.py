@@ -24,10 +24,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ledgerq.errors import DatabaseError
-from ledgerq.web import dashboard, queue_api, tasks_api
+from ledgerq.web import dashboard, entities_api, queue_api, tasks_api
 from ledgerq.web.config import ServeConfig
 from ledgerq.web.limits import BodyLimit
-from ledgerq.web.models import Error, RetryBody, TaskApplicationBody
+from ledgerq.web.models import Error, MoveBody, RetryBody, TaskApplicationBody
 from ledgerq.web.security import SecurityHeaders
 
 
@@ -96,6 +96,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.state.config = config
     app.include_router(tasks_api.router)
     app.include_router(queue_api.router)
+    app.include_router(entities_api.router)
     app.include_router(dashboard.router)
     app.mount("/static", dashboard.static_files(), name="static")
 
@@ -131,7 +132,7 @@ def create_app(config: ServeConfig) -> FastAPI:
                                 model="Error")}}}}
             for unused in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(unused, None)
-            for model in (TaskApplicationBody, RetryBody):
+            for model in (TaskApplicationBody, RetryBody, MoveBody):
                 body = model.model_json_schema(ref_template=ref)
                 schemas.update(body.pop("$defs", {}))
                 schemas[model.__name__] = body

@@ -96,6 +96,36 @@ class TaskDetail(BaseModel):
     history: list[Fact]
 
 
+class EntityPageOut(BaseModel):
+    items: list[Row] = Field(description="Rows, newest first, JSON columns decoded.")
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
+
+
+class EntityDetail(BaseModel):
+    row: Row
+    history: list[Fact]
+
+
+class MoveBody(BaseModel):
+    """A move of one row: to ``state``, or along the edge ``event`` names."""
+
+    model_config = ConfigDict(extra="forbid")
+    state: str | None = Field(default=None, max_length=256)
+    event: str | None = Field(default=None, max_length=256)
+    reason: str | None = Field(default=None, max_length=256,
+                               description="A reason code (default: the edge's).")
+    patch: dict[str, Any] | None = None
+    expect: str | None = Field(default=None, max_length=256,
+                               description="Refuse (409) unless the row is in this state.")
+
+
+class Moved(BaseModel):
+    applied: bool
+    previous_state: str | None
+    current_state: str
+    transition_id: str
+
+
 class WorkerOut(BaseModel):
     worker_id: str
     hostname: str | None
