@@ -136,3 +136,33 @@ async def test_moves_and_creations_in_a_transaction_commit_together(shop: StateD
             await orders.send(oid, "deliver", actor=CUSTOMER, tx=tx)
     assert len((await orders.list()).items) == 2
     assert (await verify(shop)).ok
+
+
+async def test_keywords_are_names_an_order_in_table_order(db_target: str, tmp_path: Path) -> None:
+    """``order``, ``group``, ``select``, ``index``: valid entity, table, column and index
+    names, quoted in every statement the engine sends (create, moves, reads, verify,
+    rebuild)."""
+    from ledgerq.projections import rebuild
+
+    text = (SPECS / "shop_order.toml").read_text()
+    text = (text.replace('entity = "shop_order"', 'entity = "order"')
+            .replace('table = "shop_orders"', 'table = "order"')
+            .replace("customer = ", "group = ")
+            .replace('tracking = "text"', 'tracking = "text"\nselect = "text"')
+            + '\n[[indexes]]\nname = "index"\ncolumns = ["group", "select"]\n'
+              'where_not_null = ["select"]\n')
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "order.toml").write_text(text)
+    async with StateDB(db_target, registry=load_registry(specs)) as db:
+        orders = db.entity("order")
+        oid = await orders.create({"group": "g1", "select": "s"}, actor=CUSTOMER,
+                                  reason="order.created.placed")
+        await orders.send(oid, "pay", actor=CUSTOMER)
+        await orders.send(oid, "ship", actor=CUSTOMER, patch={"tracking": "T"})
+        assert (await orders.get(oid))["group"] == "g1"
+        assert [r["id"] for r in (await orders.list(status="shipped")).items] == [oid]
+        assert len(await orders.history(oid)) == 3
+        assert (await verify(db)).ok
+        await rebuild(db)
+        assert (await verify(db)).ok
