@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledgerq.lifecycle import SpecError, load_registry
-from ledgerq.lifecycle.registry import Registry, build_policy
 from ledgerq.lifecycle.identifiers import SQL_KEYWORDS
+from ledgerq.lifecycle.registry import Registry, build_policy
 from ledgerq.lifecycle.spec import EntitySpec
 from ledgerq.store.sqlite.schema import create_schema
 from test_registry import BASELINE
