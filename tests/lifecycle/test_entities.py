@@ -166,3 +166,29 @@ async def test_keywords_are_names_an_order_in_table_order(db_target: str, tmp_pa
         assert (await verify(db)).ok
         await rebuild(db)
         assert (await verify(db)).ok
+
+
+async def test_an_entity_declares_its_own_actor_types(shop: StateDB) -> None:
+    orders = shop.entity("shop_order")
+    customer = Actor(type="customer", id="c-42")
+    oid = await orders.create({"customer": "c42"}, actor=customer,
+                              reason="order.created.placed")
+    await orders.send(oid, "pay", actor=customer)
+    agent = Actor(type="agent", id="bot")
+    with pytest.raises(ActorNotAllowed, match="customer, operator, webhook"):
+        await orders.send(oid, "cancel", actor=agent)
+    with pytest.raises(ActorNotAllowed):
+        await orders.create({"customer": "c43"}, actor=agent, reason="order.created.placed")
+    assert [f["actor"] for f in await orders.history(oid)] == ["c-42", "c-42"]
+    with pytest.raises(ValueError):
+        Actor(type="Not A Type", id="x")
+
+
+def test_an_edge_names_only_the_entitys_actor_types(tmp_path: Path) -> None:
+    from ledgerq.lifecycle import SpecError
+
+    text = (SPECS / "shop_order.toml").read_text().replace(
+        'actors = ["operator"]', 'actors = ["auditor"]')
+    (tmp_path / "shop_order.toml").write_text(text)
+    with pytest.raises(SpecError, match="unknown actor type 'auditor'"):
+        load_registry(tmp_path)

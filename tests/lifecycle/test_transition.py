@@ -523,11 +523,14 @@ async def test_empty_key_means_no_idempotency(db: StateDB) -> None:
 # ---------------------------------------------------------------- models
 
 
-def test_request_requires_known_actor_type() -> None:
+def test_request_requires_a_well_formed_actor_type() -> None:
+    """An actor type is a name (an entity's spec says which it admits: the queue's runs
+    admit the ADR-0071 queue's five, see test_entities.py)."""
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError):
-        Actor(type="robot", id="r")  # type: ignore[arg-type]
+        Actor(type="Robot!", id="r")
+    assert Actor(type="robot", id="r").type == "robot"
     with pytest.raises(ValidationError):
         TransitionRequest(entity_type=RUN, entity_id="x", from_state=None,  # type: ignore[call-arg]
                           to_state="running", reason={"code": "run.started.ok"}, actor=SYSTEM)
@@ -540,3 +543,14 @@ async def test_create_refuses_non_initial_state(db: StateDB) -> None:
             await create(db, RUN, run_values(status),
                          reason=StateReason(code="run.queued.submitted"), actor=SYSTEM)
     assert await snapshot(db) == before
+
+
+async def test_an_actor_type_the_entity_does_not_admit_is_refused(db: StateDB) -> None:
+    from ledgerq.errors import ActorNotAllowed
+
+    rid = await new_run(db)
+    with pytest.raises(ActorNotAllowed, match="robot"):
+        await transition(db, TransitionRequest(
+            entity_type=RUN, entity_id=rid, from_state="queued", to_state="cancelled",
+            reason=StateReason(code="run.cancelled.operator"),
+            actor=Actor(type="robot", id="r"), idempotency_key=""))

@@ -8,7 +8,7 @@ import time
 from typing import Any, NamedTuple
 
 from ledgerq.codec import dumps
-from ledgerq.errors import InvalidInput
+from ledgerq.errors import ActorNotAllowed, InvalidInput
 from ledgerq.lifecycle.facts import Fact, make_fact, reason_json, tuple_new
 from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.models import Actor, StateReason
@@ -35,6 +35,7 @@ def create_entity(tx: EventStore, policy: EntityPolicy, values: dict[str, Any], 
     PostgreSQL, taken by the server in the same statement).
     """
     ts = time.time() if now is None else now
+    check_actor(policy, actor)
     row, sent = _creation(tx, policy, values, reason, ts)
     if sent is not None:
         if tx.stores_as_sent:
@@ -218,6 +219,13 @@ _CREATION_MAINTAINED = frozenset({"version", "status_reason_code", "status_reaso
 _READBACK_CHUNK = 500
 
 
+def check_actor(policy: EntityPolicy, actor: Actor) -> None:
+    """The actor's type is one the entity's spec admits (its ``actors``)."""
+    if actor.type not in policy.actors:
+        raise ActorNotAllowed(f"{policy.name} is created and moved by actor types "
+                              f"{', '.join(sorted(policy.actors))}; got {actor.type!r}")
+
+
 def create_entities(tx: EventStore, policy: EntityPolicy,
                     values: list[dict[str, Any]], *, reason: StateReason, actor: Actor,
                     now: float | None = None) -> list[str]:
@@ -230,6 +238,7 @@ def create_entities(tx: EventStore, policy: EntityPolicy,
     of ids and one ``executemany`` for the facts. Every row is checked before the first
     is written.
     """
+    check_actor(policy, actor)
     ts = time.time() if now is None else now
     made = [_creation(tx, policy, v, reason, ts) for v in values]
     rows = [row for row, _ in made]

@@ -73,6 +73,11 @@ def normalize(spec: EntitySpec) -> Normal:
     for key in ("initial", "terminal", "guard_columns", "patch_columns"):
         data[key] = sorted(set(data[key]))
     data["reason_codes"] = dict(sorted(data["reason_codes"].items()))
+    # A spec that names no actors normalizes as one recorded before the field existed.
+    if data.get("actors") is None:
+        data.pop("actors", None)
+    else:
+        data["actors"] = sorted(set(data["actors"]))
     return data
 
 

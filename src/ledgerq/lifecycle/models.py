@@ -16,14 +16,18 @@ MAX_EVIDENCE_REFS = 100
 #: Encoded JSON, evidence references and metadata each.
 MAX_REASON_JSON_BYTES = 64 * 1024
 
+#: The ADR-0071 queue's actor types: every entity's, unless its spec names its own.
 ActorType = Literal["scheduler", "operator", "system", "webhook", "agent"]
+#: An actor type's shape (an entity's spec may declare its own: ``customer``, ``user``).
+ACTOR_TYPE_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 
 
 class Actor(BaseModel):
-    """Who asks for a change; ``type`` is what edge actor restrictions match on."""
+    """Who asks for a change; ``type`` is what the entity's and its edges' actor
+    restrictions match on (one of the entity's ``actors``)."""
 
     model_config = ConfigDict(frozen=True)
-    type: ActorType
+    type: str = Field(pattern=ACTOR_TYPE_PATTERN)
     id: str = Field(max_length=MAX_ACTOR_ID_LENGTH)
 
 

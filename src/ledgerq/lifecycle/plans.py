@@ -108,6 +108,9 @@ def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,
         allowed = ", ".join(policy.targets(observed)) or "none (terminal)"
         return (f"{policy.name} {observed} -> {to_state} is {VOCABULARY_ERROR}; "
                 f"allowed from {observed}: {allowed}"), IllegalTransition
+    if actor.type not in policy.actors:
+        return (f"{policy.name} is moved by actor types {', '.join(sorted(policy.actors))}; "
+                f"got {actor.type!r}"), ActorNotAllowed
     rule = policy.rule(observed, to_state)
     if rule.actors is not None and actor.type not in rule.actors:
         return (f"{policy.name} {observed} -> {to_state} is restricted to actor type(s) "

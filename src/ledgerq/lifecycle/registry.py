@@ -42,6 +42,8 @@ RESERVED_TABLES = frozenset({"status_transitions", "workers", "schedules", "invo
 #: indexes and triggers (tests/lifecycle/test_spec_identifiers.py checks it against the DDL).
 #: An edge's event: what ``entity.send(id, event)`` names.
 EVENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+#: An actor type an entity declares (``customer``, ``user``).
+ACTOR_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 RESERVED_OBJECTS = RESERVED_TABLES | frozenset({
     # PostgreSQL's schema also takes these (its metadata table, the append-only trigger
@@ -181,6 +183,9 @@ class EntityPolicy:
     #: Group name -> its columns, in spec order (``[column_groups]``).
     column_groups: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({}))
+    #: The actor types that may move its rows (the spec's ``actors``; default the
+    #: ADR-0071 queue's five).
+    actors: frozenset[str] = field(default_factory=lambda: ACTOR_TYPES)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "json_columns", tuple(
@@ -302,6 +307,7 @@ def build_policy(spec: EntitySpec, source: str, *, lost: frozenset[str] = frozen
     _check_initial_and_terminal(c)
     _check_columns(c)
     _check_allowlists(c)
+    _check_actors(c)
     graph = _check_edges(c)
     _check_every_state_reachable(c, graph)
     _check_every_state_can_finish(c, graph)
@@ -330,6 +336,7 @@ def build_policy(spec: EntitySpec, source: str, *, lost: frozenset[str] = frozen
         spec=spec,
         outcomes=MappingProxyType(outcomes),
         column_groups=MappingProxyType(groups),
+        actors=ACTOR_TYPES if spec.actors is None else frozenset(spec.actors),
     )
 
 
@@ -449,6 +456,13 @@ def _check_allowlists(c: _Checking) -> None:
                 c.bad(f"$.{key}[{i}]", f"column {col!r} is maintained by the engine")
 
 
+def _check_actors(c: _Checking) -> None:
+    for j, actor in enumerate(c.spec.actors or []):
+        if ACTOR_NAME.fullmatch(actor) is None:
+            c.bad(f"$.actors[{j}]", f"actor type {actor!r} is not a name: a lowercase "
+                  "letter, then lowercase letters, digits and '_'")
+
+
 def _check_edges(c: _Checking) -> _Graph:
     """Each edge on its own, then as part of the graph: an edge between declared states
     enters it (once), one naming an undeclared state marks what it may have meant."""
@@ -499,10 +513,12 @@ def _check_edge(c: _Checking, i: int, edge: EdgeSpec, guard_cols: frozenset[str]
     for j, dst in enumerate(edge.to):
         if c.undeclared(dst):
             c.bad(f"{where}.to[{j}]", f"edge to undeclared state {dst!r}")
+    known = ACTOR_TYPES if c.spec.actors is None else frozenset(c.spec.actors)
     for j, actor in enumerate(edge.actors or []):
-        if actor not in ACTOR_TYPES:
+        if actor not in known:
             c.bad(f"{where}.actors[{j}]",
-                  f"unknown actor type {actor!r}; known: {', '.join(sorted(ACTOR_TYPES))}")
+                  f"unknown actor type {actor!r}; the entity's actors: "
+                  f"{', '.join(sorted(known))}")
     for j, col in enumerate(edge.requires_guard):
         if guard_cols is not None and col not in guard_cols:
             c.bad(f"{where}.requires_guard[{j}]", f"column {col!r} is not in guard_columns")

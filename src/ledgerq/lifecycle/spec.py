@@ -125,6 +125,9 @@ class EntitySpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: Named sets of columns code acts on together (the lease a requeue clears and a
     #: renewal guards on), so no caller lists them again.
     column_groups: dict[str, list[str]] = {}
+    #: The actor types that may move this entity's rows (None: the ADR-0071 queue's
+    #: five: scheduler, operator, system, webhook, agent).
+    actors: list[str] | None = None
 
 
 def decode_spec(path: Path) -> EntitySpec:
