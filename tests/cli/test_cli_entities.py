@@ -82,3 +82,26 @@ def test_any_entity_over_http(tmp_path: Path) -> None:
         assert [f["status"] for f in detail["history"]] == ["created", "paid"]
         assert api.get("/api/entities/shop_order/nope").status_code == 404
         assert api.get("/api/entities/nothing").status_code == 404
+
+
+def test_show_finds_a_row_of_any_entity_by_its_id(tmp_path: Path) -> None:
+    target = str(tmp_path / "show.db")
+
+    async def made() -> str:
+        async with StateDB(target, registry=load_registry(SPECS)) as db:
+            orders = db.entity("shop_order")
+            oid = await orders.create({"customer": "c7"}, actor=Actor(type="webhook", id="s"),
+                                      reason="order.created.placed")
+            await orders.send(oid, "pay", actor=Actor(type="webhook", id="s"))
+            return oid
+
+    oid = asyncio.run(made())
+    shown = ledgerq("show", oid, "--db", target, "--json")
+    assert shown.returncode == 0, shown.stderr
+    body = json.loads(shown.stdout)
+    assert body["entity"] == "shop_order" and body["row"]["status"] == "paid"
+    assert [f["status"] for f in body["history"]] == ["created", "paid"]
+    text = ledgerq("show", oid, "--db", target)
+    assert f"shop_order {oid}: paid" in text.stdout
+    missing = ledgerq("show", "0" * 36, "--db", target)
+    assert missing.returncode == 1

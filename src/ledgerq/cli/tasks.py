@@ -136,6 +136,45 @@ async def _typed_task(db: Any, application: Any) -> Any:
     return replace(application, args=known[kind].coerce(application.args))
 
 
+async def _other_entity_row(db: Any, entity_id: str
+                            ) -> tuple[dict[str, Any], list[dict[str, Any]], None] | None:
+    """``({"entity", "row"}, facts, None)`` of the row of a non-run entity with this id,
+    or None: every entity the loaded specs or the database's records declare."""
+    from ledgerq.cli.entities import handle
+    from ledgerq.errors import NotFound
+
+    names = sorted({*db.registry.entities, *db.recorded} - {RUN_ENTITY})
+    for name in names:
+        rows = handle(db, name)
+        try:
+            row = await rows.get(entity_id)
+        except NotFound:
+            continue
+        return {"entity": name, "row": row}, await rows.history(entity_id), None
+    return None
+
+
+def _show_entity_row(found: dict[str, Any], facts: list[dict[str, Any]],
+                     json_out: bool) -> None:
+    name, row = found["entity"], found["row"]
+    if json_out:
+        emit_json({"entity": name, "row": row, "history": facts})
+        return
+    out.print(printable(f"{name} {row['id']}: {row['status']}"))
+    for key, value in row.items():
+        if key not in ("id", "status") and value is not None:
+            out.print(cell(f"  {key}: {value}"))
+    hist = Table(box=None, header_style="bold", pad_edge=False, title="history",
+                 title_justify="left")
+    for col in ("V", "AT", "FROM", "TO", "REASON", "ACTOR"):
+        hist.add_column(col)
+    for f in facts:
+        hist.add_row(cell(f["entity_version"]), fmt_ts(f["created_at"]),
+                     cell(f["previous_status"] or "-"), cell(f["status"]),
+                     cell(f["reason_code"]), cell(f"{f['source']}:{f['actor']}"))
+    out.print(hist)
+
+
 @app.command()
 def submit(
     ctx: typer.Context,
@@ -405,9 +444,9 @@ def show(
     db: DbOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Show one run: its row and its full fact history."""
+    """Show one run, or a row of any entity by its full id: the row and its facts."""
     from ledgerq.cli.watch import catch_stop_signals
-    from ledgerq.queue.reads import get_run, run_history
+    from ledgerq.queue.reads import get_run, resolve_run_id, run_history
 
     if archive is not None:
         if follow:
@@ -421,11 +460,24 @@ def show(
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
         async with open_db(ctx, path, readonly=True) as handle:
-            full = await resolve_run(handle, run_id)
+            text_option(run_id, "ID")
+            try:
+                full = await resolve_run_id(handle, run_id)
+            except LookupError as exc:
+                # Not a run: a row of another entity, by its whole id.
+                found = await _other_entity_row(handle, run_id)
+                if found is None:
+                    die(str(exc).strip("'\""), DOMAIN_FAILURE)
+                return found
+            except ValueError as exc:
+                die(str(exc))
             row = await get_run(handle, full)
             return row, await run_history(handle, full), await _schedule_of(handle, row)
 
     row, facts, schedule = run(go())
+    if "entity" in row and set(row) == {"entity", "row"}:
+        _show_entity_row(row, facts, json_out)
+        return
     policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
     if json_out:
         emit_json({"run": row, "history": facts,
