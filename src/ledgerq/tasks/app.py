@@ -80,6 +80,7 @@ class App:
         self._db: StateDB | None = None
         self._sync_db: StateDB | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
         #: Functions called as each run of this app's tasks starts and ends.
         self.hooks = Hooks()
 
@@ -217,9 +218,12 @@ class App:
 
     def pool(self, threads: int = DEFAULT_THREADS) -> ThreadPoolExecutor:
         """The thread pool sync tasks run in (grown to ``threads`` when asked)."""
-        if self._pool is None or self._pool._max_workers < threads:
+        if self._pool is None or self._pool_size < threads:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)  # its running tasks finish on their own
             self._pool = ThreadPoolExecutor(max_workers=threads,
                                             thread_name_prefix="ledgerq-task")
+            self._pool_size = threads
         return self._pool
 
     def executors(self, threads: int = DEFAULT_THREADS) -> Mapping[str, ExecuteFn]:
