@@ -192,3 +192,11 @@ def test_an_edge_names_only_the_entitys_actor_types(tmp_path: Path) -> None:
     (tmp_path / "shop_order.toml").write_text(text)
     with pytest.raises(SpecError, match="unknown actor type 'auditor'"):
         load_registry(tmp_path)
+
+
+def test_diagrams_show_events_and_default_reasons() -> None:
+    from ledgerq.lifecycle.diagrams import mermaid
+
+    text = mermaid(load_registry(SPECS).entity("shop_order"))
+    assert "    created --> paid: pay / reason order.paid.card\n" in text
+    assert "    paid --> refunded: refund / actor operator\n" in text

@@ -18,9 +18,13 @@ def ordered_edges(policy: EntityPolicy) -> list[tuple[str, str]]:
 
 
 def edge_label(rule: EdgeRule) -> str:
-    """What an edge demands beyond being declared (actors, guards, patch, tokens), as every
-    diagram labels it."""
+    """The edge's event and default reason, then what it demands beyond being declared
+    (actors, guards, patch, tokens), as every diagram labels it."""
     parts = []
+    if rule.event is not None:
+        parts.append(rule.event)
+    if rule.reason is not None:
+        parts.append("reason " + rule.reason)
     if rule.actors is not None:
         parts.append("actor " + "|".join(sorted(rule.actors)))
     if rule.requires_guard:
