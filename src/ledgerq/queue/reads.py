@@ -434,9 +434,11 @@ async def queue_stats(db: Database[ReadsTx], *, now: float | None = None,
     # status the loaded specs do not declare (no pass of this version moves it); a lease
     # expired, or a retry due, ``stuck_after`` seconds before the heartbeat of a worker
     # already running then (its reaper or promotion should have moved the row and could
-    # not); a waiting run whose depends_on is not valid JSON (never released). Queued rows
-    # are not judged: an unclaimed row may simply have no worker to serve it.
-    needs = {"lease": "running", "retry": "retry_wait", "waiting": "waiting_dependency"}
+    # not); a waiting run whose depends_on is not valid JSON (never released); a queued
+    # run that still holds a lease (no claim takes it). Other queued rows are not judged:
+    # an unclaimed row may simply have no worker to serve it.
+    needs = {"lease": "running", "retry": "retry_wait", "waiting": "waiting_dependency",
+             "held": "queued"}
     kinds = [k for k in STUCK_KINDS if k not in needs or needs[k] in policy.states]
 
     def read(tx: ReadsTx) -> QueueStats:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import EntityPolicy
 
 #: Kinds of stuck run :meth:`SharedTx.find_stuck_runs` finds.
-STUCK_KINDS = ("undeclared", "lease", "retry", "waiting")
+STUCK_KINDS = ("undeclared", "lease", "retry", "waiting", "held")
 
 
 class SharedTx(EventStore, Protocol):

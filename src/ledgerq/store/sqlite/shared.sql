@@ -57,6 +57,13 @@ WHERE {hint} AND status = 'retry_wait' AND retry_due_at < ?
 SELECT id, status, 'depends_on is not valid JSON' AS why FROM {table}
 WHERE {hint} AND status = 'waiting_dependency' AND NOT COALESCE(json_valid(depends_on), 0)
 
+-- name: stuck_held
+-- Queued, yet holding a lease: the move that queued it kept the lease columns, and no
+-- claim takes a row another worker holds.
+SELECT id, status, 'queued but still holds the lease of ' || leased_by
+  || ': no claim takes it (the move that queued it kept the lease)' AS why
+FROM {table} WHERE status = 'queued' AND leased_by IS NOT NULL
+
 -- name: count_of
 SELECT COUNT(*) FROM ({inner})
 

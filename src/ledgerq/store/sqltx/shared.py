@@ -68,6 +68,9 @@ class SharedOps(SqlBase):
             inner = self.q("stuck_retry", table=table,
                            hint=self.hint(policy, "retry_wait", "retry_due_at"))
             params = [now - grace, grace]
+        elif kind == "held":
+            inner = self.q("stuck_held", table=table)
+            params = []
         elif kind == "waiting":
             inner = self.q("stuck_waiting", table=table,
                            hint=self.hint(policy, "waiting_dependency", "created_at"))
