@@ -27,17 +27,12 @@ EntityArg = Annotated[str, typer.Argument(help="The entity (its spec's `entity`)
 
 
 def handle(db: Any, name: str) -> Any:
-    """The entity's handle, by the loaded specs or else by the database's record."""
-    from ledgerq.lifecycle.entities import Entity
-    from ledgerq.lifecycle.evolution import to_policy
-
-    if name in db.registry.entities:
-        return db.entity(name)
-    recorded = db.recorded.get(name)
-    if recorded is None:
+    """The entity's handle (``db.entity``: by the loaded specs, else by the database's
+    record), or one error line naming the entities there are."""
+    if name not in db.registry.entities and name not in db.recorded:
         known = sorted({*db.registry.entities, *db.recorded})
         die(f"no entity {name!r}; entities: {', '.join(known)}")
-    return Entity(db, name, policy=to_policy(recorded, "the database's recorded spec"))
+    return db.entity(name)
 
 
 @entity_app.command("ls")

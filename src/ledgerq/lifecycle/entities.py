@@ -11,24 +11,25 @@ reason (the spec's ``reason``), or the one reason code declared for the target s
 
 from __future__ import annotations
 
-import base64
 import builtins
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from ledgerq.codec import dumps, loads
+from ledgerq.codec import dumps
 from ledgerq.errors import Conflict, IllegalTransition, InvalidInput, NotFound, UnknownReason
 from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.moves import apply_transition
+from ledgerq.lifecycle.rows import decode_cursor, decode_json, encode_cursor
 from ledgerq.lifecycle.values import check_columns, check_reason
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import EntityPolicy
     from ledgerq.lifecycle.store import Database, EventStore
     from ledgerq.lifecycle.transactions import Pending, Transaction
+
+T = TypeVar("T")
 
 #: The log's columns that hold JSON text.
 FACT_JSON = ("evidence_refs", "metadata", "patch")
@@ -41,15 +42,6 @@ class EntityPage:
 
     items: list[dict[str, Any]]
     next_cursor: str | None
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, str | bytes):
-        try:
-            return loads(value)
-        except Exception:
-            return value  # hand-written garbage stays visible as text
-    return value
 
 
 class Entity:
@@ -73,12 +65,7 @@ class Entity:
 
     def decode(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """A row with its JSON columns decoded."""
-        out = dict(row)
-        for col in self.policy.json_columns:
-            if col in out:
-                out[col] = _json(out[col])
-        out["status_evidence_refs"] = _json(out.get("status_evidence_refs"))
-        return out
+        return decode_json(dict(row), (*self.policy.json_columns, "status_evidence_refs"))
 
     async def get(self, entity_id: str) -> dict[str, Any]:
         """The row, JSON decoded; :class:`~ledgerq.errors.NotFound` (a LookupError)."""
@@ -98,14 +85,14 @@ class Entity:
             raise InvalidInput(f"{self.name} has no state {unknown[0]!r}; states: "
                                f"{', '.join(self.policy.states)}")
         filters = {"status": statuses} if statuses else {}
-        before = _decode_cursor(cursor) if cursor is not None else None
+        before = decode_cursor(cursor) if cursor is not None else None
         columns = tuple(self.policy.columns)
         rows = await self.db.read(lambda tx: tx.read_page_before(
             self.policy, filters, columns, before, limit + 1))
         items = [self.decode(r) for r in rows[:limit]]
         last = items[-1] if len(rows) > limit else None
         return EntityPage(items, None if last is None else
-                          _encode_cursor(float(last["created_at"]), str(last["id"])))
+                          encode_cursor(float(last["created_at"]), str(last["id"])))
 
     async def history(self, entity_id: str) -> builtins.list[dict[str, Any]]:
         """Every fact of the row, oldest first: the log's columns, JSON decoded (a JSON
@@ -113,11 +100,10 @@ class Entity:
         facts = await self.db.read(lambda tx: tx.read_facts(self.name, entity_id))
         out = []
         for fact in facts:
-            decoded = {k: (_json(v) if k in FACT_JSON else v) for k, v in fact.items()}
+            decoded = decode_json(fact, FACT_JSON)
             patch = decoded.get("patch")
             if isinstance(patch, dict):
-                decoded["patch"] = {k: (_json(v) if k in self.policy.json_columns else v)
-                                    for k, v in patch.items()}
+                decoded["patch"] = decode_json(patch, self.policy.json_columns)
             out.append(decoded)
         return out
 
@@ -156,9 +142,7 @@ class Entity:
         def unit(t: EventStore) -> str:
             return create_entity(t, policy, row, reason=why, actor=actor)
 
-        if tx is not None:
-            return tx.add(unit, f"the new {self.name}'s id")
-        return await self.db.write(unit)
+        return await self._write(unit, tx, f"the new {self.name}'s id")
 
     @overload
     async def move(self, entity_id: str, to_state: str, *, actor: Actor,
@@ -191,10 +175,8 @@ class Entity:
             raise IllegalTransition(f"{self.name} has no state {to_state!r}; states: "
                                     f"{', '.join(self.policy.states)}")
         unit = self._mover(entity_id, lambda _observed: to_state, why, actor, patch, guard,
-                           idempotency_key, expect, given_reason=reason is not None)
-        if tx is not None:
-            return tx.add(unit, f"the move of {self.name} {entity_id}")
-        return await self.db.write(unit)
+                           idempotency_key, expect)
+        return await self._write(unit, tx, f"the move of {self.name} {entity_id}")
 
     @overload
     async def send(self, entity_id: str, event: str, *, actor: Actor,
@@ -238,18 +220,25 @@ class Entity:
 
         given = None if reason is None else self._reason(reason, None)
         unit = self._mover(entity_id, target, given, actor, patch, guard, idempotency_key,
-                           expect, given_reason=reason is not None)
-        if tx is not None:
-            return tx.add(unit, f"the {event!r} of {self.name} {entity_id}")
-        return await self.db.write(unit)
+                           expect)
+        return await self._write(unit, tx, f"the {event!r} of {self.name} {entity_id}")
 
     # ------------------------------------------------------------------ helpers
 
-    def _mover(self, entity_id: str, target: Any, why: StateReason | None, actor: Actor,
-               patch: Mapping[str, Any] | None, guard: Mapping[str, Any] | None,
-               idempotency_key: str | None, expect: str | None, *, given_reason: bool) -> Any:
-        """The write unit of a move: the current state read, the target chosen from it,
-        then the engine's guarded swap from that state (its checks, in its order)."""
+    async def _write(self, unit: Callable[[EventStore], T], tx: Transaction | None,
+                     what: str) -> T | Pending[T]:
+        """``unit`` in a write of its own, or queued in ``tx`` (its value then pending)."""
+        if tx is not None:
+            return tx.add(unit, what)
+        return await self.db.write(unit)
+
+    def _mover(self, entity_id: str, target: Callable[[str], str], why: StateReason | None,
+               actor: Actor, patch: Mapping[str, Any] | None,
+               guard: Mapping[str, Any] | None, idempotency_key: str | None,
+               expect: str | None) -> Callable[[EventStore], TransitionResult]:
+        """The write unit of a move: the current state read, the target chosen from it
+        (``why`` None: the reason is the target's default), then the engine's guarded
+        swap from that state (its checks, in its order)."""
         policy = self.policy
         patched = dict(patch) if patch else None
         guarded = dict(guard) if guard else None
@@ -263,7 +252,7 @@ class Entity:
             if expect is not None and observed != expect:
                 raise Conflict(f"{policy.name} {entity_id!r} is {observed}, not {expect}")
             to_state = target(observed)
-            reason = why if given_reason or why is not None else self._reason(None, to_state)
+            reason = why if why is not None else self._reason(None, to_state)
             request = TransitionRequest(
                 entity_type=policy.name, entity_id=entity_id, from_state=observed,
                 to_state=to_state, reason=reason, actor=actor,
@@ -298,22 +287,6 @@ class Entity:
             return StateReason(code=codes[0])
         raise UnknownReason(f"{self.name}: a move to {to_state} needs reason=, one of "
                             f"{', '.join(codes or sorted(self.policy.reason_codes))}")
-
-
-def _encode_cursor(created_at: float, entity_id: str) -> str:
-    raw = dumps([created_at, entity_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[float, str]:
-    try:
-        value = loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        position, entity_id = float(value[0]), value[1]
-        if isinstance(entity_id, str) and math.isfinite(position):
-            return position, entity_id
-    except Exception:
-        pass
-    raise InvalidInput(f"cursor {cursor[:40]!r} is not a cursor this handle made")
 
 
 __all__ = ["Entity", "EntityPage"]

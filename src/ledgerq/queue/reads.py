@@ -8,17 +8,16 @@ Every JSON column of a run comes back decoded.
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ledgerq.codec import dumps, loads
+from ledgerq.codec import loads
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.rows import decode_cursor, decode_json, encode_cursor
 from ledgerq.queue.moves import ENTITY, PRIORITY_COLUMN, QUEUE_COLUMN
 from ledgerq.queue.store import STUCK_KINDS
 from ledgerq.queue.worker.config import DEFAULT_HEARTBEAT_TTL_SECONDS
@@ -74,32 +73,20 @@ STUCK_AFTER_SECONDS = 60.0
 STUCK_SAMPLE = 20
 
 
-def _decode(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
-    out = dict(row)
-    for col in columns:
-        value = out.get(col)
-        if isinstance(value, str | bytes):
-            try:
-                out[col] = loads(value)
-            except Exception:
-                out[col] = value  # hand-written garbage stays visible as text
-    return out
-
-
 def decode_run_row(db: Database[ReadsTx], row: dict[str, Any]) -> dict[str, Any]:
     """A schedule_runs row with its JSON columns decoded (invalid JSON is left as text)."""
-    return _decode(row, db.registry.entity(RUN_ENTITY).json_columns)
+    return decode_json(row, db.registry.entity(RUN_ENTITY).json_columns)
 
 
 def decode_row(policy: EntityPolicy, row: dict[str, Any]) -> dict[str, Any]:
     """A projection row with its JSON columns (the policy's) decoded, read from anywhere
     (an archive file too)."""
-    return _decode(row, policy.json_columns)
+    return decode_json(row, policy.json_columns)
 
 
 def decode_fact(fact: dict[str, Any]) -> dict[str, Any]:
     """A status_transitions row with evidence_refs, metadata and patch decoded."""
-    return _decode(fact, FACT_JSON_COLUMNS)
+    return decode_json(fact, FACT_JSON_COLUMNS)
 
 
 @dataclass
@@ -211,33 +198,6 @@ class CursorPage:
 
     items: list[dict[str, Any]]
     next_cursor: str | None
-
-
-def encode_cursor(created_at: float, run_id: str) -> str:
-    """An opaque cursor: the (created_at, id) of the last run on a page, base64url JSON."""
-    raw = dumps([created_at, run_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[float, str]:
-    """The position a cursor names; InvalidInput for anything :func:`encode_cursor` did not
-    make (a cursor is input from a URL)."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        value = loads(raw)
-    except Exception:
-        value = None
-    position: float | None = None
-    if (isinstance(value, list) and len(value) == 2 and not isinstance(value[0], bool)
-            and isinstance(value[0], int | float) and isinstance(value[1], str)
-            and "\x00" not in value[1]):
-        try:
-            position = float(value[0])  # (an integer of 400 digits overflows a float)
-        except OverflowError:
-            position = None
-    if position is None or not math.isfinite(position):
-        raise InvalidInput(f"cursor {cursor[:40]!r} is not a cursor this server made")
-    return position, value[1]
 
 
 async def page_runs(db: Database[ReadsTx], *, statuses: Iterable[str] | None = None,
@@ -357,7 +317,7 @@ async def worker_statuses(db: Database[ReadsTx], *, now: float | None = None) ->
             offset += page
         out: list[WorkerStatus] = []
         for w in tx.list_worker_rows():
-            w = _decode(w, ("advertised_capabilities", "execution_targets", "queues", "kinds"))
+            w = decode_json(w, ("advertised_capabilities", "execution_targets", "queues", "kinds"))
             asked = w.get("stop_requested_at")
             out.append(WorkerStatus(
                 worker_id=w["worker_id"], hostname=w["hostname"], pid=w["pid"],

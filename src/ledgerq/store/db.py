@@ -199,7 +199,12 @@ class StateDB:
 
     def entity(self, name: str) -> Entity:
         """A handle on one entity type's rows: ``create``, ``get``, ``list``, ``move``,
-        ``send``, ``history`` (:mod:`ledgerq.lifecycle.entities`)."""
+        ``send``, ``history`` (:mod:`ledgerq.lifecycle.entities`). An entity the loaded
+        specs lack but the database recorded (an app's own) is judged by its recorded
+        spec; ValueError names the entities there are otherwise."""
+        if name not in self.registry.entities and self.is_open and name in self.recorded:
+            return Entity(self, name, policy=evolution.to_policy(
+                self.recorded[name], "the database's recorded spec"))
         return Entity(self, name)
 
     @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from ledgerq.durations import check_instant, check_span
 from ledgerq.errors import InvalidInput
@@ -31,7 +31,7 @@ from ledgerq.tasks.arguments import TaskArguments, TaskResult
 from ledgerq.tasks.execution import MAX_RESULT_BYTES
 
 if TYPE_CHECKING:
-    from ledgerq.lifecycle.transactions import Transaction
+    from ledgerq.lifecycle.transactions import Pending, Transaction
     from ledgerq.store.db import StateDB
     from ledgerq.tasks.app import App
     from ledgerq.tasks.runs import AsyncTaskRun, TaskRun
@@ -219,17 +219,8 @@ class Deferrer(Generic[R]):
                           **kwargs: Any) -> AsyncTaskRun[R]:
         from ledgerq.tasks.runs import AsyncTaskRun
 
-        if tx is not None:
-            from ledgerq.queue.submission.submit import submit_in
-
-            app = self.task.app
-            with tracing.deferring(self.task.name, self.queue) as trigger:
-                application = self.application(args, kwargs, time.time(), trigger)
-                app.deferred_to(application.queue)
-                pending = await submit_in(tx, application, vocabulary=app.vocabulary)
-            return AsyncTaskRun(self.task, pending, app.db)
         db = self.task.app.db
-        run_id = await self.submit(db, args, kwargs)
+        run_id = await self.submit(db, args, kwargs, tx)
         return AsyncTaskRun(self.task, run_id, db)
 
     def defer(self, *args: Any, **kwargs: Any) -> TaskRun[R]:
@@ -242,13 +233,25 @@ class Deferrer(Generic[R]):
 
         return TaskRun(self.task, app.bridge.run(go(), what=f"{self.task.name}.defer()"))
 
-    async def submit(self, db: StateDB, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        from ledgerq.queue.submission.submit import submit_task
+    @overload
+    async def submit(self, db: StateDB, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     tx: None = None) -> str: ...
+
+    @overload
+    async def submit(self, db: StateDB, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     tx: Transaction | None) -> str | Pending[str]: ...
+
+    async def submit(self, db: StateDB, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     tx: Transaction | None = None) -> str | Pending[str]:
+        """The run's application, checked, then written (or queued in ``tx``)."""
+        from ledgerq.queue.submission.submit import submit_in, submit_task
 
         app = self.task.app
         with tracing.deferring(self.task.name, self.queue) as trigger:
             application = self.application(args, kwargs, time.time(), trigger)
             app.deferred_to(application.queue)
+            if tx is not None:
+                return await submit_in(tx, application, vocabulary=app.vocabulary)
             return await submit_task(db, application, vocabulary=app.vocabulary)
 
 

@@ -36,15 +36,10 @@ def _text(value: str, what: str) -> str:
 
 
 def _handle(request: Request, entity: str) -> Entity:
-    from ledgerq.lifecycle.evolution import to_policy
-
     db = db_of(request)
-    if entity in db.registry.entities:
-        return db.entity(entity)
-    recorded = db.recorded.get(_text(entity, "entity"))
-    if recorded is None:
+    if entity not in db.registry.entities and _text(entity, "entity") not in db.recorded:
         raise HTTPException(404, f"no entity {entity[:64]!r}")
-    return Entity(db, entity, policy=to_policy(recorded, "the database's recorded spec"))
+    return db.entity(entity)
 
 
 EntityName = Annotated[str, Path(max_length=64, description="The entity (its spec's name).")]
