@@ -16,6 +16,8 @@ from ledgerq.errors import MissingExtra
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "postgres": ("PostgreSQL", ("psycopg", "psycopg_pool")),
     "server": ("ledgerq serve (the HTTP API and dashboard)", ("fastapi", "uvicorn")),
+    "testing": ("ledgerq.testing (stateful tests of a lifecycle, its transitions model)",
+                ("hypothesis", "transitions")),
 }
 
 

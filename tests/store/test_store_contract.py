@@ -301,6 +301,14 @@ async def test_many_facts_append_as_given(db: StateDB) -> None:
     with pytest.raises(IntegrityViolation):  # the second repeats (e0, 1): neither is kept
         await db.write(lambda tx: tx.append_facts([fresh, facts[0]._replace(id=new_id())]))
     assert await db.read(lambda tx: tx.read_facts(RUN, "e9")) == []
+    # Several entities in one read: (entity_id, version) order, whatever order was asked,
+    # missing ids absent, other entity types never included.
+    many = await db.read(lambda tx: tx.read_facts_of(RUN, ["e2", "missing", "e0", "e2"]))
+    assert [(g["entity_id"], g["entity_version"]) for g in many] == sorted(
+        (f.entity_id, f.entity_version) for f in facts if f.entity_id in ("e0", "e2"))
+    assert many[0] == (await db.read(lambda tx: tx.read_facts(RUN, "e0")))[0]
+    assert await db.read(lambda tx: tx.read_facts_of("dispatch", ["e0"])) == []
+    assert await db.read(lambda tx: tx.read_facts_of(RUN, [])) == []
 
 
 @pytest.mark.parametrize("field, value, carried", [

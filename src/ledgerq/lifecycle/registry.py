@@ -17,7 +17,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from ledgerq.lifecycle.identifiers import (
     IDENTIFIER,
@@ -33,6 +33,9 @@ from ledgerq.lifecycle.spec import (
     SpecProblem,
     read_spec,
 )
+
+if TYPE_CHECKING:
+    from transitions import Machine
 
 log = logging.getLogger("ledgerq.specs")
 
@@ -235,6 +238,14 @@ class EntityPolicy:
             known = ", ".join(sorted(self.column_groups)) or "none"
             raise ValueError(f"entity {self.name!r} declares no column group {name!r}; "
                              f"known: {known}") from None
+
+    def to_machine(self, model: Any = None, **options: Any) -> Machine:
+        """A ``transitions.Machine`` of this spec, to simulate or draw the lifecycle in
+        memory: see :func:`ledgerq.lifecycle.machines.to_machine` (needs the
+        ``testing`` extra)."""
+        from ledgerq.lifecycle.machines import to_machine
+
+        return to_machine(self, model, **options)
 
     def status_check(self) -> str:
         """The CHECK clause of the table's status column, so schema and spec cannot drift."""

@@ -226,6 +226,10 @@ class EventStore(Protocol):
     def read_facts(self, entity_type: str, entity_id: str) -> list[Row]:
         """Every fact of one entity, in version order, JSON columns as text."""
 
+    def read_facts_of(self, entity_type: str, ids: Sequence[str]) -> list[Row]:
+        """Every fact of the given entities, in (entity_id, entity_version) order, JSON
+        columns as text: one read for a set of rows (a scoped verify, a test's check)."""
+
     def stream_facts(self, entity_type: str) -> Iterator[tuple[str, str, int, Any]]:
         """(entity_id, status, entity_version, patch) of every fact of an entity type, in
         (entity_id, entity_version) order, streamed (never the whole log in memory)."""

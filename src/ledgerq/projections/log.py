@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ledgerq.codec import loads
 from ledgerq.lifecycle.registry import EntityPolicy
-from ledgerq.lifecycle.store import Database, EventStore
+from ledgerq.lifecycle.store import Database, EventStore, Row
 
 
 async def history(db: Database[EventStore], entity_type: str, entity_id: str) -> list[dict[str,
@@ -115,23 +115,62 @@ def _verify(tx: EventStore, policies: list[EntityPolicy],
                 group = next(groups, None)
                 continue
             report.rows += 1
-            for i, f in enumerate(own, start=1):
-                if f[2] != i:
-                    report.drift.append(Drift(policy.name, entity_id, GAP,
-                                              "entity_version", i, f[2]))
-                    break
-            expected = fold_rows(own, policy)
-            for col, actual in row.items():
-                want = expected.get(col)
-                if want != actual and not (col in json_columns and _same_json(want, actual)):
-                    report.drift.append(Drift(policy.name, entity_id, "column differs", col,
-                                              want, actual))
+            report.drift += _compare(policy, json_columns, entity_id, row, own)
             row = next(rows, None)
             group = next(groups, None)
     report.facts = counter[0]
     report.ok = not report.drift
     if progress is not None:
         progress(counter[0])
+    return report
+
+
+def _compare(policy: EntityPolicy, json_columns: set[str], entity_id: str,
+             row: dict[str, Any], own: list[Any]) -> list[Drift]:
+    """How one row differs from the fold of its facts (version gaps first)."""
+    drift = []
+    for i, f in enumerate(own, start=1):
+        if f[2] != i:
+            drift.append(Drift(policy.name, entity_id, GAP, "entity_version", i, f[2]))
+            break
+    expected = fold_rows(own, policy)
+    for col, actual in row.items():
+        want = expected.get(col)
+        if want != actual and not (col in json_columns and _same_json(want, actual)):
+            drift.append(Drift(policy.name, entity_id, "column differs", col, want, actual))
+    return drift
+
+
+def _verify_rows(tx: EventStore, policy: EntityPolicy, ids: list[str]) -> VerifyReport:
+    """:func:`_verify` over some rows of one entity: two reads, whatever their number."""
+    return check_rows(policy, tx.read_entities(policy, ids),
+                      tx.read_facts_of(policy.name, ids))
+
+
+def check_rows(policy: EntityPolicy, projection: Iterable[Row],
+               log: Iterable[Row]) -> VerifyReport:
+    """Rows of one entity against the fold of their facts, both as the store reads them
+    (``read_entities``, ``read_facts_of``): what :func:`verify` does for a few rows, for a
+    caller that has read them already."""
+    report = VerifyReport(ok=True)
+    rows = {r["id"]: r for r in projection}
+    facts: dict[str, list[Any]] = {}
+    for f in log:
+        facts.setdefault(f["entity_id"], []).append(
+            (f["entity_id"], f["status"], f["entity_version"], f["patch"]))
+    json_columns = set(policy.json_columns)
+    for entity_id in sorted(set(rows) | set(facts)):
+        row, own = rows.get(entity_id), facts.get(entity_id)
+        report.facts += len(own or ())
+        if own is None:
+            report.drift.append(Drift(policy.name, entity_id, "projection row has no facts"))
+        elif row is None:
+            report.drift.append(Drift(policy.name, entity_id,
+                                      "facts exist but the row is missing"))
+        else:
+            report.rows += 1
+            report.drift += _compare(policy, json_columns, entity_id, row, own)
+    report.ok = not report.drift
     return report
 
 
@@ -144,19 +183,32 @@ def _same_json(a: Any, b: Any) -> bool:
         return False
 
 
-async def verify(db: Database[EventStore], *, progress: Progress | None = None) -> VerifyReport:
+async def verify(db: Database[EventStore], *, progress: Progress | None = None,
+                 entity: str | None = None, ids: Collection[str] | None = None
+                 ) -> VerifyReport:
     """Fold every entity's facts and compare with its projection row, in one snapshot.
 
     The file's integrity is checked first (``PRAGMA quick_check``): on a damaged file the
     fold would compare garbage, so the report is the damage, and ``ok`` is False.
     ``progress`` is called with the facts folded so far, from the database's thread, each
     :data:`PROGRESS_EVERY` facts and once at the end with the total (a bar can finish).
+
+    ``entity`` and ``ids`` check only those rows of that entity (no integrity pass): what
+    a test that owns a few rows of a shared database asks after each step.
     """
+    if ids is not None:
+        if entity is None:
+            raise ValueError("verify(ids=...) needs entity=")
+        policy = db.registry.entity(entity)
+        wanted = list(ids)
+        return await db.read(lambda tx: _verify_rows(tx, policy, wanted))
     problems = await db.check_integrity()
     if problems:
         return VerifyReport(ok=False, drift=[
             Drift("database", db.path, f"damaged: {p}") for p in problems])
     policies = db.log_policies()
+    if entity is not None:
+        policies = [p for p in policies if p.name == entity]
     return await db.read(lambda tx: _verify(tx, policies, progress))
 
 

@@ -155,6 +155,14 @@ class App:
             self._db = self._new_db()
         return self._db
 
+    def retarget(self, target: str | Path) -> None:
+        """Point the app at another database (a test's scratch one: the ``ledgerq_app``
+        fixture); InvalidInput while a handle of it is open."""
+        if (self._db is not None and self._db.is_open) or self._sync_db is not None:
+            raise InvalidInput("App.retarget(): close the app first (async with app: ..., "
+                               "app.close_sync())")
+        self.target, self._db = target, None
+
     async def open(self) -> App:
         """Open the database, and record this app's tasks in it (their names and their
         parameters' JSON Schema: what the command line and the HTTP API check a

@@ -210,6 +210,10 @@ SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))
 SELECT * FROM status_transitions WHERE entity_type = %s AND entity_id = %s
 ORDER BY entity_version
 
+-- name: read_facts_of
+SELECT * FROM status_transitions WHERE entity_type = %s AND entity_id IN ({marks})
+ORDER BY entity_id, entity_version
+
 -- name: stream_facts
 SELECT entity_id, status, entity_version, patch FROM status_transitions
 WHERE entity_type = %s ORDER BY entity_id, entity_version

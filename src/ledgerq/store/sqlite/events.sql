@@ -60,6 +60,10 @@ RELEASE ledgerq_scope
 SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ?
 ORDER BY entity_version
 
+-- name: read_facts_of
+SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id IN ({marks})
+ORDER BY entity_id, entity_version
+
 -- name: stream_facts
 -- Streamed from the unique (entity_type, entity_id, entity_version) index: no sort.
 SELECT entity_id, status, entity_version, patch FROM status_transitions

@@ -16,7 +16,7 @@ from ledgerq.lifecycle.facts import Fact, tuple_new
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.lifecycle.store import ClaimFacts, EventStore, Row, SentMove
-from ledgerq.store.sqltx.base import SqlBase
+from ledgerq.store.sqltx.base import CHUNK, SqlBase
 
 
 class Swap(NamedTuple):
@@ -252,6 +252,15 @@ class EventOps(SqlBase, EventStore):
 
     def read_facts(self, entity_type: str, entity_id: str) -> list[Row]:
         return self.dicts(self.execute(self.q("read_facts"), (entity_type, entity_id)))
+
+    def read_facts_of(self, entity_type: str, ids: Sequence[str]) -> list[Row]:
+        out: list[Row] = []
+        ordered = sorted(set(ids))
+        for i in range(0, len(ordered), CHUNK):
+            part = ordered[i:i + CHUNK]
+            sql = self.q("read_facts_of", marks=self.marks(len(part)))
+            out += self.dicts(self.execute(sql, (entity_type, *part)))
+        return out
 
     def stream_facts(self, entity_type: str) -> Iterator[tuple[str, str, int, Any]]:
         return self.stream(self.q("stream_facts"), (entity_type,))[1]
