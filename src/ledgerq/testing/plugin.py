@@ -54,20 +54,25 @@ def ledgerq_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
         scratch.drop()
 
 
+async def _open_db(ledgerq_target: str) -> AsyncIterator[StateDB]:
+    """An open StateDB on the test's scratch database (the packaged specs)."""
+    from ledgerq.store.db import StateDB
+
+    async with StateDB(ledgerq_target) as db:
+        yield db
+
+
+def _needs_pytest_asyncio() -> None:
+    pytest.fail("ledgerq_db is an async fixture: pip install pytest-asyncio")
+
+
+ledgerq_db: Any
 try:
     import pytest_asyncio
 except ImportError:  # the fixture says what it needs when a test asks for it
-    @pytest.fixture
-    def ledgerq_db() -> None:
-        pytest.fail("ledgerq_db is an async fixture: pip install pytest-asyncio")
+    ledgerq_db = pytest.fixture(_needs_pytest_asyncio, name="ledgerq_db")
 else:
-    @pytest_asyncio.fixture
-    async def ledgerq_db(ledgerq_target: str) -> AsyncIterator[StateDB]:
-        """An open StateDB on the test's scratch database (the packaged specs)."""
-        from ledgerq.store.db import StateDB
-
-        async with StateDB(ledgerq_target) as db:
-            yield db
+    ledgerq_db = pytest_asyncio.fixture(_open_db, name="ledgerq_db")
 
 
 @pytest.fixture
