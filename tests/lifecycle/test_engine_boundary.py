@@ -88,6 +88,32 @@ async def test_exact_values_keep_row_equal_to_the_fold(db: StateDB) -> None:
     assert (await verify(db)).ok
 
 
+async def test_large_floats_read_back_as_written(db: StateDB) -> None:
+    """A float column's value past 2**53 reads back (row, fold, rebuild) as the float
+    written, though the log's JSON (PostgreSQL's jsonb, a decimal) hands it back as an
+    integer literal; an int sent to a float column folds to the float the column holds.
+    A JSON value's float that large is refused: JSON does not carry it exactly. (Found
+    by the testing kit on PostgreSQL.)"""
+    rid = await new_run(db, "running")
+    big = 2.477133468290013e16
+    res = await transition(db, request(RUN, rid, "running", "failed", "run.failed.exception"),
+                           patch={"ended_at": big, "queued_at": 2**62 + 1})
+    assert res.applied
+    got = await db.entity(RUN).get(rid)
+    assert got["ended_at"] == big and got["queued_at"] == float(2**62 + 1)
+    report = await verify(db)
+    assert report.ok, [str(d) for d in report.drift]
+    for value in (big, -1e300, [1, {"k": 2.5e16}]):
+        with pytest.raises(InvalidInput, match="2\\*\\*53"):
+            await transition(db, request(RUN, rid, "failed", "failed", "run.failed.exception"),
+                             patch={"result": value})
+        with pytest.raises(InvalidInput, match="2\\*\\*53"):
+            await db.entity("dispatch").create({"channel": "c", "payload": value},
+                                               actor=Actor(type="system", id="s"),
+                                               reason="dispatch.pending.created")
+    assert await fact_count(db, rid) == 2
+
+
 async def test_text_with_a_nul_is_refused_on_every_backend(db: StateDB) -> None:
     """PostgreSQL's text cannot hold NUL; SQLite's could, but the backends store alike."""
     rid = await new_run(db, "running")

@@ -22,7 +22,7 @@ from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.moves import apply_transition
 from ledgerq.lifecycle.rows import decode_cursor, decode_json, encode_cursor
-from ledgerq.lifecycle.values import check_columns, check_reason
+from ledgerq.lifecycle.values import check_columns, check_reason, value_problem
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.registry import EntityPolicy
@@ -134,6 +134,10 @@ class Entity:
         given = dict(values or {})
         if "status" in given:
             raise InvalidInput("give the state as state=, not as a 'status' value")
+        for column in self.policy.json_columns:
+            problem = value_problem(given.get(column), json=True)
+            if problem is not None:
+                raise InvalidInput(f"creation column {column} of {self.name}: {problem}")
         row = {k: (dumps(v) if k in self.policy.json_columns and v is not None else v)
                for k, v in given.items()}
         row["status"] = state

@@ -75,7 +75,8 @@ def check_values(policy: EntityPolicy, kind: str, given: dict[str, Any], *,
             if value.isascii() and "\x00" not in value and str in plain[col]:
                 continue
         elif vtype is float:
-            if _isfinite(value) and float in plain[col]:
+            if _isfinite(value) and float in plain[col] and -JSON_FLOAT_LIMIT < value \
+                    < JSON_FLOAT_LIMIT:
                 continue
         elif vtype is int and INT64_MIN <= value <= INT64_MAX and int in plain[col]:
             continue
@@ -115,6 +116,9 @@ def _plain_types(policy: EntityPolicy, json_text: bool) -> dict[str, frozenset[t
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Floats in JSON values stay below this in size: past it every float is an integer, and
+#: a decimal store (PostgreSQL's jsonb) reads it back as an integer literal.
+JSON_FLOAT_LIMIT = float(2**53)
 _isfinite = math.isfinite
 #: Nesting a JSON column value may have; deeper values are refused, never a RecursionError.
 MAX_JSON_DEPTH = 64
@@ -139,6 +143,12 @@ def value_problem(value: Any, *, json: bool) -> str | None:
         elif isinstance(item, float):
             if not math.isfinite(item):
                 return f"{item!r} is not a finite number"
+            if json and not -JSON_FLOAT_LIMIT < item < JSON_FLOAT_LIMIT:
+                # PostgreSQL's jsonb keeps a number as a decimal, printed without an
+                # exponent: 2.5e16 reads back as the integer 25000000000000000, and a
+                # float past 2**53 as an integer other than its exact value.
+                return (f"the float {item!r} in a JSON value is 2**53 or more in size, "
+                        "which JSON does not carry exactly (store it as a string)")
         elif isinstance(item, str):
             if "\x00" in item:
                 # PostgreSQL text cannot hold NUL; refused on both backends alike.

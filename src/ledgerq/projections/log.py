@@ -84,6 +84,13 @@ def fold_rows(facts: list[Any], policy: EntityPolicy) -> dict[str, Any]:
     row: dict[str, Any] = {c: col.default for c, col in policy.columns.items()}
     for fact in facts:
         row.update(loads(fact[3]))
+    for column in policy.float_columns:
+        # The log is JSON, where 2.5e16 may read back as the integer 25000000000000000
+        # (PostgreSQL's jsonb keeps a decimal) and an int sent to a float column stays an
+        # int: the column holds the float either one names.
+        value = row[column]
+        if type(value) is int:
+            row[column] = float(value)
     last = facts[-1]
     row["status"] = last[1]
     row["version"] = last[2]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -26,7 +27,13 @@ from ledgerq.errors import (
 )
 from ledgerq.lifecycle.models import MAX_ACTOR_ID_LENGTH, Actor, StateReason
 from ledgerq.lifecycle.registry import STANDARD_COLUMNS, ColumnPolicy, EntityPolicy
-from ledgerq.lifecycle.values import INT64_MAX, INT64_MIN, MAX_JSON_DEPTH, value_problem
+from ledgerq.lifecycle.values import (
+    INT64_MAX,
+    INT64_MIN,
+    JSON_FLOAT_LIMIT,
+    MAX_JSON_DEPTH,
+    value_problem,
+)
 
 if TYPE_CHECKING:
     from ledgerq.tasks.task import Task
@@ -75,11 +82,18 @@ def _nested(depth: int, leaf: Any) -> Any:
     return value
 
 
+def _json_floats() -> st.SearchStrategy[float]:
+    """Floats JSON carries exactly: below 2**53 in size (the engine refuses the rest)."""
+    below = math.nextafter(JSON_FLOAT_LIMIT, 0)
+    return st.one_of(st.sampled_from([0.0, -0.0, 1.5, -2.25, 1e15, 5e-324, below]),
+                     st.floats(-below, below))
+
+
 @functools.cache
 def json_values(*, allow_none: bool = True) -> st.SearchStrategy[Any]:
     """A JSON column's values: scalars, lists and objects of them, and values nested just
     short of the depth the engine refuses (None, SQL's NULL, only when allowed)."""
-    scalars = st.one_of(st.none(), st.booleans(), _integers(), _floats(), text())
+    scalars = st.one_of(st.none(), st.booleans(), _integers(), _json_floats(), text())
 
     def containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         return st.one_of(st.lists(inner, max_size=4),
@@ -87,7 +101,7 @@ def json_values(*, allow_none: bool = True) -> st.SearchStrategy[Any]:
 
     deep = st.integers(MAX_JSON_DEPTH - 3, MAX_JSON_DEPTH - 1).map(
         lambda d: _nested(d, "deep"))
-    top = st.one_of(st.booleans(), _integers(), _floats(), text(),
+    top = st.one_of(st.booleans(), _integers(), _json_floats(), text(),
                     containers(st.recursive(scalars, containers, max_leaves=6)), deep)
     return st.one_of(st.none(), top) if allow_none else top
 
