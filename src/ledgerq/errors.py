@@ -21,8 +21,9 @@ class InvalidInput(LedgerqError, ValueError):
 
 
 class IdempotencyConflict(InvalidInput):
-    """An idempotency key already names a run submitted with a different application
-    (a ValueError like every refusal; the HTTP API answers it with 409, not 422)."""
+    """An idempotency key already names a different request: a run submitted with a
+    different application, or a move to another state (a ValueError like every
+    refusal; the HTTP API answers it with 409, not 422)."""
 
 
 class NotFound(LedgerqError, LookupError):

@@ -114,6 +114,26 @@ async def test_large_floats_read_back_as_written(db: StateDB) -> None:
     assert await fact_count(db, rid) == 2
 
 
+async def test_json_numbers_keep_every_digit(db: StateDB) -> None:
+    """A JSON column's number reads back exactly, created or moved: SQLite's JSON columns
+    (numeric affinity) would convert a number sent as JSON text keeping only about
+    fifteen significant digits (this one came back ending ...382e-299). (Found by the
+    testing kit.)"""
+    value = -2.2606631148481385e-299
+    system = Actor(type="system", id="s")
+    outbox = db.entity("dispatch")
+    did = await outbox.create({"channel": "c", "payload": value}, actor=system,
+                              reason="dispatch.pending.created")
+    assert (await outbox.get(did))["payload"] == value
+    rid = await new_run(db, "running")
+    await db.entity(RUN).move(rid, "completed", actor=system, reason="run.completed.ok",
+                              patch={"result": value})
+    assert (await db.entity(RUN).get(rid))["result"] == value
+    assert (await db.entity(RUN).history(rid))[-1]["patch"]["result"] == value
+    report = await verify(db)
+    assert report.ok, [str(d) for d in report.drift]
+
+
 async def test_text_with_a_nul_is_refused_on_every_backend(db: StateDB) -> None:
     """PostgreSQL's text cannot hold NUL; SQLite's could, but the backends store alike."""
     rid = await new_run(db, "running")

@@ -16,11 +16,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from ledgerq.codec import dumps
 from ledgerq.errors import Conflict, IllegalTransition, InvalidInput, NotFound, UnknownReason
 from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
-from ledgerq.lifecycle.moves import apply_transition
+from ledgerq.lifecycle.moves import apply_transition, json_param
 from ledgerq.lifecycle.rows import decode_cursor, decode_json, encode_cursor
 from ledgerq.lifecycle.values import check_columns, check_reason, value_problem
 
@@ -138,12 +137,13 @@ class Entity:
             problem = value_problem(given.get(column), json=True)
             if problem is not None:
                 raise InvalidInput(f"creation column {column} of {self.name}: {problem}")
-        row = {k: (dumps(v) if k in self.policy.json_columns and v is not None else v)
-               for k, v in given.items()}
-        row["status"] = state
         policy = self.policy
 
         def unit(t: EventStore) -> str:
+            bare = t.binds_json_numbers
+            row = {k: (json_param(v, bare) if k in policy.json_columns else v)
+                   for k, v in given.items()}
+            row["status"] = state
             return create_entity(t, policy, row, reason=why, actor=actor)
 
         return await self._write(unit, tx, f"the new {self.name}'s id")

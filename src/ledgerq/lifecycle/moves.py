@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ledgerq.codec import CONTAINERS, dumps
-from ledgerq.errors import NotFound
+from ledgerq.errors import IdempotencyConflict, NotFound
 from ledgerq.lifecycle.facts import Fact, make_fact
 from ledgerq.lifecycle.ids import new_id, new_token
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
@@ -140,7 +140,7 @@ def _swap(tx: EventStore, policy: EntityPolicy, plan: Plan, entity_id: str, reas
     read: the swap then bumps whatever version the row has and returns it.
     """
     ts = time.time() if now is None else now
-    changes, guards = _terms(policy, plan, reason, ts, guard, patch)
+    changes, guards = _terms(tx, policy, plan, reason, ts, guard, patch)
     observed, to_state, whole_row = plan.observed, plan.to_state, plan.whole_row
     if tx.stores_as_sent and not whole_row and _stored_as_sent(tx, policy, plan.patched,
                                                                changes):
@@ -169,23 +169,32 @@ def _swap(tx: EventStore, policy: EntityPolicy, plan: Plan, entity_id: str, reas
     return Moved(True, observed, to_state, fact_id, after if whole_row else None)
 
 
-def _terms(policy: EntityPolicy, plan: Plan, reason: StateReason, ts: float,
+def _terms(tx: EventStore, policy: EntityPolicy, plan: Plan, reason: StateReason, ts: float,
            guard: dict[str, Any], patch: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     """A swap's changes (the stamp, fresh tokens, the patch) and guard values, as sent.
 
     A JSON column's value goes as JSON text, a scalar too (a task's result ``"done"``
-    is the JSON string, which PostgreSQL's jsonb would refuse as bare text).
+    is the JSON string, which PostgreSQL's jsonb would refuse as bare text), except a
+    number where the dialect binds numbers (:attr:`EventStore.binds_json_numbers`).
     """
     changes = stamp(reason, ts)
     for c in plan.fresh:
         changes[c] = new_token()
     json = policy.json_columns
+    bare = tx.binds_json_numbers
     # (to_sql inline: a move's every value passes here, and few are JSON)
     for k, v in patch.items():
-        changes[k] = dumps(v) if isinstance(v, CONTAINERS) or (
-            v is not None and k in json) else v
-    return changes, [dumps(v) if isinstance(v := guard[c], CONTAINERS) or (
-        v is not None and c in json) else v for c in plan.guard_cols]
+        changes[k] = json_param(v, bare) if k in json or isinstance(v, CONTAINERS) else v
+    return changes, [json_param(v, bare) if c in json or isinstance(v := guard[c], CONTAINERS)
+                     else v for c in plan.guard_cols]
+
+
+def json_param(value: Any, bare_numbers: bool) -> Any:
+    """A JSON column's value as a statement sends it: JSON text, or a number as itself
+    where the dialect binds numbers (NULL stays NULL)."""
+    if value is None or (bare_numbers and type(value) in (int, float)):
+        return value
+    return dumps(value)
 
 
 def _sent(policy: EntityPolicy, plan: Plan, entity_id: str, reason: StateReason,
@@ -234,7 +243,7 @@ def apply_moves(tx: EventStore, policy: EntityPolicy, moves: Sequence[MoveTerms]
     for m in moves:
         plan = _checked_plan(tx, policy, m)
         ts = time.time() if m.now is None else m.now
-        changes, guards = _terms(policy, plan, m.reason, ts, m.guard, m.patch)
+        changes, guards = _terms(tx, policy, plan, m.reason, ts, m.guard, m.patch)
         if plan.refusal is not None or not _stored_as_sent(tx, policy, plan.patched, changes):
             return [_apply(tx, policy, each) for each in moves]
         sent.append(_sent(policy, plan, m.entity_id, m.reason, m.actor, ts, changes, guards,
@@ -274,7 +283,7 @@ def _swaps_then_facts(tx: EventStore, policy: EntityPolicy, moves: Sequence[Move
             after = None
             if plan.refusal is None:
                 ts = time.time() if m.now is None else m.now
-                changes, guards = _terms(policy, plan, m.reason, ts, m.guard, m.patch)
+                changes, guards = _terms(tx, policy, plan, m.reason, ts, m.guard, m.patch)
                 after = tx.swap(plan.unread, m.entity_id, m.from_state, None,
                                 None if m.from_state == m.to_state else m.to_state,
                                 changes.values(), guards)
@@ -332,7 +341,7 @@ def _replay(tx: EventStore, entity_type: str, entity_id: str, to_state: str,
         return None
     fact_id, previous, status = found
     if status != to_state:
-        raise ValueError(
+        raise IdempotencyConflict(
             f"idempotency key {key!r} already applied {previous} -> {status} to "
             f"{entity_type} {entity_id!r}; refusing a different move to {to_state}"
         )

@@ -92,6 +92,13 @@ class EventStore(Protocol):
         ...
 
     @property
+    def binds_json_numbers(self) -> bool:
+        """Whether a JSON column's number is sent as a number rather than as JSON text
+        (SQLite: its JSON columns' numeric affinity would convert the text, keeping only
+        about fifteen significant digits; a number bound as one is stored exactly)."""
+        ...
+
+    @property
     def exact_types(self) -> Mapping[str, type]:
         """Per logical column type, the one Python type whose values the dialect's column
         stores exactly (reads back equal, of the same type; a JSON column's text, if it

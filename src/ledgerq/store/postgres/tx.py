@@ -224,6 +224,7 @@ class PostgresTx(SqlTx):
         return isinstance(exc, psycopg.OperationalError) or stale_plan(exc)
 
     stores_as_sent = True
+    binds_json_numbers = False  # jsonb takes JSON text
     # Typed columns keep what they are sent; jsonb normalizes JSON text (none here).
     exact_types = MappingProxyType({"text": str, "integer": int, "float": float,
                                     "timestamp": float, "boolean": bool})

@@ -30,6 +30,7 @@ class SqliteTx(SqlTx):
     # stored as 1 or 0.
     exact_types = MappingProxyType({"text": str, "integer": int, "float": float,
                                     "timestamp": float, "json": str})
+    binds_json_numbers = True
     _texts: ClassVar[dict[tuple[Any, ...], str]] = {}
 
     conn: sqlite3.Connection
