@@ -4,7 +4,8 @@ ledgerq.
 * ``ledgerq_target``: a scratch database per test, dropped after it: a SQLite file in
   the test's ``tmp_path``, or a fresh schema of the PostgreSQL database that
   ``--ledgerq-postgres URL`` (or ``$LEDGERQ_TEST_POSTGRES``) names.
-* ``ledgerq_db``: a :class:`~ledgerq.StateDB` open on it (async: needs pytest-asyncio).
+* ``ledgerq_db``: a :class:`~ledgerq.StateDB` open on it (async: needs pytest-asyncio),
+  with the specs of the ``ledgerq_specs`` ini option beside the packaged ones.
 * ``ledgerq_app``: an :class:`~ledgerq.tasks.App` on it: the app the ``ledgerq_app`` ini
   option (or ``$LEDGERQ_APP``) names, pointed at the scratch database for the test and
   back after, or else a new, empty one. Its ``drain_sync()`` / ``await drain()`` run
@@ -39,6 +40,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ledgerq_app", "MODULE:ATTRIBUTE of the App the ledgerq_app fixture "
                   "points at a scratch database (default $LEDGERQ_APP; else a new App)",
                   default=None)
+    parser.addini("ledgerq_specs", "a directory of spec files (beside the packaged ones) "
+                  "for ledgerq_db and a new ledgerq_app", default=None)
+
+
+def _registry(config: pytest.Config) -> Any:
+    """The registry the ini's ``ledgerq_specs`` names (relative to the ini file), or None
+    (the packaged specs)."""
+    specs = config.getini("ledgerq_specs")
+    if not specs:
+        return None
+    from ledgerq.lifecycle.registry import load_registry
+
+    return load_registry(Path(config.inipath.parent if config.inipath else config.rootpath,
+                              str(specs)))
 
 
 @pytest.fixture
@@ -54,11 +69,13 @@ def ledgerq_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
         scratch.drop()
 
 
-async def _open_db(ledgerq_target: str) -> AsyncIterator[StateDB]:
-    """An open StateDB on the test's scratch database (the packaged specs)."""
+async def _open_db(request: pytest.FixtureRequest, ledgerq_target: str
+                   ) -> AsyncIterator[StateDB]:
+    """An open StateDB on the test's scratch database (the ini's ``ledgerq_specs`` beside
+    the packaged specs)."""
     from ledgerq.store.db import StateDB
 
-    async with StateDB(ledgerq_target) as db:
+    async with StateDB(ledgerq_target, registry=_registry(request.config)) as db:
         yield db
 
 
@@ -83,7 +100,7 @@ def ledgerq_app(request: pytest.FixtureRequest, ledgerq_target: str) -> Iterator
     from ledgerq.tasks.loading import APP_ENV, load_app
 
     spec: Any = request.config.getini("ledgerq_app") or os.environ.get(APP_ENV)
-    app = load_app(spec) if spec else App(ledgerq_target)
+    app = load_app(spec) if spec else App(ledgerq_target, registry=_registry(request.config))
     saved = app.target
     app.retarget(ledgerq_target)
     try:
