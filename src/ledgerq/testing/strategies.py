@@ -9,9 +9,12 @@ included: the bounds of 64-bit integers, empty and non-ASCII text, deep JSON.
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import inspect
 import math
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -330,16 +333,40 @@ def _creation_values(policy: EntityPolicy) -> st.SearchStrategy[dict[str, Any]]:
                                  optional={c: values(policy, c) for c in optional})
 
 
+def for_type(annotation: Any) -> st.SearchStrategy[Any]:
+    """Values of a parameter's annotation that JSON stores exactly: ``Any`` is any JSON
+    value, containers and unions are taken apart, other types go to ``st.from_type``."""
+    if annotation in (Any, object, None, inspect.Parameter.empty):
+        return json_values()
+    if annotation is type(None):
+        return st.none()
+    simple: dict[Any, st.SearchStrategy[Any]] = {
+        bool: st.booleans(), int: _integers(), float: _json_floats(), str: text()}
+    if annotation in simple:
+        return simple[annotation]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of([for_type(a) for a in args])
+    if origin in (list, set, frozenset, collections.abc.Sequence, collections.abc.Set):
+        item = for_type(args[0] if args else Any)
+        return st.lists(item, max_size=4).map(origin if origin in (set, frozenset) else list)
+    if origin in (dict, collections.abc.Mapping):
+        keys = for_type(args[0]) if args else text(8)
+        return st.dictionaries(keys, for_type(args[1] if args else Any), max_size=4)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return st.tuples(*(for_type(a) for a in args))
+    if origin is tuple:
+        return st.lists(for_type(args[0] if args else Any), max_size=4).map(tuple)
+    return st.from_type(annotation)
+
+
 def task_args(task: Task[Any]) -> st.SearchStrategy[dict[str, Any]]:
     """Keyword arguments ``task``'s signature accepts and a run stores exactly: each
     parameter drawn from its annotation (``st.from_type``), optional ones sometimes."""
     required: dict[str, st.SearchStrategy[Any]] = {}
     optional: dict[str, st.SearchStrategy[Any]] = {}
     for name, info in task.arguments.model.model_fields.items():
-        annotation = info.annotation
-        drawn = json_values() if annotation in (Any, None, inspect.Parameter.empty) \
-            else st.from_type(annotation)  # type: ignore[arg-type]
-        (required if info.is_required() else optional)[name] = drawn
+        (required if info.is_required() else optional)[name] = for_type(info.annotation)
 
     def storable(kwargs: dict[str, Any]) -> bool:
         try:
@@ -351,6 +378,19 @@ def task_args(task: Task[Any]) -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(required, optional=optional).filter(storable)
 
 
-__all__ = ["Move", "Refused", "actors", "codes_for", "creation_values", "illegal_moves",
-           "json_values", "legal_move_to", "legal_moves", "reasons", "task_args", "text",
-           "values"]
+__all__ = [
+    "Move",
+    "Refused",
+    "actors",
+    "codes_for",
+    "creation_values",
+    "for_type",
+    "illegal_moves",
+    "json_values",
+    "legal_move_to",
+    "legal_moves",
+    "reasons",
+    "task_args",
+    "text",
+    "values",
+]
