@@ -100,10 +100,9 @@ def test_packaged_entity_machine(entity: str) -> None:
 
 @pytest.mark.parametrize("entity", PACKAGED)
 def test_packaged_entity_machine_on_postgres(entity: str, pg_database: str) -> None:
-    tested = machine(entity, target=pg_database)
-    run_state_machine_as_test(tested, settings=POSTGRES)
-    assert tested.applied == set(tested.policy.edge_rules), (
-        "edges never applied", set(tested.policy.edge_rules) - tested.applied)
+    """The same rules on PostgreSQL, where the two handles truly race (coverage is the
+    steering's, checked on SQLite: fewer examples here may leave an edge out)."""
+    run_state_machine_as_test(machine(entity, target=pg_database), settings=POSTGRES)
 
 
 #: A small entity of its own, and the state a contributor adds to it: the machine

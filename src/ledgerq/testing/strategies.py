@@ -139,6 +139,27 @@ def _column_values(policy: EntityPolicy, column: str, col: ColumnPolicy
     return base if col.not_null or column == "status" else st.one_of(st.none(), base)
 
 
+def other_than(policy: EntityPolicy, column: str, current: Any, drawn: Any) -> Any:
+    """``drawn`` (a value of ``column``), or one of the column's type that differs from
+    ``current`` when they are equal: a stale guard value whose drawing never depends on
+    the row (a filter would draw again, and an example must draw alike each time it is
+    replayed)."""
+    if drawn != current:
+        return drawn
+    if drawn is None:
+        return {"integer": 0, "float": 0.0, "timestamp": 0.0, "text": "stale",
+                "boolean": False, "json": {"stale": True}}[policy.columns[column].type]
+    if isinstance(drawn, bool):
+        return not drawn
+    if isinstance(drawn, int):
+        return drawn - 1 if drawn == INT64_MAX else drawn + 1
+    if isinstance(drawn, float):
+        return math.nextafter(drawn, math.inf if drawn < 1e300 else 0.0)
+    if isinstance(drawn, str):
+        return drawn + "~"
+    return None if not policy.columns[column].not_null else {"stale": drawn}
+
+
 @functools.cache
 def actors(types: frozenset[str]) -> st.SearchStrategy[Actor]:
     """Actors of the given types, with ids of any text the log stores."""
@@ -389,6 +410,7 @@ __all__ = [
     "json_values",
     "legal_move_to",
     "legal_moves",
+    "other_than",
     "reasons",
     "task_args",
     "text",
