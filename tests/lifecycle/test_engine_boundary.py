@@ -101,6 +101,14 @@ async def test_large_floats_read_back_as_written(db: StateDB) -> None:
     assert res.applied
     got = await db.entity(RUN).get(rid)
     assert got["ended_at"] == big and got["queued_at"] == float(2**62 + 1)
+    # Created so, too; and the history gives the floats back as floats.
+    whole = 4.465528394183331e16
+    other = await new_run(db, "queued", fired_at=whole)
+    assert (await db.entity(RUN).get(other))["fired_at"] == whole
+    created = (await db.entity(RUN).history(other))[0]["patch"]["fired_at"]
+    assert type(created) is float and created == whole
+    moved = (await db.entity(RUN).history(rid))[-1]["patch"]
+    assert type(moved["ended_at"]) is float and moved["ended_at"] == big
     report = await verify(db)
     assert report.ok, [str(d) for d in report.drift]
     for value in (big, -1e300, [1, {"k": 2.5e16}]):

@@ -20,7 +20,7 @@ from ledgerq.errors import Conflict, IllegalTransition, InvalidInput, NotFound, 
 from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.moves import apply_transition, json_param
-from ledgerq.lifecycle.rows import decode_cursor, decode_json, encode_cursor
+from ledgerq.lifecycle.rows import decode_cursor, decode_json, encode_cursor, floats_as_floats
 from ledgerq.lifecycle.values import check_columns, check_reason, value_problem
 
 if TYPE_CHECKING:
@@ -102,7 +102,8 @@ class Entity:
             decoded = decode_json(fact, FACT_JSON)
             patch = decoded.get("patch")
             if isinstance(patch, dict):
-                decoded["patch"] = decode_json(patch, self.policy.json_columns)
+                decoded["patch"] = floats_as_floats(
+                    decode_json(patch, self.policy.json_columns), self.policy.float_columns)
             out.append(decoded)
         return out
 

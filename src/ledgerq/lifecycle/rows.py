@@ -29,6 +29,18 @@ def decode_json(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def floats_as_floats(values: dict[str, Any], float_columns: Iterable[str]) -> dict[str, Any]:
+    """``values`` (a fact's patch, or a fold of several) with each float column's value a
+    float: the log is JSON, where a whole-number float such as 4.4e16 may read back as an
+    integer (PostgreSQL's jsonb keeps it as a decimal), and an int sent to a float column
+    stays an int in the fact while the column holds the float. Changed in place."""
+    for column in float_columns:
+        value = values.get(column)
+        if type(value) is int:
+            values[column] = float(value)
+    return values
+
+
 def encode_cursor(created_at: float, row_id: str) -> str:
     """An opaque cursor: the (created_at, id) of the last row on a page, base64url JSON."""
     raw = dumps([created_at, row_id]).encode()

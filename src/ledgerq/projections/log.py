@@ -10,6 +10,7 @@ from typing import Any
 
 from ledgerq.codec import loads
 from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.rows import floats_as_floats
 from ledgerq.lifecycle.store import Database, EventStore, Row
 
 
@@ -84,13 +85,7 @@ def fold_rows(facts: list[Any], policy: EntityPolicy) -> dict[str, Any]:
     row: dict[str, Any] = {c: col.default for c, col in policy.columns.items()}
     for fact in facts:
         row.update(loads(fact[3]))
-    for column in policy.float_columns:
-        # The log is JSON, where 2.5e16 may read back as the integer 25000000000000000
-        # (PostgreSQL's jsonb keeps a decimal) and an int sent to a float column stays an
-        # int: the column holds the float either one names.
-        value = row[column]
-        if type(value) is int:
-            row[column] = float(value)
+    floats_as_floats(row, policy.float_columns)
     last = facts[-1]
     row["status"] = last[1]
     row["version"] = last[2]
