@@ -123,7 +123,8 @@ class StateDB:
 
             self._backend = PostgresBackend(self.path, registry=self.registry,
                                             readonly=self.readonly,
-                                            migrate_on_open=migrate_on_open)
+                                            migrate_on_open=migrate_on_open,
+                                            lock_timeout_ms=busy_timeout_ms)
             self.synchronous = "FULL"
         else:
             from ledgerq.store.sqlite.backend import SqliteBackend

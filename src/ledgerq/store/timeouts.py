@@ -7,7 +7,8 @@ transaction ledgerq makes while still ending a wait that something outside it ca
 
 from __future__ import annotations
 
-#: SQLite's busy timeout: how long a writer waits for another's write lock.
+#: How long a writer waits for a lock another holds: SQLite's busy timeout (another's
+#: write lock), PostgreSQL's ``lock_timeout`` (a row or a table another holds).
 BUSY_TIMEOUT_MS = 30_000
 
 __all__ = ["BUSY_TIMEOUT_MS"]

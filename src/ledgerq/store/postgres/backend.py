@@ -55,6 +55,7 @@ from ledgerq.lifecycle.registry import Registry
 from ledgerq.store.postgres.catalog import read_recorded
 from ledgerq.store.postgres.schema import apply_specs, open_schema
 from ledgerq.store.postgres.tx import QUERIES, PostgresTx, qmark_to_psycopg, stale_plan
+from ledgerq.store.timeouts import BUSY_TIMEOUT_MS
 
 log = logging.getLogger("ledgerq.postgres")
 SNAPSHOT = psycopg.IsolationLevel.REPEATABLE_READ
@@ -120,8 +121,13 @@ class PostgresBackend:
     dialect = "postgresql"
 
     def __init__(self, url: str, *, registry: Registry, readonly: bool = False,
-                 pool_size: int = POOL_SIZE, migrate_on_open: bool = True) -> None:
+                 pool_size: int = POOL_SIZE, migrate_on_open: bool = True,
+                 lock_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.migrate_on_open = migrate_on_open
+        #: How long a statement waits for a lock (a row another writer holds, a table a
+        #: migration or an operator locked) before it fails: SQLite's busy timeout, with
+        #: the same meaning and default. Without it a wait behind a lock never ends.
+        self.lock_timeout_ms = int(lock_timeout_ms)
         self.url = url
         #: The URL's own ``connect_timeout`` (libpq's option) where it gives one, else ours.
         self.connect_timeout = url_connect_timeout(url)
@@ -166,6 +172,11 @@ class PostgresBackend:
         conn.adapters.register_loader("jsonb", TextLoader)
         conn.adapters.register_loader("json", TextLoader)
         conn.read_only = self.readonly
+        conn.execute(QUERIES("set_lock_timeout"), (f"{self.lock_timeout_ms}ms",))
+        conn.commit()
+
+    async def _configure_alone(self, conn: psycopg.AsyncConnection[tuple[Any, ...]]) -> None:
+        await conn.execute(QUERIES("set_lock_timeout"), (f"{self.lock_timeout_ms}ms",))
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -185,7 +196,7 @@ class PostgresBackend:
                 alone = psycopg_pool.AsyncConnectionPool(
                     self.url, open=False, min_size=0, max_size=ALONE_POOL_SIZE,
                     kwargs={"autocommit": True}, timeout=self.connect_timeout,
-                    name="ledgerq-alone")
+                    configure=self._configure_alone, name="ledgerq-alone")
                 await alone.open()  # (it connects when a unit is first sent alone)
         except BaseException:
             if alone is not None:

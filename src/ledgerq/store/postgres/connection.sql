@@ -32,6 +32,10 @@ WHERE ledgerq_schema.value::bigint < excluded.value::bigint
 SELECT table_name FROM information_schema.tables
 WHERE table_schema = current_schema() AND table_name = ANY(%s)
 
+-- name: set_lock_timeout
+-- How long a statement waits for a lock before it fails (SQLite's busy timeout).
+SELECT set_config('lock_timeout', %s, false)
+
 -- name: durability
 SHOW synchronous_commit
 
