@@ -537,3 +537,37 @@ def test_a_libpq_keyword_string_is_refused(tmp_path: Path, target: str,
         StateDB(target)
     assert list(tmp_path.iterdir()) == []
     StateDB("runs/host=a.db")  # a path that merely contains a keyword later is a path
+
+
+def test_a_sqlite_handle_serves_the_loop_it_was_opened_on(db_path: Path) -> None:
+    """Threads each running their own event loop on one SQLite handle used to fail half
+    their writes ("cannot start a transaction within a transaction") and hang one thread;
+    a handle now refuses a second loop at once, with a message saying what to do, and
+    its own loop goes on."""
+    loop = asyncio.new_event_loop()
+    db = StateDB(db_path)
+    loop.run_until_complete(db.open())
+    errors: list[BaseException] = []
+
+    def elsewhere() -> None:
+        try:
+            asyncio.run(new_dispatch(db))
+        except BaseException as exc:  # noqa: BLE001 - compared below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=elsewhere) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(errors) == 4
+    assert all(isinstance(e, DatabaseError) and "one StateDB per event loop" in str(e)
+               for e in errors), errors
+    try:
+        loop.run_until_complete(new_dispatch(db))
+        got = loop.run_until_complete(db.fetch_one("SELECT count(*) AS n FROM dispatch_outbox"))
+        assert got == {"n": 1}
+    finally:
+        loop.run_until_complete(db.close())
+        loop.close()

@@ -101,6 +101,8 @@ class SqliteBackend:
         self.recorded: dict[str, Normal] = {}
         self._writer_lock: integrity.WriterLock | None = None
         self._conn: aiosqlite.Connection | None = None
+        #: The event loop the handle was opened on: the only one it serves.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: aiosqlite.Connection | None = None
         self._pending: list[_Queued] = []
         self._drainer: asyncio.Task[None] | None = None
@@ -121,6 +123,7 @@ class SqliteBackend:
             return
         if self.readonly:
             self._conn = await self._open_readonly()
+            self._loop = asyncio.get_running_loop()
             return
         if self.path not in (":memory:", ""):
             # Before SQLite touches the file: only the first writer after a crash checks.
@@ -142,7 +145,7 @@ class SqliteBackend:
                 await conn.close()
                 self._release_writer_lock()
                 raise
-        self._conn = conn
+        self._conn, self._loop = conn, asyncio.get_running_loop()
 
     async def _check_before_writing(self) -> None:
         """quick_check on a read-only connection: closing it checkpoints nothing, so a
@@ -343,6 +346,18 @@ class SqliteBackend:
     def _require(self) -> aiosqlite.Connection:
         if self._conn is None:
             raise RuntimeError("StateDB is not open; use 'async with StateDB(path)' or open()")
+        loop: asyncio.AbstractEventLoop | None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = self._loop
+        if loop is not self._loop:
+            # Writes run inline in the caller's thread: two loops (two threads) on one
+            # connection would interleave their transactions, or wait on each other's
+            # futures forever. One handle per event loop.
+            raise DatabaseError(f"{self.path}: this StateDB was opened on another event "
+                                "loop (another thread's asyncio.run?); open one StateDB "
+                                "per event loop")
         return self._conn
 
     # ------------------------------------------------------------ reads
