@@ -552,7 +552,7 @@ def test_a_sqlite_handle_serves_the_loop_it_was_opened_on(db_path: Path) -> None
     def elsewhere() -> None:
         try:
             asyncio.run(new_dispatch(db))
-        except BaseException as exc:  # noqa: BLE001 - compared below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=elsewhere) for _ in range(4)]
