@@ -44,6 +44,8 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "sche
                  "lock_for_migration",
                  "tables_present",
                  "durability", "record_schema_version", "forget_prepared", "lock_archives",
+                 # SQLite sets its busy timeout by pragma on connecting.
+                 "set_lock_timeout",
                  # A pass's claims in one statement (SQLite: one swap per row), and
                  # their facts in it too (SQLite: an executemany after).
                  "claim_entities", "claim_pick", "claim_swap", "claim_entities_with_facts",
