@@ -63,8 +63,14 @@ class Entity:
     # ------------------------------------------------------------------ reads
 
     def decode(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """A row with its JSON columns decoded."""
-        return decode_json(dict(row), (*self.policy.json_columns, "status_evidence_refs"))
+        """A row with its JSON columns decoded and its boolean columns bools (SQLite
+        stores them as 1 and 0): what a guard on the row's own values can be given."""
+        out = decode_json(dict(row), (*self.policy.json_columns, "status_evidence_refs"))
+        for column in self.policy.bool_columns:
+            value = out.get(column)
+            if type(value) is int:
+                out[column] = bool(value)
+        return out
 
     async def get(self, entity_id: str) -> dict[str, Any]:
         """The row, JSON decoded; :class:`~ledgerq.errors.NotFound` (a LookupError)."""

@@ -176,8 +176,9 @@ class EntityPolicy:
     #: Columns declared ``JSON``: stored as text, decoded on the way out. Derived once
     #: here, not per call: every run a worker executes asks for it.
     json_columns: tuple[str, ...] = field(init=False, default=())
-    #: Columns of a float type (``float``, ``timestamp``).
+    #: Columns of a float type (``float``, ``timestamp``), and the boolean ones.
     float_columns: tuple[str, ...] = field(init=False, default=())
+    bool_columns: tuple[str, ...] = field(init=False, default=())
     #: Index name -> the states a status-partial index covers (its ``where_status``).
     index_states: Mapping[str, tuple[str, ...]] = field(init=False, default_factory=dict)
     #: Columns with a default: what a row holds in them when no fact names them.
@@ -195,6 +196,8 @@ class EntityPolicy:
     def __post_init__(self) -> None:
         object.__setattr__(self, "json_columns", tuple(
             c for c, col in self.columns.items() if col.type == "json"))
+        object.__setattr__(self, "bool_columns", tuple(
+            c for c, col in self.columns.items() if col.type == "boolean"))
         object.__setattr__(self, "float_columns", tuple(
             c for c, col in self.columns.items() if col.type in ("float", "timestamp")))
         object.__setattr__(self, "defaulted", frozenset(
