@@ -21,6 +21,7 @@ from ledgerq.queue.maintenance.archive import (
     parse_before,
     read_archived_run,
 )
+from ledgerq.store.sqlite import archive_file
 from ledgerq.store.sqlite.archive_file import ArchiveFile, NotAnArchive, ids_digest
 from lifecycle_support import OPERATOR, move, new_run
 
@@ -269,6 +270,37 @@ async def test_show_lookups_refuse_clearly(db: StateDB, tmp_path: Path) -> None:
         with pytest.raises(NotAnArchive):
             read_archived_run(bad, rid, policy)
     assert read_archived_run(target, rid, policy).run["status"] == "cancelled"
+
+
+async def test_a_crafted_archive_never_hangs_a_lookup(db: StateDB, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file whose run table is a recursive view (a lookup would never end) is not an
+    archive; no statement on an archive runs past its time limit."""
+    rid = await ended(db, OLD)
+    target = tmp_path / "a.sqlite"
+    await archive_runs(db, before=CUTOFF, to=target)
+    policy = db.registry.entity(RUN)
+    with ArchiveFile(target) as archive:
+        table = archive.table
+    crafted = tmp_path / "crafted.sqlite"
+    crafted.write_bytes(target.read_bytes())
+    conn = sqlite3.connect(crafted)
+    conn.execute(f'DROP TABLE "{table}"')
+    conn.execute(f'CREATE VIEW "{table}" AS WITH RECURSIVE r(id) AS (SELECT 1 UNION ALL '
+                 "SELECT id + 1 FROM r) SELECT id FROM r")
+    conn.commit()
+    conn.close()
+    started = time.monotonic()
+    with pytest.raises(NotAnArchive, match="is a view, not a table"):
+        read_archived_run(crafted, rid, policy)
+    assert time.monotonic() - started < 5
+    # The time limit itself: every statement on a real archive past a limit of nothing.
+    monkeypatch.setattr(archive_file, "READ_SECONDS", -1.0)
+    monkeypatch.setattr(archive_file, "PROGRESS_STEPS", 1)
+    with pytest.raises(NotAnArchive, match="took more than"):
+        read_archived_run(target, rid, policy)
+    monkeypatch.undo()
+    assert read_archived_run(target, rid, policy).run["id"] == rid
 
 
 def test_parse_before_takes_spans_and_instants() -> None:

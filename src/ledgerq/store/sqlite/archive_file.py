@@ -22,6 +22,7 @@ import itertools
 import operator
 import os
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,12 @@ BATCH = 5000
 CACHE_KIB = 65536
 #: Shortest id piece :meth:`ArchiveFile.resolve` accepts (as ``ledgerq show``).
 MIN_PIECE = 4
+
+
+#: How long one statement on an archive file may run (a crafted file must not hang
+#: `show --archive`); SQLite's progress handler looks every PROGRESS_STEPS steps.
+READ_SECONDS = 10.0
+PROGRESS_STEPS = 10_000
 
 
 class NotAnArchive(InvalidInput):
@@ -170,10 +177,21 @@ class ArchiveFile:
         uri = self.path.resolve().as_uri() + "?mode=ro"
         try:
             self.conn = sqlite3.connect(uri, uri=True)
-            found = dict(self.conn.execute(f"SELECT key, value FROM {MANIFEST}").fetchall())
-        except sqlite3.DatabaseError:
+            # A file handed to `show --archive` may be crafted: its schema runs no
+            # function of ours, and no statement on it runs longer than READ_SECONDS.
+            self.conn.execute("PRAGMA trusted_schema = OFF")
+            self._deadline = time.monotonic() + READ_SECONDS
+            self.conn.set_progress_handler(self._too_long, PROGRESS_STEPS)
+            kinds = dict(self.conn.execute(
+                "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')"))
+            found = dict(self.conn.execute(f"SELECT key, value FROM {MANIFEST}").fetchall()) \
+                if kinds.get(MANIFEST) == "table" else {}
+        except sqlite3.DatabaseError as exc:
             with contextlib.suppress(Exception):
                 self.conn.close()
+            if "interrupted" in str(exc):
+                raise NotAnArchive(f"{self.path}: reading it took more than "
+                                   f"{READ_SECONDS:g} s; abandoned") from None
             raise NotAnArchive(f"{self.path} is not a ledgerq archive (no "
                                f"{MANIFEST} manifest)") from None
         if found.get("format") != FORMAT or "ids_sha256" not in found:
@@ -184,7 +202,28 @@ class ArchiveFile:
         if identifier_problem(self.table) is not None:
             self.conn.close()
             raise NotAnArchive(f"{self.path}: its manifest names no valid run table")
+        for name in (self.table, FACTS):
+            if kinds.get(name) != "table":
+                self.conn.close()
+                raise NotAnArchive(f"{self.path}: {name} is "
+                                   f"{'a ' + kinds[name] if name in kinds else 'missing'}, "
+                                   "not a table: not a ledgerq archive")
         self.manifest: dict[str, str] = found
+
+    def _too_long(self) -> int:
+        """SQLite's progress handler: nonzero interrupts the statement."""
+        return int(time.monotonic() > self._deadline)
+
+    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        """A statement on the archive, within READ_SECONDS of the lookup's start."""
+        self._deadline = time.monotonic() + READ_SECONDS
+        try:
+            return self.conn.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            if "interrupted" in str(exc):
+                raise NotAnArchive(f"{self.path}: reading it took more than "
+                                   f"{READ_SECONDS:g} s; abandoned") from None
+            raise
 
     def close(self) -> None:
         self.conn.close()
@@ -198,11 +237,11 @@ class ArchiveFile:
     def resolve(self, piece: str) -> str:
         """The full id of the one archived run whose id is, starts or ends with ``piece``."""
         table = quote(self.table)
-        if self.conn.execute(f"SELECT 1 FROM {table} WHERE id = ?", (piece,)).fetchone():
+        if self._read(f"SELECT 1 FROM {table} WHERE id = ?", (piece,)).fetchone():
             return piece
         if len(piece) >= MIN_PIECE and not any(c in piece for c in "%_\\"):
             for pattern, what in ((f"{piece}%", "prefix"), (f"%{piece}", "suffix")):
-                found = [r[0] for r in self.conn.execute(
+                found = [r[0] for r in self._read(
                     f"SELECT id FROM {table} WHERE id LIKE ? ORDER BY id LIMIT 3", (pattern,))]
                 if len(found) == 1:
                     return str(found[0])
@@ -212,23 +251,23 @@ class ArchiveFile:
         raise NotFound(f"no run {piece} in archive {self.path}")
 
     def run(self, run_id: str) -> dict[str, Any]:
-        cur = self.conn.execute(f"SELECT * FROM {quote(self.table)} WHERE id = ?", (run_id,))
+        cur = self._read(f"SELECT * FROM {quote(self.table)} WHERE id = ?", (run_id,))
         row = cur.fetchone()
         if row is None:
             raise NotFound(f"no run {run_id} in archive {self.path}")
         return dict(zip([d[0] for d in cur.description], row, strict=True))
 
     def facts(self, run_id: str) -> list[dict[str, Any]]:
-        cur = self.conn.execute(f"SELECT {', '.join(FACT_COLUMNS)} FROM {FACTS} "
-                                "WHERE entity_id = ? ORDER BY entity_version", (run_id,))
+        cur = self._read(f"SELECT {', '.join(FACT_COLUMNS)} FROM {FACTS} "
+                         "WHERE entity_id = ? ORDER BY entity_version", (run_id,))
         return [dict(zip(FACT_COLUMNS, r, strict=True)) for r in cur.fetchall()]
 
     def counts(self) -> tuple[int, int]:
         """(runs, facts) the file actually holds (the manifest says what it should)."""
-        runs = self.conn.execute(f"SELECT COUNT(*) FROM {quote(self.table)}").fetchone()[0]
-        facts = self.conn.execute(f"SELECT COUNT(*) FROM {FACTS}").fetchone()[0]
+        runs = self._read(f"SELECT COUNT(*) FROM {quote(self.table)}").fetchone()[0]
+        facts = self._read(f"SELECT COUNT(*) FROM {FACTS}").fetchone()[0]
         return int(runs), int(facts)
 
     def ids(self) -> Iterator[str]:
-        return (r[0] for r in self.conn.execute(
-            f"SELECT id FROM {quote(self.table)} ORDER BY id"))
+        return iter([r[0] for r in self._read(
+            f"SELECT id FROM {quote(self.table)} ORDER BY id")])
