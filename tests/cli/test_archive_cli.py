@@ -85,6 +85,25 @@ def test_archive_refusals_are_one_line_and_write_nothing(tmp_path: Path) -> None
     assert json.loads(ok("verify", "--db", db, "--json").stdout)["ok"] is True
 
 
+def test_archive_file_failures_name_the_file(tmp_path: Path) -> None:
+    """A dangling symbolic link as --to is refused (the link was replaced, and its target
+    recorded); a file that cannot be written (/proc takes none) is named as the archive's
+    failure, not the live database's, in one line; nothing is archived either way."""
+    db = tmp_path / "state.db"
+    submit_and_cancel(db, 1)
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(tmp_path / "elsewhere" / "gone.sqlite")
+    line = one_error_line(cli("archive", "--db", db, "--before", "0s", "--to", link), 2)
+    assert "symbolic link" in line, line
+    assert link.is_symlink() and not link.exists()
+    line = one_error_line(cli("archive", "--db", db, "--before", "0s", "--to",
+                              "/proc/ledgerq-archive.sqlite"), 1)
+    assert "cannot write the archive /proc/ledgerq-archive.sqlite" in line, line
+    assert str(db) not in line
+    assert counts(db) == (1, 2)
+    assert as_json("archive", "--db", db, "--list")["archives"] == []
+
+
 def test_archive_through_the_command_on_postgresql(pg_target: str, tmp_path: Path) -> None:
     ids = []
     for _ in range(2):

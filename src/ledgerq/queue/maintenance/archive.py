@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -198,6 +199,10 @@ async def archive_runs(db: Database[MaintenanceTx], *, before: float, to: str | 
 async def _check_target(db: Database[MaintenanceTx], path: Path) -> None:
     if not path.parent.is_dir():
         raise InvalidInput(f"--to: directory {path.parent} does not exist")
+    if path.is_symlink() and not path.exists():
+        raise InvalidInput(f"{path} is a symbolic link to {os.readlink(path)}, which does "
+                           "not exist; an archive never replaces a link: give the file's "
+                           "own path as --to")
     if path.exists():
         recorded = [a for a in await list_archives(db) if a["file"] == str(path.resolve())]
         why = (f"it is archive {recorded[0]['id']} of this database" if recorded else

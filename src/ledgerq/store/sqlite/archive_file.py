@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ledgerq.errors import InvalidInput, NotFound
+from ledgerq.errors import DatabaseError, InvalidInput, NotFound
 from ledgerq.lifecycle.identifiers import identifier_problem, quote
 from ledgerq.lifecycle.store import FACT_COLUMNS
 from ledgerq.store.sqlite.schema import SQLITE_TYPES
@@ -49,6 +49,10 @@ MIN_PIECE = 4
 #: `show --archive`); SQLite's progress handler looks every PROGRESS_STEPS steps.
 READ_SECONDS = 10.0
 PROGRESS_STEPS = 10_000
+
+
+class ArchiveFileError(DatabaseError):
+    """The archive file could not be written (nothing was archived: the runs stay live)."""
 
 
 class NotAnArchive(InvalidInput):
@@ -80,6 +84,18 @@ def write(path: Path, manifest: Mapping[str, Any], table: str, columns: Mapping[
     without them was cut off.
     """
     tmp = partial_path(path)
+    try:
+        return _write(tmp, manifest, table, columns, rows, facts)
+    except (sqlite3.Error, OSError) as exc:
+        # The archive file's failure, not the live database's (a read-only or full file
+        # system, a directory such as /proc that takes no file): named as such.
+        raise ArchiveFileError(f"cannot write the archive {tmp}: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from exc
+
+
+def _write(tmp: Path, manifest: Mapping[str, Any], table: str, columns: Mapping[str, str],
+           rows: Iterator[dict[str, Any]], facts: Iterator[dict[str, Any]]
+           ) -> tuple[int, int, str]:
     tmp.unlink(missing_ok=True)
     conn = sqlite3.connect(tmp, isolation_level=None)
     try:
@@ -142,10 +158,14 @@ def publish(path: Path) -> None:
     """Rename the complete file into place and make the rename durable (the directory's
     fsync); refused if something appeared under the name meanwhile."""
     tmp = partial_path(path)
-    if path.exists():
+    if path.exists() or path.is_symlink():
         raise InvalidInput(f"{path} already exists; an archive never overwrites a file")
-    os.replace(tmp, path)
-    _fsync(path.parent)
+    try:
+        os.replace(tmp, path)
+        _fsync(path.parent)
+    except OSError as exc:
+        raise ArchiveFileError(f"cannot publish the archive {path}: "
+                               f"{exc.strerror or exc}") from exc
 
 
 def remove(path: Path, *, published: bool) -> None:
@@ -184,8 +204,9 @@ class ArchiveFile:
             self.conn.set_progress_handler(self._too_long, PROGRESS_STEPS)
             kinds = dict(self.conn.execute(
                 "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')"))
-            found = dict(self.conn.execute(f"SELECT key, value FROM {MANIFEST}").fetchall()) \
-                if kinds.get(MANIFEST) == "table" else {}
+            if kinds.get(MANIFEST) != "table":
+                raise sqlite3.DatabaseError(f"no {MANIFEST} table")
+            found = dict(self.conn.execute(f"SELECT key, value FROM {MANIFEST}").fetchall())
         except sqlite3.DatabaseError as exc:
             with contextlib.suppress(Exception):
                 self.conn.close()
