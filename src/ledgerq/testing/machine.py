@@ -162,6 +162,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.applied_here: set[Edge] = set()
         self.focus: list[Edge] = sorted(self.policy.edge_rules)
         self.created = 0
+        #: Columns the engine mints a fresh token in on some edge (a lease's fence).
+        self.token_columns = sorted({c for r in self.policy.edge_rules.values()
+                                     for c in r.fresh_tokens})
         #: Per state, the moves from each state to it.
         self.distances = {s: _steps(self.policy, s) for s in self.policy.states}
 
@@ -297,11 +300,6 @@ class LifecycleMachine(RuleBasedStateMachine):
         if row.state in self.policy.terminal:
             self.frozen.setdefault(row.id, dict(row.values))
 
-    @property
-    def token_columns(self) -> list[str]:
-        """Columns the engine mints a fresh token in on some edge (a lease's fence)."""
-        return sorted({c for r in self.policy.edge_rules.values() for c in r.fresh_tokens})
-
     def expect_refusal(self, row: ModelRow, move: strategies.Move, raises: type[Exception],
                        *, expect: str | None = None, second: bool = False) -> None:
         """The move must raise exactly ``raises``; the next read shows nothing written."""
@@ -346,14 +344,19 @@ class LifecycleMachine(RuleBasedStateMachine):
                              label="move")
             self.apply(row, move, second=data.draw(st.booleans(), label="second handle"))
 
+    def live_move(self, data: st.DataObject) -> tuple[ModelRow, strategies.Move] | None:
+        """A row that can still move, and a move the spec allows it (None: no such row)."""
+        row = self.pick(data, live=True)
+        if row is None:
+            return None
+        return row, data.draw(strategies.legal_moves(self.policy, row.state), label="move")
+
     @rule(data=st.data())
     def any_legal_move(self, data: st.DataObject) -> None:
         """A legal move of any row, unsteered."""
-        row = self.pick(data, live=True)
-        if row is None:
-            return
-        move = data.draw(strategies.legal_moves(self.policy, row.state), label="move")
-        self.apply(row, move, second=data.draw(st.booleans(), label="second handle"))
+        drawn = self.live_move(data)
+        if drawn is not None:
+            self.apply(*drawn, second=data.draw(st.booleans(), label="second handle"))
 
     def steer(self, data: st.DataObject) -> tuple[ModelRow, str] | None:
         """(row, target) one step nearer the next edge to apply; a new row when no row
@@ -407,10 +410,10 @@ class LifecycleMachine(RuleBasedStateMachine):
     def stale_move(self, data: st.DataObject) -> None:
         """A legal move made from a state the row is no longer in, or guarded on a value
         it no longer holds: Conflict, and nothing written."""
-        row = self.pick(data, live=True)
-        if row is None:
+        drawn = self.live_move(data)
+        if drawn is None:
             return
-        move = data.draw(strategies.legal_moves(self.policy, row.state), label="move")
+        row, move = drawn
         guarded = sorted(c for c in self.policy.guard_columns
                          if self.policy.columns[c].references is None)
         stale_guard = bool(guarded) and data.draw(st.booleans(), label="stale guard")
@@ -418,10 +421,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             column = data.draw(st.sampled_from(guarded), label="guard column")
             drawn = data.draw(strategies.values(self.policy, column), label="stale value")
             wrong = strategies.other_than(self.policy, column, row.values.get(column), drawn)
-            move = strategies.Move(move.to_state, move.actor, move.reason, move.patch,
-                                   tuple(c for c in move.guard_columns if c != column),
-                                   {column: wrong})
-            self.expect_refusal(row, move, Conflict)
+            self.expect_refusal(row, move.guarded(column, wrong), Conflict)
             return
         others = [s for s in self.policy.states if s != row.state]
         stale = data.draw(st.sampled_from(others), label="expected state")
@@ -430,10 +430,10 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def move_missing_row(self, data: st.DataObject) -> None:
         """A move of a row that does not exist: NotFound, nothing written."""
-        row = self.pick(data, live=True)
-        if row is None:
+        drawn = self.live_move(data)
+        if drawn is None:
             return
-        move = data.draw(strategies.legal_moves(self.policy, row.state), label="move")
+        row, move = drawn
         try:
             self.run(self.entity.move(f"missing-{row.id}", **move.arguments(row.values)))
         except NotFound:
@@ -498,11 +498,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         old = data.draw(st.sampled_from([t for t in row.tokens[column]
                                          if t != row.values.get(column)]), label="token")
         move = data.draw(strategies.legal_moves(self.policy, row.state), label="move")
-        move = strategies.Move(move.to_state, move.actor, move.reason, move.patch,
-                               tuple(c for c in move.guard_columns if c != column),
-                               {column: old})
         event("fenced an expired holder")
-        self.expect_refusal(row, move, Conflict)
+        self.expect_refusal(row, move.guarded(column, old), Conflict)
 
     # ------------------------------------------------------------------ invariants
 

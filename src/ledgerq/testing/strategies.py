@@ -16,7 +16,7 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from hypothesis import strategies as st
@@ -203,6 +203,12 @@ class Move:
     #: Guard values given as they are, not read from the row (a planted wrong value).
     guard: Mapping[str, Any] = field(default_factory=dict)
 
+    def guarded(self, column: str, value: Any) -> Move:
+        """This move guarded on ``column`` holding ``value`` (given, not read from the
+        row: a stale value, an old token)."""
+        return replace(self, guard_columns=tuple(c for c in self.guard_columns if c != column),
+                       guard={**self.guard, column: value})
+
     def arguments(self, row: Mapping[str, Any]) -> dict[str, Any]:
         guard = {c: row.get(c) for c in self.guard_columns} | dict(self.guard)
         return {"to_state": self.to_state, "actor": self.actor, "reason": self.reason,
@@ -268,8 +274,7 @@ def _defects(policy: EntityPolicy, state: str, move: Move
         kind = outsiders[0] if outsiders else next(
             t for t in ("intruder", "nobody_declared") if t not in policy.actors)
         actor = Actor(type=kind, id=move.actor.id)
-        return Refused(Move(move.to_state, actor, move.reason, move.patch,
-                            move.guard_columns), ActorNotAllowed,
+        return Refused(replace(move, actor=actor), ActorNotAllowed,
                        f"actor type {kind!r} may not take {state} -> {move.to_state}")
 
     def missing_patch() -> Refused | None:
@@ -277,8 +282,7 @@ def _defects(policy: EntityPolicy, state: str, move: Move
             return None
         dropped = sorted(rule.requires_patch)[0]
         patch = {c: v for c, v in move.patch.items() if c != dropped}
-        return Refused(Move(move.to_state, move.actor, move.reason, patch,
-                            move.guard_columns), MissingColumns,
+        return Refused(replace(move, patch=patch), MissingColumns,
                        f"patch lacks required {dropped}")
 
     def missing_guard() -> Refused | None:
@@ -286,20 +290,19 @@ def _defects(policy: EntityPolicy, state: str, move: Move
             return None
         dropped = sorted(rule.requires_guard)[0]
         kept = tuple(c for c in move.guard_columns if c != dropped)
-        return Refused(Move(move.to_state, move.actor, move.reason, move.patch, kept),
-                       MissingColumns, f"guard lacks required {dropped}")
+        return Refused(replace(move, guard_columns=kept), MissingColumns,
+                       f"guard lacks required {dropped}")
 
     def unknown_reason() -> Refused | None:
         reason = StateReason(code=f"{policy.name}.nowhere.undeclared")
-        return Refused(Move(move.to_state, move.actor, reason, move.patch,
-                            move.guard_columns), UnknownReason, "an undeclared reason code")
+        return Refused(replace(move, reason=reason), UnknownReason,
+                       "an undeclared reason code")
 
     def column_not_allowlisted() -> Refused | None:
         if not not_allowlisted:
             return None
         col = not_allowlisted[len(move.patch) % len(not_allowlisted)]
-        return Refused(Move(move.to_state, move.actor, move.reason,
-                            {**move.patch, col: None}, move.guard_columns), InvalidInput,
+        return Refused(replace(move, patch={**move.patch, col: None}), InvalidInput,
                        f"{col} is not a patch column")
 
     def wrong_type() -> Refused | None:
@@ -309,8 +312,7 @@ def _defects(policy: EntityPolicy, state: str, move: Move
         if not typed:
             return None
         col = typed[len(move.patch) % len(typed)]
-        return Refused(Move(move.to_state, move.actor, move.reason,
-                            {**move.patch, col: "not a number"}, move.guard_columns),
+        return Refused(replace(move, patch={**move.patch, col: "not a number"}),
                        InvalidInput, f"a text value for {policy.columns[col].type} {col}")
 
     return [undeclared, wrong_actor, missing_patch, missing_guard, unknown_reason,
