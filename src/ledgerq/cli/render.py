@@ -92,9 +92,14 @@ def emit_json(value: Any) -> None:
 
 
 def fmt_ts(ts: float | None) -> str:
+    """Local wall-clock time of epoch seconds; a value no calendar holds (written around
+    the bounds every boundary checks) is shown as the number it is, never a traceback."""
     if ts is None:
         return ""
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, ValueError, OSError, TypeError):
+        return f"{ts!r} (not a time)"
 
 
 def fmt_age(seconds: float | None) -> str:

@@ -110,6 +110,11 @@ async def test_validation_happens_before_anything_is_written(db: StateDB) -> Non
         ({"every": 60, "catch_up": "some"}, "catch_up must be one of latest, all, none"),
         ({"every": 60, "overlap": "queue"}, "overlap must be one of allow, skip"),
         ({"every": 60, "jitter": -1}, "jitter"),
+        ({"every": 1e18}, "at most"),
+        ({"every": 1e300}, "at most"),
+        ({"every": "99999999999999999999999999d"}, "at most"),
+        ({"every": 60, "start_at": -1e15}, "start_at must be epoch seconds"),
+        ({"every": 60, "until": 1e300}, "until must be epoch seconds"),
     ]
     for kwargs, message in bad:
         with pytest.raises(InvalidInput, match=message.replace("*", r"\*")):
@@ -124,6 +129,41 @@ async def test_validation_happens_before_anything_is_written(db: StateDB) -> Non
     await add_schedule(db, "x", every=60, application=APP)
     with pytest.raises(InvalidInput, match="already exists"):
         await add_schedule(db, "x", every=60, application=APP)
+
+
+async def test_a_schedule_that_cannot_fire_never_stops_the_others(
+        db: StateDB, caplog: pytest.LogCaptureFixture) -> None:
+    """A stored definition no cadence can use (written around the bounds add_schedule
+    checks: a hand edit, an older release) fails alone, is logged once and skipped for a
+    while; every other schedule fires, and every listing still shows them all."""
+    from ledgerq.cli.render import fmt_ts
+    from ledgerq.queue.maintenance.stuck import StuckRows
+
+    bad = await add_schedule(db, "bad", cron="* * * * *", catch_up="all", application=APP,
+                             now=T0)
+    huge = await add_schedule(db, "huge", every=60, application=APP, now=T0)
+    good = await add_schedule(db, "good", every=60, application=APP, now=T0)
+    await db.write(lambda c: c.execute(
+        "UPDATE schedule_definitions SET fires_after = ? WHERE id = ?", (-1e15, bad)))
+    await db.write(lambda c: c.execute(
+        "UPDATE schedule_definitions SET every_seconds = ? WHERE id = ?", (1e300, huge)))
+    stuck = StuckRows(what="schedule")
+    caplog.set_level("WARNING", "ledgerq.worker")
+    done = await fire_due(db, now=T0 + 61, stuck=stuck)
+    assert set(done.failed) == {bad}
+    assert "year" in done.failed[bad] or "range" in done.failed[bad]
+    assert await slots(db, good) == [T0 + 60]
+    assert await slots(db, bad) == []
+    # Skipped by the next passes (logged once), while the good one goes on.
+    again = await fire_due(db, now=T0 + 121, stuck=stuck)
+    assert again.failed == {} and await slots(db, good) == [T0 + 60, T0 + 120]
+    logged = [r for r in caplog.records if bad in r.getMessage()]
+    assert len(logged) == 1 and "schedule" in logged[0].getMessage()
+    # Every renderer survives the stored values.
+    shown = {r["id"]: r for r in await schedule_overview(db, now=T0 + 130)}
+    assert shown[bad]["next_fire_at"] is None and shown[good]["next_fire_at"] == T0 + 180
+    assert fmt_ts(shown[huge]["next_fire_at"]).endswith("(not a time)")
+    assert fmt_ts(-1e15) == "-1000000000000000.0 (not a time)"
 
 
 # ------------------------------------------------------------------ catch-up

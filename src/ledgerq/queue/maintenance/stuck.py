@@ -50,9 +50,11 @@ class StuckRows:
     """
 
     def __init__(self, retry_after: float = STUCK_RETRY_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, what: str = "run") -> None:
         if retry_after < 0:
             raise ValueError(f"retry_after must be >= 0, not {retry_after}")
+        #: What the rows are, as the log names them ("run", "schedule").
+        self.what = what
         self.retry_after = retry_after
         self.clock = clock
         self.rows: dict[str, StuckRow] = {}
@@ -76,9 +78,9 @@ class StuckRows:
         first = run_id not in self.rows
         self.rows[run_id] = StuckRow(run_id, step, reason, self.clock() + self.retry_after)
         if first:
-            log.warning("run %s is stuck: the %s pass cannot move it (%s); skipping it, "
-                        "every other row proceeds; retried every %gs", run_id, step, reason,
-                        self.retry_after)
+            log.warning("%s %s is stuck: the %s pass cannot move it (%s); skipping it, "
+                        "every other row proceeds; retried every %gs", self.what, run_id,
+                        step, reason, self.retry_after)
 
     def tried(self, run_ids: Iterable[str]) -> None:
         """These rows went through a pass without raising: they are stuck no more."""
@@ -86,7 +88,7 @@ class StuckRows:
             return
         for rid in run_ids:
             if self.rows.pop(rid, None) is not None:
-                log.info("run %s is no longer stuck", rid)
+                log.info("%s %s is no longer stuck", self.what, rid)
 
     def note_once(self, key: str, message: str, *args: Any) -> None:
         """Log a condition of a whole pass (e.g. a state the specs lack) once per tracker."""

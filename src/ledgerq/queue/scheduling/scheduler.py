@@ -39,6 +39,7 @@ from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue import moves
+from ledgerq.queue.maintenance.stuck import StuckRows, describe, is_database_failure
 from ledgerq.queue.runs import run_policy
 from ledgerq.queue.scheduling.schedules import application_from_json, schedule_policy
 from ledgerq.queue.scheduling.slots import Cadence, cadence, iso
@@ -59,6 +60,8 @@ MAX_FIRES_PER_PASS = 100
 #: Schedules one pass looks at.
 MAX_SCHEDULES = 10_000
 SCHEDULER = Actor(type="scheduler", id="ledgerq.scheduler")
+#: Schedules a pass could not fire, when the caller keeps no tracker of its own.
+PROCESS_SCHEDULES = StuckRows(what="schedule")
 
 
 def jitter_offset(schedule_id: str, slot: float, jitter: float) -> float:
@@ -115,18 +118,30 @@ class FirePass:
     skipped: list[str] = field(default_factory=list)
     #: Slots another scheduler had fired already: done, not an error.
     already: int = 0
+    #: Schedules this pass could not fire (id -> why): each is skipped for a while and
+    #: logged once (see :class:`~ledgerq.queue.maintenance.stuck.StuckRows`), and every
+    #: other schedule fires as usual.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
-def _plan(tx: SchedulingTx, spol: EntityPolicy, rpol: EntityPolicy, now: float) -> list[str]:
-    """Ids of the active schedules with a slot due (a read: no write lock)."""
+def _plan(tx: SchedulingTx, spol: EntityPolicy, rpol: EntityPolicy, now: float,
+          skip: frozenset[str]) -> tuple[list[str], dict[str, str]]:
+    """Ids of the active schedules with a slot due (a read: no write lock), and those
+    whose slots cannot be computed (id -> why), each apart from the others."""
     _, rows = tx.read_page(spol, {"status": [moves.FIRING]}, tuple(spol.columns),
                            MAX_SCHEDULES, 0)
     due: list[str] = []
+    failed: dict[str, str] = {}
     for row in rows:
+        if row["id"] in skip:
+            continue
         latest = tx.read_latest_fire(rpol, row["id"])
-        if due_slots(row, None if latest is None else latest["slot_at"], now):
-            due.append(row["id"])
-    return due
+        try:
+            if due_slots(row, None if latest is None else latest["slot_at"], now):
+                due.append(row["id"])
+        except Exception as exc:  # a stored value no cadence can use: this schedule only
+            failed[row["id"]] = describe(exc)
+    return due, failed
 
 
 def fire_schedule(tx: SchedulingTx, spol: EntityPolicy, rpol: EntityPolicy, schedule_id: str,
@@ -171,23 +186,41 @@ def fire_schedule(tx: SchedulingTx, spol: EntityPolicy, rpol: EntityPolicy, sche
 
 
 async def fire_due(db: Database[SchedulingTx], *, now: float | None = None,
-                   actor: Actor = SCHEDULER,
-                   host: str | None = None) -> FirePass:
+                   actor: Actor = SCHEDULER, host: str | None = None,
+                   stuck: StuckRows | None = None) -> FirePass:
     """One scheduler pass over every active schedule; safe to run anywhere, at any time,
-    as often as wanted (each slot still yields exactly one run)."""
+    as often as wanted (each slot still yields exactly one run).
+
+    Each schedule is fired apart from the others, as runs are moved apart: one whose
+    stored definition cannot be fired (a value written around the bounds
+    :func:`~ledgerq.queue.add_schedule` checks) is reported in ``failed``, logged once
+    and skipped for a while by ``stuck``, and every other schedule fires as usual. A
+    failure of the database itself fails the pass."""
     spol, rpol = schedule_policy(db), run_policy(db)
+    tracker = PROCESS_SCHEDULES if stuck is None else stuck
     ts = time.time() if now is None else now
     hostname = host or socket.gethostname()
     result = FirePass()
-    for sid in await db.read(lambda tx: _plan(tx, spol, rpol, ts)):
+    skip = tracker.skipping()
+    due, result.failed = await db.read(lambda tx: _plan(tx, spol, rpol, ts, skip))
+    for sid in due:
         # One transaction per schedule: one schedule's trouble never blocks another's fires.
         # The unit returns what it did (a unit may run again after a lost connection).
-        done = await db.write(functools.partial(fire_schedule, spol=spol, rpol=rpol,
-                                                schedule_id=sid, now=ts, actor=actor,
-                                                host=hostname))
+        try:
+            done = await db.write(functools.partial(fire_schedule, spol=spol, rpol=rpol,
+                                                    schedule_id=sid, now=ts, actor=actor,
+                                                    host=hostname))
+        except Exception as exc:
+            if is_database_failure(exc):
+                raise
+            result.failed[sid] = describe(exc)
+            continue
         result.fired += done.fired
         result.skipped += done.skipped
         result.already += done.already
+    for sid, why in result.failed.items():
+        tracker.report(sid, "scheduler", why)
+    tracker.tried(due)
     if result.fired:
         path = getattr(db, "path", None)
         if isinstance(path, str):
@@ -232,5 +265,9 @@ async def schedule_overview(db: Database[SchedulingTx], *, include_retired: bool
     for r in rows:
         last = latest[r["id"]]
         slot = None if last is None else last["slot_at"]
-        out.append({**r, "last_fire": last, "next_fire_at": next_fire(r, slot, ts)})
+        try:
+            when = next_fire(r, slot, ts)
+        except (ArithmeticError, ValueError, OSError):  # the pass reports it; show the rest
+            when = None
+        out.append({**r, "last_fire": last, "next_fire_at": when})
     return out

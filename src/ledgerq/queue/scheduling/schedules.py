@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import dumps, loads
+from ledgerq.durations import check_instant
 from ledgerq.errors import InvalidInput, NotFound
 from ledgerq.lifecycle.creation import create_entity
 from ledgerq.lifecycle.ids import new_id
@@ -152,7 +153,8 @@ class Definition:
             raise InvalidInput("a schedule's application takes no depends_on: a recurring "
                                "run cannot wait for fixed runs")
         app = validate(application)
-        begin, end = _finite(start_at, "start_at"), _finite(until, "until")
+        begin = None if start_at is None else check_instant(start_at, "start_at")
+        end = None if until is None else check_instant(until, "until")
         if begin is not None and end is not None and end <= begin:
             raise InvalidInput(f"until ({end!r}) must be after start_at ({begin!r})")
         return cls(name, cron_expr, every_seconds, timezone, catch_up, overlap, spread,
@@ -178,7 +180,7 @@ async def add_schedule(db: Database[SchedulingTx], name: str, *, cron: str | Non
                          timezone=timezone, catch_up=catch_up, overlap=overlap, jitter=jitter,
                          start_at=start_at, until=until)
     policy = schedule_policy(db)
-    ts = time.time() if now is None else now
+    ts = time.time() if now is None else check_instant(now, "now")
     created = moves.SCHEDULE_ADDED_PAUSED if paused else moves.SCHEDULE_ADDED
 
     def unit(tx: SchedulingTx) -> str:

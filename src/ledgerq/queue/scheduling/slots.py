@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from ledgerq.durations import parse_duration
+from ledgerq.durations import MAX_DURATION, parse_duration
 from ledgerq.errors import InvalidInput
 
 #: The smallest interval accepted: below it a scheduler loop (polling every 0.2 s by
@@ -66,8 +66,9 @@ def parse_every(value: float | int | str) -> float:
                                "duration such as '90s', '5m', '2h', '1h30m'") from None
     else:
         raise InvalidInput(f"every must be a number of seconds or like '5m', not {value!r}")
-    if not math.isfinite(seconds) or seconds < MIN_EVERY_SECONDS:
-        raise InvalidInput(f"every must be at least {MIN_EVERY_SECONDS:g} s, not {value!r}")
+    if not math.isfinite(seconds) or not MIN_EVERY_SECONDS <= seconds <= MAX_DURATION:
+        raise InvalidInput(f"every must be at least {MIN_EVERY_SECONDS:g} s and at most "
+                           f"{MAX_DURATION:.0f} s (100 years), not {value!r}")
     return seconds
 
 

@@ -181,6 +181,7 @@ class Worker:
         self.recycling = Recycling(max_tasks=max_tasks, max_runtime=max_runtime)
         #: Rows the passes could not move (skipped, reported once; see StuckRows).
         self.stuck = StuckRows(stuck_retry)
+        self.stuck_schedules = StuckRows(stuck_retry, what="schedule")
         #: Runs in states the loaded specs lack (a newer release's): counted, logged.
         self.undeclared = UndeclaredReport(self.config.worker_id)
         self._stopping_runs = asyncio.Event()
@@ -370,7 +371,8 @@ class Worker:
         return True
 
     async def _fire(self, now: float) -> None:
-        done = await fire_due(self.db, now=now, actor=self._scheduler_actor)
+        done = await fire_due(self.db, now=now, actor=self._scheduler_actor,
+                              stuck=self.stuck_schedules)
         self.fired += len(done.fired) + len(done.skipped)
 
     async def _cool_down(self) -> None:
