@@ -16,7 +16,7 @@ import pytest
 
 from ledgerq import StateDB
 from ledgerq.projections import verify
-from ledgerq.queue import TaskApplication, Worker, claim_and_execute, submit_many
+from ledgerq.queue import RetryPolicy, TaskApplication, Worker, claim_and_execute, submit_many
 from ledgerq.queue.worker import outcomes as outcomes_mod
 
 WORKER = "w-together"
@@ -222,4 +222,31 @@ async def test_the_dependents_of_runs_ended_together_are_settled_in_the_same_wri
     assert (got[a][0], got[b][0]) == ("completed", "failed")
     assert got[on_a][0] == "queued"  # released: its one dependency succeeded
     assert got[on_both] == ("cancelled", f"dependency {b} ended failed")
+    assert (await verify(qdb)).ok
+
+
+async def test_an_outcome_the_log_refuses_fails_its_run_once(qdb: StateDB) -> None:
+    """A result the log cannot store (a float JSON does not carry exactly) is the
+    worker's failure, not the task's: the run ends failed once, saying why, instead of
+    staying running until its lease expires and then running again."""
+    from ledgerq.queue import reap_expired_leases
+    from ledgerq.queue.worker.finished import Finished
+
+    (rid,) = await submit_many(qdb, [TaskApplication(
+        "agent", {"prompt": "p"}, "host", retry=RetryPolicy(3, 0.0))])
+    calls: list[str] = []
+
+    async def executor(run: dict[str, Any]) -> Finished:
+        calls.append(run["id"])
+        return Finished(exit_code=0, result={"big": 2.0 ** 60})
+
+    await claim_and_execute(qdb, worker_id=WORKER, execute=executor)
+    status, detail = (await ends(qdb))[rid]
+    assert status == "failed"
+    assert detail is not None and detail.startswith(
+        "the worker could not record this run's outcome (completed): InvalidInput")
+    assert "2**53" in detail
+    await reap_expired_leases(qdb, now=4e9)
+    await claim_and_execute(qdb, worker_id=WORKER, execute=executor, now=4e9)
+    assert calls == [rid]
     assert (await verify(qdb)).ok

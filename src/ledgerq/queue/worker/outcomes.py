@@ -178,7 +178,50 @@ async def record_outcomes(db: Database[WorkerTx], policy: EntityPolicy, ended: S
             out.append(plan.to_state)
         else:
             out.append(await _conflicted(db, end.run, end.lease, plan.to_state))
+    return await _fail_unwritten(db, policy, ended, out, ctx)
+
+
+async def _fail_unwritten(db: Database[WorkerTx], policy: EntityPolicy, ended: Sequence[Ended],
+                          out: list[str | Exception], ctx: RunContext
+                          ) -> list[str | Exception]:
+    """Runs whose outcome could not be planned or written (a result the log refuses, a
+    value no policy can use): each ends ``failed`` once, saying why, on the same lease.
+
+    Left as they were, they would stay running until their leases expired, and the
+    reaper would run them again: the worker's own failure is no reason to execute a task
+    twice. What cannot even be failed (a trigger refusing every write of the row) stays
+    the exception it was.
+    """
+    broken = [i for i, got in enumerate(out) if isinstance(got, Exception)]
+    if not broken:
+        return out
+    now = ctx.clock()
+    writes = [_failed_plainly(policy, ended[i], out[i], ctx, now)  # type: ignore[arg-type]
+              for i in broken]
+    done = await _write_outcomes(db, policy, writes, now)
+    for i, write, applied in zip(broken, writes, done, strict=True):
+        run_id = ended[i].run["id"]
+        if isinstance(applied, Exception):
+            continue
+        if applied:
+            log.error("run %s: %s", run_id, write.reason.summary)
+            out[i] = write.to_state
+        else:
+            out[i] = await _conflicted(db, ended[i].run, ended[i].lease, write.to_state)
     return out
+
+
+def _failed_plainly(policy: EntityPolicy, end: Ended, exc: Exception, ctx: RunContext,
+                    now: float) -> MoveTerms:
+    """``end``'s run failed with the reason its outcome could not be recorded: only the
+    columns every failure writes, none of the executor's values (one of them may be what
+    the log refused)."""
+    why = _storable_text(f"the worker could not record this run's outcome "
+                         f"({end.outcome.to_state}): {type(exc).__name__}: {exc}")
+    patch = {"ended_at": now, "exit_code": None, "error_detail": why[-DETAIL_LIMIT:],
+             "run_attempts": int(end.run.get("run_attempts") or 0) + 1}
+    return terms(end.run["id"], moves.RAISED, actor=worker_actor(ctx.worker_id),
+                 summary=why[:DETAIL_LIMIT], guard=dict(end.lease), patch=patch, now=now)
 
 
 def _report_ends(ended: Sequence[Ended], planned: Sequence[MoveTerms | Exception],

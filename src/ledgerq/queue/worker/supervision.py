@@ -115,13 +115,28 @@ def begin_runs(db: Database[WorkerTx], runs: list[dict[str, Any]], ctx: RunConte
         try:
             got = _begin(db, policy, run, ctx)
         except Exception as exc:  # the others still run to their end
-            begun.failed.append((run, exc))
-            continue
+            got = _supervisor_failed(policy, run, ctx, exc)
+            if got is None:
+                begun.failed.append((run, exc))
+                continue
         if isinstance(got, Ended):
             begun.ended.append(got)
         else:
             begun.going.append((run, got))
     return begun
+
+
+def _supervisor_failed(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext,
+                       exc: Exception) -> Ended | None:
+    """A run its supervisor could not begin, failed once with why (never left running
+    for the reaper to run again); None when not even its lease can be read."""
+    try:
+        lease = lease_of(policy, run)
+    except Exception:
+        return None
+    lease["leased_by"] = ctx.worker_id
+    return Ended(run, lease, Outcome(moves.RAISED, None, f"the worker could not start this "
+                                     f"run: {type(exc).__name__}: {exc}"))
 
 
 async def write_ended(db: Database[WorkerTx], ended: list[Ended], ctx: RunContext
