@@ -115,10 +115,12 @@ def begin_runs(db: Database[WorkerTx], runs: list[dict[str, Any]], ctx: RunConte
         try:
             got = _begin(db, policy, run, ctx)
         except Exception as exc:  # the others still run to their end
-            got = _supervisor_failed(policy, run, ctx, exc)
-            if got is None:
+            failed = _supervisor_failed(policy, run, ctx, exc)
+            if failed is None:
                 begun.failed.append((run, exc))
-                continue
+            else:
+                begun.ended.append(failed)
+            continue
         if isinstance(got, Ended):
             begun.ended.append(got)
         else:
