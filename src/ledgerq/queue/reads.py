@@ -18,6 +18,8 @@ from ledgerq.codec import loads
 from ledgerq.errors import InvalidInput
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.lifecycle.rows import decode_cursor, decode_json, encode_cursor
+from ledgerq.queue import moves
+from ledgerq.queue.dependencies import waiting_on_cycles
 from ledgerq.queue.moves import ENTITY, PRIORITY_COLUMN, QUEUE_COLUMN
 from ledgerq.queue.store import STUCK_KINDS
 from ledgerq.queue.worker.config import DEFAULT_HEARTBEAT_TTL_SECONDS
@@ -423,6 +425,14 @@ async def queue_stats(db: Database[ReadsTx], *, now: float | None = None,
                                            STUCK_SAMPLE - len(stuck_runs))
             stuck += n
             stuck_runs += [StuckRun(*r) for r in sample]
+        waiting = moves.DEPENDENCIES_MET.source
+        if waiting is not None and counts.get(waiting):
+            cycles = waiting_on_cycles(tx.list_all_waiting(policy))
+            stuck += len(cycles)
+            stuck_runs += [StuckRun(rid, waiting, "waits on a dependency cycle: "
+                                    + " -> ".join([*cycle, cycle[0]]))
+                           for rid, cycle in list(cycles.items())[
+                               :max(0, STUCK_SAMPLE - len(stuck_runs))]]
         return QueueStats(
             now=ts, counts=counts, total=sum(counts.values()),
             oldest_queued_at=oldest,

@@ -1,24 +1,22 @@
-"""Shared helpers for schedule_run rows: decoding, facts written by the queue, dependencies."""
+"""Shared helpers for schedule_run rows: decoding, and the facts written by the queue."""
 
 from __future__ import annotations
 
 import functools
-import time
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.codec import loads
 from ledgerq.lifecycle.models import Actor, StateReason
 from ledgerq.lifecycle.moves import Moved, MoveTerms, apply_move
-from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
+from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue import moves
 from ledgerq.queue.moves import ENTITY, LEASE, Move
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database, EventStore
-    from ledgerq.queue.store import SharedTx
 
 __all__ = ["ENTITY", "SYSTEM", "MalformedRow", "claim_reason", "decode_run", "lease_of",
-           "move", "no_lease", "perform", "resolve_dependents", "run_policy", "terms",
+           "move", "no_lease", "perform", "run_policy", "terms",
            "worker_actor"]
 
 SYSTEM = Actor(type="system", id="ledgerq")
@@ -134,45 +132,3 @@ def terms(run_id: str, which: Move, *, actor: Actor, summary: str, guard: dict[s
         raise ValueError(f"{which.code}: not a move from a state of its own")
     return MoveTerms(run_id, which.source, which.target, _reason_for(which.code, summary),
                      actor, guard, patch, now)
-
-
-def resolve_dependents(tx: SharedTx, policy: EntityPolicy, run_ids: list[str],
-                       *, waiting: bool = False, now: float | None = None) -> dict[str, int]:
-    """Release or cancel waiting runs whose dependencies have all ended (in-transaction).
-
-    ``run_ids`` are runs that just ended (their dependents are checked) or, with
-    ``waiting=True``, waiting runs to check themselves. A dependency is met when its state's
-    outcome (declared in the spec) is ``succeeded``; one that ended otherwise cancels the
-    dependent. Cancelling a dependent can end its own dependents, so the work list grows
-    until nothing more resolves.
-    """
-    met = policy.states_with_outcome(SUCCEEDED)
-    ts = time.time() if now is None else now
-    counts = {"released": 0, "cancelled": 0}
-    todo = tx.list_waiting_runs(policy, run_ids) if waiting else tx.list_dependents(policy, run_ids)
-    seen: set[str] = set()
-    while todo:
-        rid, deps_json = todo.pop()
-        if rid in seen:
-            continue
-        seen.add(rid)
-        try:
-            deps = list(loads(deps_json) or [])
-        except Exception:
-            continue  # a hand-written row; verify() reports it, the queue leaves it alone
-        statuses = tx.read_statuses(policy, deps) if deps else {}
-        ended_badly = [d for d in deps
-                       if statuses.get(d) in policy.terminal and statuses[d] not in met]
-        if ended_badly:
-            d = ended_badly[0]
-            why = f"dependency {d} ended {statuses[d]}"
-            res = perform(tx, policy, rid, moves.DEPENDENCY_FAILED, summary=why,
-                          patch={"ended_at": ts, "error_detail": why}, now=ts)
-            if res.applied:
-                counts["cancelled"] += 1
-                todo += tx.list_dependents(policy, [rid])
-        elif all(statuses.get(d) in met for d in deps):
-            res = perform(tx, policy, rid, moves.DEPENDENCIES_MET, patch={"queued_at": ts},
-                          now=ts)
-            counts["released"] += int(res.applied)
-    return counts

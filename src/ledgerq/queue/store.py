@@ -25,7 +25,7 @@ STUCK_KINDS = ("undeclared", "lease", "retry", "waiting", "held")
 
 class SharedTx(EventStore, Protocol):
     """What more than one wing of the queue calls (runs and schedules read by id, the
-    dependency lookups of :func:`ledgerq.queue.runs.resolve_dependents`, a page of rows,
+    dependency lookups of :func:`ledgerq.queue.dependencies.resolve_dependents`, a page of rows,
     stuck runs)."""
 
     def read_entity(self, policy: EntityPolicy, entity_id: str) -> Row | None:
@@ -42,6 +42,10 @@ class SharedTx(EventStore, Protocol):
                         ) -> list[tuple[str, Any]]:
         """(id, depends_on) of waiting runs whose depends_on names any of ``run_ids``, each
         once."""
+
+    def list_all_waiting(self, policy: EntityPolicy) -> list[tuple[str, Any]]:
+        """(id, depends_on) of every run waiting for dependencies: one read, from which a
+        cascade or a cycle check follows the dependency graph in memory."""
 
     def ensure_schedule(self, schedule_id: str, name: str | None, created_at: float) -> None:
         """Insert the schedules row a fire references, unless it exists."""

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue import moves
+from ledgerq.queue.dependencies import CASCADE_CHUNK, resolve_dependents
 from ledgerq.queue.maintenance.stuck import StuckRows, Swept, isolated, record, tracked, unskipped
-from ledgerq.queue.runs import perform, resolve_dependents, run_policy
+from ledgerq.queue.runs import perform, run_policy
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database
@@ -23,8 +24,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ledgerq.worker")
 
-#: Waiting rows settled per resolve_dependents call (bound parameters stay under the limit).
-SWEEP_CHUNK = 500
+#: Waiting rows one transaction of the dependency sweep settles (their cascades
+#: included: see :data:`~ledgerq.queue.dependencies.CASCADE_CHUNK`); a larger backlog is
+#: settled in more transactions, with other writers in between.
+SWEEP_CHUNK = CASCADE_CHUNK
 
 
 def settle_dependents(tx: SharedTx, policy: EntityPolicy, run_ids: list[str],
@@ -82,9 +85,11 @@ def _promote(tx: MaintenanceTx, policy: EntityPolicy, now: float,
             swept.tried.append(row["id"])
             swept.counts["retried"] += int(bool(applied))
     if dependencies:
-        settled = [r for r in tx.list_settled_waiting(policy) if r not in skip]
-        for i in range(0, len(settled), SWEEP_CHUNK):
-            _sweep(tx, policy, settled[i:i + SWEEP_CHUNK], now, swept)
+        listed = tx.list_settled_waiting(policy, limit=len(skip) + SWEEP_CHUNK)
+        settled = [r for r in listed if r not in skip][:SWEEP_CHUNK]
+        _sweep(tx, policy, settled, now, swept)
+        # More to settle: the rest of a backlog, or of a cascade this chunk cut short.
+        swept.more = len(settled) == SWEEP_CHUNK or swept.more
     return swept
 
 
@@ -97,8 +102,9 @@ def _sweep(tx: MaintenanceTx, policy: EntityPolicy, ids: list[str], now: float,
     """
     def settle(part: list[str]) -> None:
         got = resolve_dependents(tx, policy, part, waiting=True, now=now)
-        swept.counts["released"] += got["released"]
-        swept.counts["cancelled"] += got["cancelled"]
+        swept.counts["released"] += got.released
+        swept.counts["cancelled"] += got.cancelled
+        swept.more = swept.more or bool(got.left)
 
     if isolated(tx, settle, ids)[1] is None:
         swept.tried += ids
@@ -150,5 +156,16 @@ async def promote_due(db: Database[MaintenanceTx], *, now: float | None = None,
                                             dependencies, starts))
     if not unskipped(due, skip):
         return none
-    return record(tracker, "promotion", await db.write(lambda tx: _promote(
-        tx, policy, ts, skip, retries=retries, dependencies=dependencies, starts=starts)))
+    swept = await db.write(lambda tx: _promote(
+        tx, policy, ts, skip, retries=retries, dependencies=dependencies, starts=starts))
+    counts = record(tracker, "promotion", swept)
+    # A backlog of settled dependents (a cascade through a long chain, a run with
+    # thousands of dependents) goes on in transactions of a chunk each, while they move
+    # rows: never one long hold of the write lock or of the event loop.
+    while swept.more and any(swept.counts.values()):
+        swept = await db.write(functools.partial(
+            _promote, policy=policy, now=ts, skip=tracker.skipping(), retries=False,
+            starts=False))
+        for key, n in record(tracker, "promotion", swept).items():
+            counts[key] += n
+    return counts

@@ -139,6 +139,8 @@ class Swept:
     counts: dict[str, int]
     failures: dict[str, str] = field(default_factory=dict)
     tried: list[str] = field(default_factory=list)
+    #: The unit stopped at its bound with rows left to move (see promotion.promote_due).
+    more: bool = False
 
 
 def record(stuck: StuckRows, step: str, swept: Swept) -> dict[str, int]:

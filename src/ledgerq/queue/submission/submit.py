@@ -18,8 +18,9 @@ from ledgerq.lifecycle.models import MAX_SUMMARY_LENGTH, Actor, StateReason
 from ledgerq.lifecycle.registry import EntityPolicy
 from ledgerq.queue import moves
 from ledgerq.queue.capabilities import host_scoped_concurrency_key
+from ledgerq.queue.dependencies import resolve_dependents
 from ledgerq.queue.moves import DEFAULT_QUEUE, PRIORITY_COLUMN, QUEUE_COLUMN
-from ledgerq.queue.runs import perform, resolve_dependents, run_policy
+from ledgerq.queue.runs import perform, run_policy
 from ledgerq.queue.submission import joined, task_kinds
 from ledgerq.queue.submission.application import (
     ACTION_ALIASES,
@@ -343,7 +344,7 @@ async def cancel_task(db: Database[SubmissionTx], run_id: str, *, actor: Actor, 
                            f"{MAX_SUMMARY_LENGTH:,}")
     check_text(summary, "summary")
 
-    def unit(tx: SubmissionTx) -> bool:
+    def unit(tx: SubmissionTx) -> tuple[bool, list[str]]:
         # Read as a move reads (under the row's lock where writers run at once), so a
         # claim committing meanwhile is seen, and a running run is cancelled as such.
         found = tx.read_for_move(policy, run_id, ())
@@ -351,16 +352,24 @@ async def cancel_task(db: Database[SubmissionTx], run_id: str, *, actor: Actor, 
             raise NotFound(f"run {run_id!r} not found")
         status = found[0]
         if not policy.allows(status, moves.CANCELLED.target):
-            return False
+            return False, []
         res = perform(tx, policy, run_id, moves.CANCELLED, from_state=status, actor=actor,
                       summary=summary or f"cancelled by {actor.type} {actor.id}",
                       patch={"ended_at": ts}, now=ts)
-        if res.applied:
-            resolve_dependents(tx, policy, [run_id], now=ts)
-            tx.notify_claimable()
-        return res.applied
+        if not res.applied:
+            return False, []
+        tx.notify_claimable()
+        return True, resolve_dependents(tx, policy, [run_id], now=ts).left
 
-    return await db.write(unit)
+    def settle(tx: SubmissionTx, waiting: list[str]) -> list[str]:
+        return resolve_dependents(tx, policy, waiting, waiting=True, now=ts).left
+
+    applied, left = await db.write(unit)
+    # A cascade larger than one chunk goes on in transactions of its own, other writers
+    # in between; each dependent still moves with its own fact.
+    while left:
+        left = await db.write(functools.partial(settle, waiting=left))
+    return applied
 
 
 def _external_fires(policy: EntityPolicy) -> dict[str, str]:

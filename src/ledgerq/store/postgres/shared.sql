@@ -27,6 +27,9 @@ WHERE status = 'waiting_dependency' AND EXISTS (
     SELECT 1 FROM unnest(ARRAY[{marks}]::text[]) AS ended (id)
     WHERE depends_on @> jsonb_build_array(ended.id))
 
+-- name: list_all_waiting
+SELECT id, depends_on FROM {table} WHERE {hint} AND status = 'waiting_dependency'
+
 -- name: count_rows
 SELECT COUNT(*) FROM {table} {where}
 

@@ -28,6 +28,9 @@ WHERE {hint} AND status = 'waiting_dependency'
       THEN EXISTS (SELECT 1 FROM json_each({table}.depends_on) WHERE value IN ({marks}))
       ELSE 0 END
 
+-- name: list_all_waiting
+SELECT id, depends_on FROM {table} WHERE {hint} AND status = 'waiting_dependency'
+
 -- name: count_rows
 SELECT COUNT(*) FROM {table} {where}
 

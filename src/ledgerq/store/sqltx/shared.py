@@ -34,6 +34,11 @@ class SharedOps(SqlBase):
         # A dependent of runs in two chunks is found twice.
         return list({r["id"]: (r["id"], r["depends_on"]) for r in rows}.values())
 
+    def list_all_waiting(self, policy: EntityPolicy) -> list[tuple[str, Any]]:
+        sql = self.q("list_all_waiting", table=self.table(policy),
+                     hint=self.hint(policy, "waiting_dependency", "created_at"))
+        return [(r[0], r[1]) for r in self.execute(sql, ()).fetchall()]
+
     def ensure_schedule(self, schedule_id: str, name: str | None, created_at: float) -> None:
         self.execute(self.q("ensure_schedule"), (schedule_id, name, created_at))
 
