@@ -13,8 +13,14 @@ checks the fill. Then, each on a fresh copy of the filled file, it times:
             their rows and facts into a new SQLite file (fsynced), deletes facts and rows,
             commits: no reference checks, no counts checked, no asyncio
 
+With ``--kept-chain N`` it times instead an archive that keeps everything: N old
+ended runs, each run again (``retry_run``) by the next, the last run again still queued,
+so a staying row refers to the whole chain; beside a floor of one plain recursive query
+that finds the same chain. Linear means the time per kept run stays flat as N grows.
+
     .venv/bin/python bench/archive.py --n 1000000
     .venv/bin/python bench/archive.py --n 100000 --rounds 2
+    .venv/bin/python bench/archive.py --kept-chain 1500 --kept-chain 6000
 """
 
 # ruff: noqa: E402  (the imports below must follow the sys.path fix)
@@ -41,7 +47,7 @@ from ledgerq import StateDB
 from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, default_registry, transition
 from ledgerq.lifecycle.engine import new_id
 from ledgerq.projections import verify
-from ledgerq.queue import TaskApplication, submit_task
+from ledgerq.queue import TaskApplication, cancel_task, retry_run, submit_task
 from ledgerq.queue.maintenance.archive import archive_runs
 
 APP = TaskApplication(action_kind="command", args={"argv": ["true"]}, execution_target="host")
@@ -169,13 +175,54 @@ async def check(path: Path) -> None:
         assert report.ok, report.drift[:3]
 
 
+def kept_chain(tmp: Path, n: int) -> tuple[float, float]:
+    """(archive s, floor s) for a chain of n old ended runs a live run continues."""
+    path = Path(tmp) / f"chain-{n}.db"
+    old = time.time() - 30 * DAY
+
+    async def go() -> float:
+        async with StateDB(path) as db:
+            rid = await submit_task(db, APP, now=old)
+            for _ in range(n):
+                await cancel_task(db, rid, actor=ACTOR, now=old)
+                rid = await retry_run(db, rid, now=old)
+            start = time.perf_counter()
+            summary = await archive_runs(db, before=old + DAY, to=Path(tmp) / f"k-{n}.sqlite")
+            took = time.perf_counter() - start
+            assert (summary.runs, summary.skipped) == (0, n), summary
+            return took
+
+    took = asyncio.run(go())
+    conn = sqlite3.connect(path, isolation_level=None)
+    start = time.perf_counter()
+    (found,) = conn.execute(
+        "WITH RECURSIVE kept(id) AS (SELECT chain_parent_id FROM schedule_runs "
+        "WHERE status = 'queued' AND chain_parent_id IS NOT NULL UNION "
+        "SELECT r.chain_parent_id FROM schedule_runs AS r JOIN kept ON r.id = kept.id "
+        "WHERE r.chain_parent_id IS NOT NULL) SELECT COUNT(*) FROM kept").fetchone()
+    plain = time.perf_counter() - start
+    conn.close()
+    assert found == n, found
+    return took, plain
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, action="append", help="runs (repeatable)")
+    parser.add_argument("--kept-chain", type=int, action="append",
+                        help="time an archive keeping a chain of this many runs (repeatable)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--dir", type=Path, default=None,
                         help="where the scratch files go (default: a temporary directory)")
     args = parser.parse_args()
+    if args.kept_chain:
+        print(f"{'kept':>8} {'archive s':>10} {'us/run':>7} {'floor s':>8} {'vs floor':>9}")
+        for n in args.kept_chain:
+            with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+                took, plain = kept_chain(Path(tmp), n)
+            print(f"{n:>8,} {took:>10.3f} {took / n * 1e6:>7.0f} {plain:>8.3f} "
+                  f"{plain / took:>8.2f}x", flush=True)
+        return
     sizes = args.n or [10_000, 100_000]
     print(f"{'runs':>8} {'archived':>9} {'facts':>8} {'fill s':>7} {'archive s':>10} "
           f"{'runs/s':>9} {'facts/s':>10} {'floor s':>8} {'floor f/s':>10} {'vs floor':>9}",

@@ -53,17 +53,21 @@ class MaintenanceTx(SharedTx, Protocol):
         where writers run at once the rows stay locked until the transaction ends.
         Returns how many were listed."""
 
-    def unmark_referenced(self, policy: EntityPolicy, referrer: EntityPolicy,
-                          column: str) -> int:
-        """Take off the list each listed row that a row of ``referrer`` which is not listed
-        itself names in ``column`` (a foreign key to ``policy``'s table). Returns how many."""
+    def list_marked(self, entity_type: str) -> list[str]:
+        """The ids on the list."""
 
-    def unmark_dependencies(self, policy: EntityPolicy) -> int:
-        """Take off the list each listed run that the ``depends_on`` of an unlisted run
-        names (a dependency is read by id; it is no foreign key). Returns how many."""
+    def list_references(self, referrer: EntityPolicy, column: str) -> list[tuple[str, str]]:
+        """(id, value) of each row of ``referrer`` whose ``column`` (a foreign key) is set."""
 
-    def unmark_leased(self, policy: EntityPolicy) -> int:
-        """Take off the list each listed run a worker row names as its lease."""
+    def list_depends_on(self, policy: EntityPolicy) -> list[tuple[str, Any]]:
+        """(id, depends_on) of each run that names dependencies (a dependency is read by
+        id; it is no foreign key)."""
+
+    def list_leased_runs(self) -> list[str]:
+        """The runs worker rows name as their lease."""
+
+    def unmark(self, entity_type: str, ids: Sequence[str]) -> int:
+        """Take ``ids`` off the list; how many were on it."""
 
     def stream_marked_rows(self, policy: EntityPolicy) -> Iterator[Row]:
         """The listed rows, whole, by id, streamed (JSON as text)."""

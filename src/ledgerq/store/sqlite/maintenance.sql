@@ -46,26 +46,20 @@ SELECT ?, id FROM {table}
 WHERE status IN ({marks}) AND COALESCE(updated_at, created_at) < ?
 ORDER BY COALESCE(updated_at, created_at), id LIMIT ?
 
--- name: unmark_referenced
-DELETE FROM ledgerq_archive_batch
-WHERE entity_type = ? AND entity_id IN (
-  SELECT r.{column} FROM {table} AS r
-  WHERE r.{column} IS NOT NULL AND NOT EXISTS (
-    SELECT 1 FROM ledgerq_archive_batch AS b WHERE b.entity_type = ? AND b.entity_id = r.id))
+-- name: list_marked
+SELECT entity_id FROM ledgerq_archive_batch WHERE entity_type = ?
 
--- name: unmark_dependencies
--- CASE: json_each must never see text that is not JSON (it would fail the statement).
-DELETE FROM ledgerq_archive_batch
-WHERE entity_type = ? AND entity_id IN (
-  SELECT j.value FROM {table} AS r,
-    json_each(CASE WHEN json_valid(r.depends_on) THEN r.depends_on ELSE '[]' END) AS j
-  WHERE r.depends_on IS NOT NULL AND NOT EXISTS (
-    SELECT 1 FROM ledgerq_archive_batch AS b WHERE b.entity_type = ? AND b.entity_id = r.id))
+-- name: list_references
+SELECT id, {column} FROM {table} WHERE {column} IS NOT NULL
 
--- name: unmark_leased
-DELETE FROM ledgerq_archive_batch
-WHERE entity_type = ? AND entity_id IN (
-  SELECT leased_run_id FROM workers WHERE leased_run_id IS NOT NULL)
+-- name: list_depends_on
+SELECT id, depends_on FROM {table} WHERE depends_on IS NOT NULL
+
+-- name: list_leased_runs
+SELECT leased_run_id FROM workers WHERE leased_run_id IS NOT NULL
+
+-- name: unmark
+DELETE FROM ledgerq_archive_batch WHERE entity_type = ? AND entity_id IN ({marks})
 
 -- name: stream_marked_rows
 SELECT r.* FROM ledgerq_archive_batch AS b JOIN {table} AS r ON r.id = b.entity_id

@@ -9,7 +9,7 @@ from typing import Any
 from ledgerq.lifecycle.identifiers import quote
 from ledgerq.lifecycle.registry import SUCCEEDED, EntityPolicy
 from ledgerq.lifecycle.store import Row
-from ledgerq.store.sqltx.base import SqlBase
+from ledgerq.store.sqltx.base import CHUNK, SqlBase
 
 #: ledgerq's record of archives (schema version 4).
 ARCHIVES_TABLE = "ledgerq_archives"
@@ -62,17 +62,27 @@ class MaintenanceOps(SqlBase):
         return int(self.execute(sql, (policy.name, *listed, before,
                                       self._limit(limit))).rowcount)
 
-    def unmark_referenced(self, policy: EntityPolicy, referrer: EntityPolicy,
-                          column: str) -> int:
-        sql = self.q("unmark_referenced", table=self.table(referrer), column=quote(column))
-        return int(self.execute(sql, (policy.name, referrer.name)).rowcount)
+    def list_marked(self, entity_type: str) -> list[str]:
+        return [r[0] for r in self.execute(self.q("list_marked"), (entity_type,)).fetchall()]
 
-    def unmark_dependencies(self, policy: EntityPolicy) -> int:
-        sql = self.q("unmark_dependencies", table=self.table(policy))
-        return int(self.execute(sql, (policy.name, policy.name)).rowcount)
+    def list_references(self, referrer: EntityPolicy, column: str) -> list[tuple[str, str]]:
+        sql = self.q("list_references", table=self.table(referrer), column=quote(column))
+        return [(r[0], r[1]) for r in self.execute(sql, ()).fetchall()]
 
-    def unmark_leased(self, policy: EntityPolicy) -> int:
-        return int(self.execute(self.q("unmark_leased"), (policy.name,)).rowcount)
+    def list_depends_on(self, policy: EntityPolicy) -> list[tuple[str, Any]]:
+        sql = self.q("list_depends_on", table=self.table(policy))
+        return [(r[0], r[1]) for r in self.execute(sql, ()).fetchall()]
+
+    def list_leased_runs(self) -> list[str]:
+        return [r[0] for r in self.execute(self.q("list_leased_runs"), ()).fetchall()]
+
+    def unmark(self, entity_type: str, ids: Sequence[str]) -> int:
+        off = 0
+        for i in range(0, len(ids), CHUNK):
+            part = list(ids[i:i + CHUNK])
+            off += int(self.execute(self.q("unmark", marks=self.marks(len(part))),
+                                    (entity_type, *part)).rowcount)
+        return off
 
     def stream_marked_rows(self, policy: EntityPolicy) -> Iterator[Row]:
         names, rows = self.stream(self.q("stream_marked_rows", table=self.table(policy)),
