@@ -56,6 +56,17 @@ def test_archive_round_trip_through_the_command(tmp_path: Path) -> None:
     assert len(as_json("archive", "--db", db, "--list")["archives"]) == 1
 
 
+def test_a_keyed_run_is_kept_until_its_window_passes(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    rid = ok("submit", "--db", db, "--idempotency-key", "k1", "command", "--",
+             "true").stdout.strip()
+    ok("cancel", "--db", db, rid)
+    kept = ok("archive", "--db", db, "--before", "0s", "--dry-run").stdout
+    assert "1 kept" in kept and "idempotency key still answers: 1" in kept, kept
+    gone = as_json("archive", "--db", db, "--before", "0s", "--keys-expire-after", "0s")
+    assert (gone["runs"], gone["keyed"]) == (1, 0)
+
+
 def test_archive_refusals_are_one_line_and_write_nothing(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     submit_and_cancel(db, 1)
@@ -68,6 +79,7 @@ def test_archive_refusals_are_one_line_and_write_nothing(tmp_path: Path) -> None
         (("--before", "0s", "--to", tmp_path / "no" / "x.sqlite"), 2, "does not exist"),
         (("--list", "--before", "0s"), 2, "--list takes no"),
         (("--before", "0s", "--limit", "0"), 2, "--limit"),
+        (("--before", "0s", "--keys-expire-after", "soon"), 2, "--keys-expire-after"),
     ]:
         line = one_error_line(cli("archive", "--db", db, *args), code)
         assert words in line, line

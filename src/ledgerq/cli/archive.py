@@ -12,6 +12,7 @@ from ledgerq.cli.app import app
 from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import die, text_option
 from ledgerq.cli.render import JsonOption, emit_json, fmt_ts, printable
+from ledgerq.durations import parse_duration
 from ledgerq.errors import InvalidInput
 
 
@@ -30,6 +31,11 @@ def archive(
         "--limit", min=1, metavar="N", help="Archive only the oldest N of them (the "
         "archive holds SQLite's write lock while it copies: archive a large backlog in "
         "several calls).", show_default=False)] = None,
+    keys_expire_after: Annotated[str | None, typer.Option(
+        "--keys-expire-after", metavar="SPAN", help="Archive runs submitted with an "
+        "idempotency key too, once created this long ago (e.g. 90d); their keys then no "
+        "longer deduplicate. Default: such runs stay live, so their keys always answer.",
+        show_default=False)] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Count what would be archived; write nothing.")] = False,
     list_them: Annotated[bool, typer.Option(
@@ -42,15 +48,17 @@ def archive(
     One transaction: the file is written and fsynced first, then the runs and facts are
     deleted and the step recorded (``ledgerq archive --list``); ``verify`` stays clean.
     Runs a staying run still refers to (a retry's chain, a dependency, a worker's lease)
-    are kept and counted as skipped. Look an archived run up with
+    are kept and counted as skipped, and so are runs submitted with an idempotency key
+    (see --keys-expire-after). Look an archived run up with
     ``ledgerq show --archive FILE ID``.
     """
     from ledgerq.queue.maintenance.archive import archive_runs, list_archives, parse_before
 
     path = db_path(ctx, db)
     if list_them:
-        if before is not None or to is not None or dry_run or limit is not None:
-            die("--list takes no --before, --to, --limit or --dry-run")
+        if before is not None or to is not None or dry_run or limit is not None \
+                or keys_expire_after is not None:
+            die("--list takes no --before, --to, --limit, --keys-expire-after or --dry-run")
 
         async def listed() -> list[dict[str, Any]]:
             async with open_db(ctx, path, readonly=True) as handle:
@@ -66,12 +74,19 @@ def archive(
         die(str(exc))
     if to is not None:
         text_option(str(to), "--to")
+    window = None
+    if keys_expire_after is not None:
+        try:
+            window = parse_duration(text_option(keys_expire_after, "--keys-expire-after"),
+                                    "--keys-expire-after")
+        except InvalidInput as exc:
+            die(str(exc))
 
     async def go() -> Any:
         async with open_db(ctx, path) as handle:
             try:
                 return await archive_runs(handle, before=cutoff, to=to, dry_run=dry_run,
-                                          limit=limit)
+                                          limit=limit, keys_expire_after=window)
             except InvalidInput as exc:
                 die(str(exc))
 
@@ -80,7 +95,10 @@ def archive(
         emit_json(summary.as_dict())
         return
     when = fmt_ts(summary.before)
-    kept = f"; {summary.skipped} kept (still referenced)" if summary.skipped else ""
+    why = "still referenced"
+    if summary.keyed:
+        why += f", or their idempotency key still answers: {summary.keyed}"
+    kept = f"; {summary.skipped} kept ({why})" if summary.skipped else ""
     if dry_run:
         typer.echo(printable(f"would archive {summary.runs} run(s) and {summary.facts} "
                              f"fact(s) ended before {when}{kept}"))

@@ -412,3 +412,33 @@ async def test_keeping_a_long_chain_costs_the_same_statements_as_a_short_one(
         long = await statements_of_archiving_a_kept_chain(db, tmp_path, 60, monkeypatch)
         assert short == long
         assert (await verify(db)).ok
+
+
+async def test_a_keyed_run_stays_while_its_key_is_to_answer(db: StateDB, tmp_path: Path) -> None:
+    """Archiving a keyed run would make its key forget it: a submit with the same key
+    would run the task again. Such runs stay live (with what they refer to) unless the
+    operator sets a window after which keys may be used afresh."""
+    from ledgerq.lifecycle import Actor
+    from ledgerq.queue import TaskApplication, cancel_task, submit_task
+
+    ops = Actor(type="operator", id="ops")
+    app = TaskApplication("command", {"argv": ["true"]}, "host", idempotency_key="pay-42")
+    keyed = await submit_task(db, app, now=OLD - 100 * 86400)
+    plain = await submit_task(db, TaskApplication("command", {"argv": ["true"]}, "host"),
+                              now=OLD)
+    for rid in (keyed, plain):
+        assert await cancel_task(db, rid, actor=ops, now=OLD)
+    first = await archive_runs(db, before=CUTOFF, to=tmp_path / "a.sqlite")
+    assert (first.runs, first.skipped, first.keyed) == (1, 1, 1)
+    assert await submit_task(db, app) == keyed  # the key still answers
+    # A window: keys of runs created longer ago than that expire, and those runs go.
+    young = await archive_runs(db, before=CUTOFF, to=tmp_path / "b.sqlite",
+                               keys_expire_after=200 * 86400)
+    assert (young.runs, young.keyed) == (0, 1)
+    old = await archive_runs(db, before=CUTOFF, to=tmp_path / "c.sqlite",
+                             keys_expire_after=30 * 86400)
+    assert (old.runs, old.skipped) == (1, 0)
+    assert await submit_task(db, app) != keyed  # documented: the key was used afresh
+    with pytest.raises(InvalidInput, match="keys_expire_after"):
+        await archive_runs(db, before=CUTOFF, keys_expire_after=-1)
+    assert (await verify(db)).ok

@@ -13,8 +13,9 @@ The order, and why no crash loses data or archives twice:
    chosen rows locked ``FOR UPDATE``) lists the runs in ``ledgerq_archive_batch`` and
    takes off the list every run a staying row still refers to (a chained retry's
    ``chain_parent_id``, another entity's foreign key, a staying run's ``depends_on``, a
-   worker's lease), and every run a run so kept refers to: a chain is archived whole or
-   not at all, and those kept are counted as skipped.
+   worker's lease), or whose idempotency key is still to answer, and every run a run so
+   kept refers to: a chain is archived whole or not at all, and those kept are counted as
+   skipped.
 2. Inside that transaction the listed rows and facts are copied from the same snapshot
    into ``FILE.partial``, which is fsynced; the database's record of the step is
    inserted; the facts and rows are deleted (the log's DELETE guard admits exactly the
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ledgerq import __version__
-from ledgerq.durations import parse_duration, parse_instant
+from ledgerq.durations import check_span, parse_duration, parse_instant
 from ledgerq.errors import DatabaseError, InvalidInput
 from ledgerq.lifecycle import evolution
 from ledgerq.lifecycle.ids import new_id
@@ -67,10 +68,12 @@ class ArchiveSummary:
     before: float
     runs: int
     facts: int
-    #: Ended before ``before`` but kept: a staying row still refers to them.
+    #: Ended before ``before`` but kept: a staying row still refers to them, or their
+    #: idempotency key is still to answer (``keyed`` of them, with what they refer to).
     skipped: int
     dry_run: bool = False
     ids_sha256: str | None = None
+    keyed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,20 +107,21 @@ def _referrers(db: Database[MaintenanceTx], policy: EntityPolicy) -> list[tuple[
 
 
 def _select(tx: MaintenanceTx, policy: EntityPolicy, referrers: list[tuple[EntityPolicy, str]],
-            before: float, limit: int | None) -> tuple[int, int]:
-    """List the runs to archive; (listed, skipped)."""
+            before: float, limit: int | None, keys_since: float) -> tuple[int, int, int]:
+    """List the runs to archive; (listed, skipped, of those skipped the keyed ones)."""
     tx.lock_archives()
     tx.clear_marks()
     listed = tx.mark_ended(policy, sorted(policy.terminal), before, limit)
     if not listed:
-        return 0, 0
-    kept = _kept(tx, policy, referrers, set(tx.list_marked(policy.name)))
+        return 0, 0, 0
+    keyed = tx.list_marked_keyed(policy, keys_since)
+    kept = _kept(tx, policy, referrers, set(tx.list_marked(policy.name)), keyed)
     tx.unmark(policy.name, sorted(kept))
-    return listed - len(kept), len(kept)
+    return listed - len(kept), len(kept), len(keyed)
 
 
 def _kept(tx: MaintenanceTx, policy: EntityPolicy, referrers: list[tuple[EntityPolicy, str]],
-          listed: set[str]) -> set[str]:
+          listed: set[str], keyed: list[str]) -> set[str]:
     """The listed runs a staying row still refers to, directly or through other kept runs.
 
     A run that stays refers on (its ``chain_parent_id``, its ``depends_on``), so a chain
@@ -126,7 +130,7 @@ def _kept(tx: MaintenanceTx, policy: EntityPolicy, referrers: list[tuple[EntityP
     statement was quadratic in its length (6,000 kept runs held the write lock 30 s).
     """
     onward: dict[str, list[str]] = {}  # listed run -> the runs it refers to
-    seeds = {r for r in tx.list_leased_runs() if r in listed}
+    seeds = {r for r in tx.list_leased_runs() if r in listed} | set(keyed)
 
     def refers(rid: str, targets: list[str]) -> None:
         if rid in listed:
@@ -154,6 +158,7 @@ def _kept(tx: MaintenanceTx, policy: EntityPolicy, referrers: list[tuple[EntityP
 
 async def archive_runs(db: Database[MaintenanceTx], *, before: float, to: str | Path | None = None,
                        dry_run: bool = False, limit: int | None = None,
+                       keys_expire_after: float | None = None,
                        now: float | None = None) -> ArchiveSummary:
     """Move ended runs older than ``before`` and all their facts into the file ``to``
     (default :func:`default_file`), in one transaction; see the module docstring.
@@ -161,15 +166,24 @@ async def archive_runs(db: Database[MaintenanceTx], *, before: float, to: str | 
     ``limit`` takes only the oldest that many (before the referenced ones are taken off):
     the transaction holds SQLite's write lock while it copies, so a large backlog is
     better archived in several calls than in one that keeps every writer waiting.
+
+    A run submitted with an idempotency key stays live while its key is to answer: by
+    default always (an archived run's key no longer finds it, and a submit with the key
+    would run the task again); with ``keys_expire_after`` (seconds), once it was created
+    that long ago, after which its key may be used afresh.
+
     Refused (InvalidInput, nothing written) when ``to`` exists or its directory does not.
     Nothing to move writes no file and records nothing.
     """
     if not isinstance(before, int | float) or not math.isfinite(before):
         raise InvalidInput(f"before must be a finite epoch time, not {before!r}")
+    if keys_expire_after is not None:
+        check_span(keys_expire_after, "keys_expire_after")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 1):
         raise InvalidInput(f"limit must be a positive number of runs, not {limit!r}")
     started = time.time() if now is None else now
+    keys_since = -math.inf if keys_expire_after is None else started - keys_expire_after
     policy = db.registry.entity(RUN_ENTITY)
     referrers = _referrers(db, policy)
     path = Path(to) if to is not None else default_file(db, started)
@@ -187,11 +201,13 @@ async def archive_runs(db: Database[MaintenanceTx], *, before: float, to: str | 
     published = [False]
 
     def unit(tx: MaintenanceTx) -> ArchiveSummary:
-        runs, skipped = _select(tx, policy, referrers, float(before), limit)
+        runs, skipped, keyed = _select(tx, policy, referrers, float(before), limit,
+                                       keys_since)
         if dry_run or runs == 0:
             facts = sum(1 for _ in tx.stream_marked_facts(policy.name)) if runs else 0
             tx.clear_marks()
-            return ArchiveSummary(None, None, before, runs, facts, skipped, dry_run)
+            return ArchiveSummary(None, None, before, runs, facts, skipped, dry_run,
+                                  keyed=keyed)
         try:
             wrote, facts, digest = archive_file.write(
                 path, manifest, policy.table, types, tx.stream_marked_rows(policy),
@@ -217,7 +233,7 @@ async def archive_runs(db: Database[MaintenanceTx], *, before: float, to: str | 
             published[0] = False
             raise
         return ArchiveSummary(batch, str(path.resolve()), before, runs, facts, skipped,
-                              False, digest)
+                              False, digest, keyed)
 
     try:
         return await db.write(unit, bulk=True)

@@ -63,6 +63,10 @@ class MaintenanceTx(SharedTx, Protocol):
         """(id, depends_on) of each run that names dependencies (a dependency is read by
         id; it is no foreign key)."""
 
+    def list_marked_keyed(self, policy: EntityPolicy, created_after: float) -> list[str]:
+        """The listed runs that carry an idempotency key and were created at or after
+        ``created_after``."""
+
     def list_leased_runs(self) -> list[str]:
         """The runs worker rows name as their lease."""
 

@@ -55,6 +55,10 @@ SELECT id, {column} FROM {table} WHERE {column} IS NOT NULL
 -- name: list_depends_on
 SELECT id, depends_on FROM {table} WHERE depends_on IS NOT NULL
 
+-- name: list_marked_keyed
+SELECT b.entity_id FROM ledgerq_archive_batch AS b JOIN {table} AS r ON r.id = b.entity_id
+WHERE b.entity_type = ? AND r.idempotency_key IS NOT NULL AND r.created_at >= ?
+
 -- name: list_leased_runs
 SELECT leased_run_id FROM workers WHERE leased_run_id IS NOT NULL
 

@@ -73,6 +73,10 @@ class MaintenanceOps(SqlBase):
         sql = self.q("list_depends_on", table=self.table(policy))
         return [(r[0], r[1]) for r in self.execute(sql, ()).fetchall()]
 
+    def list_marked_keyed(self, policy: EntityPolicy, created_after: float) -> list[str]:
+        sql = self.q("list_marked_keyed", table=self.table(policy))
+        return [r[0] for r in self.execute(sql, (policy.name, created_after)).fetchall()]
+
     def list_leased_runs(self) -> list[str]:
         return [r[0] for r in self.execute(self.q("list_leased_runs"), ()).fetchall()]
 
