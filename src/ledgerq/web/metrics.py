@@ -18,7 +18,8 @@ Names are prefixed ``ledgerq_``:
   queued the run (its submission, a requeue, a retry falling due) to the claim.
 * ``ledgerq_workers`` gauge; ``ledgerq_worker_heartbeat_age_seconds{worker_id}`` and
   ``ledgerq_worker_last_heartbeat_timestamp_seconds{worker_id}`` gauges;
-  ``ledgerq_worker_running{worker_id}`` gauge.
+  ``ledgerq_worker_running{worker_id}`` gauge: workers alive only (a heartbeat within
+  the default heartbeat TTL), so a worker that died leaves the metrics at once.
 * ``ledgerq_stuck_runs`` gauge (see ``ledgerq stats``).
 * ``ledgerq_run_duration_seconds{queue,task,outcome}`` histogram, served by a worker's
   exporter only: the runs that process executed, from claim to end (observed where they
@@ -46,6 +47,7 @@ from ledgerq.queue.reads import (
     fact_counts,
     queue_stats,
 )
+from ledgerq.queue.worker.config import DEFAULT_HEARTBEAT_TTL_SECONDS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -114,9 +116,12 @@ class SnapshotCollector(Collector):
         yield HistogramMetricFamily("ledgerq_claim_wait_seconds", "Time from entering "
                                     "queued (submission, requeue, retry due) to the claim.",
                                     buckets=buckets, sum_value=w.sum)
-        workers = snap.stats.workers
-        yield GaugeMetricFamily("ledgerq_workers", "Workers with a row (any heartbeat age).",
-                                value=len(workers))
+        # A worker presumed dead leaves the metrics at once (its row stays in `ledgerq
+        # workers` for a day): series of every worker that ever ran would grow forever.
+        workers = [w for w in snap.stats.workers
+                   if w.heartbeat_age_seconds <= DEFAULT_HEARTBEAT_TTL_SECONDS]
+        yield GaugeMetricFamily("ledgerq_workers", "Workers alive: a heartbeat at most "
+                                f"{DEFAULT_HEARTBEAT_TTL_SECONDS:g} s old.", value=len(workers))
         age = GaugeMetricFamily("ledgerq_worker_heartbeat_age_seconds",
                                 "Seconds since the worker's last heartbeat.",
                                 labels=["worker_id"])

@@ -53,6 +53,13 @@ class MaintenanceTx(SharedTx, Protocol):
         where writers run at once the rows stay locked until the transaction ends.
         Returns how many were listed."""
 
+    def list_departed_workers(self, before: float, limit: int | None = None) -> list[str]:
+        """Ids of workers whose last heartbeat is before ``before``."""
+
+    def delete_departed_workers(self, before: float) -> list[str]:
+        """Delete the rows of workers whose last heartbeat is before ``before``; their
+        ids."""
+
     def list_marked(self, entity_type: str) -> list[str]:
         """The ids on the list."""
 

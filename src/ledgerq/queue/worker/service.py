@@ -29,6 +29,7 @@ from ledgerq.durations import check_span
 from ledgerq.errors import DatabaseDamaged, DatabaseError, DatabaseGone
 from ledgerq.lifecycle.models import Actor
 from ledgerq.queue import moves
+from ledgerq.queue.maintenance.departed import DEPARTED_EVERY, forget_departed_workers
 from ledgerq.queue.maintenance.promotion import promote_due
 from ledgerq.queue.maintenance.reaper import reap_expired_leases
 from ledgerq.queue.maintenance.stuck import STUCK_RETRY_SECONDS, StuckRows
@@ -309,6 +310,7 @@ class Worker:
         heartbeat_every = max(0.05, min(self.config.heartbeat_ttl / 3, 5.0))
         maintain_every = max(self.poll_interval, 0.5)
         last_heartbeat = last_maintain = last_undeclared = last_schedule = float("-inf")
+        last_departed = float("-inf")
         while not self._stop.is_set():
             now = time.time()
             self._wake.clear()
@@ -332,6 +334,9 @@ class Worker:
             if now - last_undeclared >= UNDECLARED_EVERY:
                 await self._step("undeclared", self.undeclared.look(self.db, now))
                 last_undeclared = now
+            if now - last_departed >= DEPARTED_EVERY:
+                await self._step("departed", forget_departed_workers(self.db, now=now))
+                last_departed = now
             if self.capacity > len(self.active):
                 await self._cool_down()
             free = self.recycling.allowance(self.capacity - len(self.active))

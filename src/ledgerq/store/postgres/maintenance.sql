@@ -32,6 +32,15 @@ WHERE w.status = 'waiting_dependency'
       ELSE FALSE END
 LIMIT %s
 
+-- ------------------------------------------------------------ departed workers
+-- (ledgerq/queue/maintenance/departed.py)
+
+-- name: list_departed_workers
+SELECT worker_id FROM workers WHERE last_heartbeat_at < %s ORDER BY worker_id LIMIT %s
+
+-- name: delete_departed_workers
+DELETE FROM workers WHERE last_heartbeat_at < %s RETURNING worker_id
+
 -- ------------------------------------------------------------ the archive
 -- (ledgerq/queue/maintenance/archive.py; the listed entities are ledgerq_archive_batch's rows)
 

@@ -35,6 +35,15 @@ WHERE {hint} AND status = 'waiting_dependency'
       ELSE 0 END
 LIMIT ?
 
+-- ------------------------------------------------------------ departed workers
+-- (ledgerq/queue/maintenance/departed.py)
+
+-- name: list_departed_workers
+SELECT worker_id FROM workers WHERE last_heartbeat_at < ? ORDER BY worker_id LIMIT ?
+
+-- name: delete_departed_workers
+DELETE FROM workers WHERE last_heartbeat_at < ? RETURNING worker_id
+
 -- ------------------------------------------------------------ the archive
 -- (ledgerq/queue/maintenance/archive.py; the listed entities are ledgerq_archive_batch's rows)
 

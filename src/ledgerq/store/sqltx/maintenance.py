@@ -62,6 +62,14 @@ class MaintenanceOps(SqlBase):
         return int(self.execute(sql, (policy.name, *listed, before,
                                       self._limit(limit))).rowcount)
 
+    def list_departed_workers(self, before: float, limit: int | None = None) -> list[str]:
+        return [r[0] for r in self.execute(self.q("list_departed_workers"),
+                                           (before, self._limit(limit))).fetchall()]
+
+    def delete_departed_workers(self, before: float) -> list[str]:
+        return [r[0] for r in self.execute(self.q("delete_departed_workers"),
+                                           (before,)).fetchall()]
+
     def list_marked(self, entity_type: str) -> list[str]:
         return [r[0] for r in self.execute(self.q("list_marked"), (entity_type,)).fetchall()]
 
