@@ -195,3 +195,43 @@ def test_waiting_on_cycles_finds_exactly_the_runs_that_can_never_settle(
     assert set(found) == _on_cycle_brute(edges)
     for cycle in found.values():  # each named cycle is one
         assert all(cycle[(i + 1) % len(cycle)] in edges[c] for i, c in enumerate(cycle))
+
+
+async def test_a_big_cascade_never_costs_another_run_its_lease(tmp_path: Any) -> None:
+    """A run with thousands of dependents fails while another run is executing under a
+    short lease on the same worker: the cascade's transactions are bounded, so the
+    worker's event loop keeps renewing the other run's lease and it runs exactly once.
+    (One transaction for the whole cascade blocked SQLite's inline writer, i.e. the
+    loop, for seconds: the other run's lease expired, it was reaped and ran again.)"""
+    from ledgerq.queue import Worker, submit_many
+
+    async with StateDB(str(tmp_path / "c.db")) as db:
+        head = await submit_task(db, TaskApplication("agent", {"prompt": "head"}, "host"))
+        await submit_many(db, [TaskApplication("agent", {"prompt": f"d{i}"}, "host",
+                                               depends_on=[head]) for i in range(3000)])
+        await submit_task(db, TaskApplication("agent", {"prompt": "long"}, "host"))
+        ran: list[str] = []
+
+        async def execute(run: dict[str, Any]) -> tuple[int, str]:
+            ran.append(run["action_args"]["prompt"])
+            if run["action_args"]["prompt"] == "long":
+                await asyncio.sleep(4.0)
+                return 0, ""
+            await asyncio.sleep(0.5)
+            return 1, "head failed"
+
+        worker = Worker(db, worker_id="w", capacity=2, execute=execute, lease_ttl=2.0,
+                        check_interval=0.2, poll_interval=0.05, lock_dir=None,
+                        handle_signals=False)
+        serving = asyncio.create_task(worker.run())
+        try:
+            async with asyncio.timeout(60):
+                while worker.outcomes["completed"] < 1:
+                    await asyncio.sleep(0.05)
+        finally:
+            await worker.stop()
+            await serving
+        assert sorted(ran) == ["head", "long"]
+        got = await statuses(db)
+        assert sum(s == "cancelled" for s in got.values()) == 3000
+        assert (await verify(db)).ok
