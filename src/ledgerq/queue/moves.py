@@ -116,6 +116,12 @@ SUBMITTED_DELAYED = Move(None, "delayed", "run.delayed.submitted",
                          "a submitted run whose start time is still to come", feature="delayed")
 START_DUE = Move("delayed", "queued", "run.queued.not_before",
                  "a delayed run whose start time came", feature="delayed")
+#: A run its worker could not start for want of a resource of its own (file descriptors,
+#: memory): not the task's failure (see queue/worker/starvation.py). Specs without the
+#: code give it back as a shutdown does.
+STARVED = Move("running", "queued", "run.queued.worker_starved",
+               "a run given back by a worker out of a resource",
+               feature="run.queued.worker_starved")
 LEASE_EXPIRED = Move("running", "queued", "run.queued.lease_expired",
                      "the reaper's requeue of an expired lease")
 LEASES_EXHAUSTED = Move("running", "failed", "run.failed.lease_attempts_exhausted",
@@ -131,7 +137,7 @@ MOVES: tuple[Move, ...] = (
     SUBMITTED, SUBMITTED_WAITING, DEPENDENCIES_MET, DEPENDENCY_FAILED, CLAIM, RENEWED,
     EXITED_ZERO, EXITED_NONZERO, RAISED, UNAUTHORIZED, TIMED_OUT, SHUTDOWN, BACKOFF,
     RETRY_DUE, SUBMITTED_DELAYED, START_DUE, LEASE_EXPIRED, LEASES_EXHAUSTED, CANCELLED,
-    RETRIED,
+    RETRIED, STARVED,
 )
 
 # The scheduler's moves of runs: required once the specs declare the schedule entity.

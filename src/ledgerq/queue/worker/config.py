@@ -20,6 +20,7 @@ from ledgerq.queue.submission.application import queue_name_problem
 from ledgerq.queue.worker.executors import Executors
 from ledgerq.queue.worker.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES, ExecuteFn
 from ledgerq.queue.worker.leases import LeaseReads
+from ledgerq.queue.worker.starvation import ClaimPause
 
 DEFAULT_LEASE_TTL_SECONDS = 300.0
 #: A worker whose heartbeat is older than this is presumed dead.
@@ -157,6 +158,8 @@ class RunContext:
     lease_reads: LeaseReads = field(default_factory=LeaseReads)
     #: Bytes of each output stream a run records (see launcher.OutputCapture).
     output_tail: int = OUTPUT_TAIL_BYTES
+    #: Claims paused while runs are given back for want of a resource (starvation.py).
+    claim_pause: ClaimPause = field(default_factory=ClaimPause)
 
     @classmethod
     def from_config(cls, config: WorkerConfig, *, clock: Callable[[], float] = time.time,

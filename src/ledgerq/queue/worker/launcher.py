@@ -22,6 +22,7 @@ from typing import Any
 from ledgerq.codec import dumps
 from ledgerq.queue.worker import orphans
 from ledgerq.queue.worker.finished import Finished
+from ledgerq.queue.worker.starvation import is_starved
 
 #: What runs a claimed row: the ADR-0071 queue's ``(exit_code, detail)``, or a
 #: :class:`~ledgerq.queue.worker.finished.Finished` that says more (a result, an error).
@@ -222,7 +223,12 @@ async def run_argv(argv: list[str], *, cwd: str | None = None, env: dict[str, st
     """
     ledger = orphans.current()
     out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    try:
+        err_r, err_w = os.pipe()
+    except BaseException:
+        os.close(out_r)
+        os.close(out_w)
+        raise
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_w, stderr=err_w,
@@ -287,6 +293,8 @@ def make_default_execute(prefix: str = DEFAULT_COMMAND_PREFIX,
         try:
             code, out, err = await run_argv(argv, cwd=cwd, tail_bytes=tail_bytes)
         except OSError as exc:
+            if is_starved(exc):  # the worker's trouble, not the task's: see starvation.py
+                raise
             return 1, f"cannot start {argv[0]}: {exc}"
         return code, (err or (out if code else "")).strip()[-tail_bytes:]
 

@@ -25,6 +25,7 @@ from ledgerq.queue.moves import ERROR_COLUMN, RESULT_COLUMN, Move, lease_columns
 from ledgerq.queue.runs import no_lease, run_policy, terms, worker_actor
 from ledgerq.queue.submission.application import RetryPolicy
 from ledgerq.queue.worker import durations, wakeup
+from ledgerq.queue.worker.starvation import GIVE_BACKS
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database
@@ -67,6 +68,9 @@ class Outcome(NamedTuple):
     error: dict[str, Any] | None = None
     #: Seconds until the retry the task asked for; None: its policy's backoff.
     retry_delay: float | None = None
+    #: The worker, not the task, ran out of a resource: the run is given back (see
+    #: :mod:`ledgerq.queue.worker.starvation`).
+    starved: bool = False
 
     @property
     def to_state(self) -> str:
@@ -233,6 +237,10 @@ def _report_ends(ended: Sequence[Ended], planned: Sequence[MoveTerms | Exception
     warn = info or log.isEnabledFor(logging.WARNING)
     for end, plan in zip(ended, planned, strict=True):
         run, outcome = end.run, end.outcome
+        if outcome.starved:
+            ctx.claim_pause.starved()
+        else:
+            ctx.claim_pause.fed()
         claimed = run.get("lease_expires_at")
         took = now - (claimed - ctx.lease_ttl) if isinstance(claimed, float) else 0.0
         state = plan.to_state if isinstance(plan, MoveTerms) else "error"
@@ -269,6 +277,15 @@ def _terms(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext, outcome: 
     shutdown is not a failed attempt.
     """
     outcome = _storable(outcome)
+    if outcome.starved:
+        claims = int(run.get("lease_attempts") or 0)
+        if claims < GIVE_BACKS:
+            # Given back with its claim still counted (so a task that starves every
+            # worker ends after GIVE_BACKS claims) and no run attempt spent.
+            move = moves.STARVED if moves.STARVED.offered_by(policy) else moves.SHUTDOWN
+            return outcome._replace(move=move), no_lease(policy), ctx.clock()
+        outcome = outcome._replace(move=moves.RAISED, detail=f"{outcome.detail} (given back "
+                                   f"{claims} times in a row; failed)")
     if outcome.retryable:
         raw = run.get("retry_policy")
         detail = outcome.detail or ""

@@ -48,6 +48,7 @@ from ledgerq.queue.worker.executors import Executors
 from ledgerq.queue.worker.heartbeat import beat
 from ledgerq.queue.worker.launcher import OUTPUT_TAIL_BYTES, ExecuteFn
 from ledgerq.queue.worker.recycling import Recycling
+from ledgerq.queue.worker.starvation import check_file_limit
 from ledgerq.queue.worker.supervision import begin_runs, write_ended
 
 if TYPE_CHECKING:
@@ -141,6 +142,7 @@ class Worker:
                  metrics_port: int | None = None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, not {capacity!r}")
+        check_file_limit(capacity)
         # Every span checked as a number of seconds a clock can add (NaN, infinity and
         # 1e308 were accepted, and a worker given them never claimed).
         check_span(claim_cooldown, "claim_cooldown")
@@ -340,7 +342,7 @@ class Worker:
             if self.capacity > len(self.active):
                 await self._cool_down()
             free = self.recycling.allowance(self.capacity - len(self.active))
-            if free > 0 and not self._stop.is_set():
+            if free > 0 and not self._stop.is_set() and not self.context.claim_pause.paused():
                 await self._step("claim", self._claim(min(free, self.config.claim_limit)))
             if self._stop.is_set() or (self.recycling.draining and not self.active):
                 break

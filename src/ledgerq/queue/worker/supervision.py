@@ -45,6 +45,7 @@ from ledgerq.queue.worker.outcomes import (
     record_outcome,
     record_outcomes,
 )
+from ledgerq.queue.worker.starvation import is_starved
 
 if TYPE_CHECKING:
     from ledgerq.lifecycle.store import Database
@@ -286,6 +287,9 @@ def _result(task: asyncio.Future[Got], capture: OutputCapture) -> Outcome:
     try:
         got = task.result()
     except Exception as exc:
+        if is_starved(exc):
+            return Outcome(moves.STARVED, None, f"the worker ran out of a resource: "
+                           f"{type(exc).__name__}: {exc}", output=output, starved=True)
         return Outcome(moves.RAISED, 1, f"{type(exc).__name__}: {exc}", retryable=True,
                        output=output)
     if isinstance(got, Finished):
