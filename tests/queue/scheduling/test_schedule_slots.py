@@ -11,6 +11,7 @@ nothing with ledgerq.queue.scheduling.slots but the definition.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -239,3 +240,39 @@ def test_slots_match_a_brute_force_reference(
         upto = [s for s in want if s <= probe]
         if upto:
             assert cad.latest_at_or_before(probe) == upto[-1], (expr, probe)
+
+
+# ------------------------------------------------------------------ check times
+
+
+@given(every=st.sampled_from([60.0, 300.0, 3600.0, 0.5]),
+       cron=st.sampled_from([None, "*/5 * * * *", "30 2 * * *", "0 9 * * 1-5"]),
+       jitter=st.sampled_from([0.0, 30.0, 500.0, 7200.0]),
+       catch_up=st.sampled_from(["latest", "all", "none"]),
+       cursor_back=st.floats(0, 20_000), fired_back=st.none() | st.floats(0, 20_000),
+       now=st.floats(1_700_000_000, 1_700_100_000),
+       until_ahead=st.none() | st.floats(-5_000, 50_000),
+       probes=st.lists(st.floats(0, 1), min_size=5, max_size=20))
+def test_no_slot_comes_due_before_its_check_time(
+        every: float, cron: str | None, jitter: float, catch_up: str, cursor_back: float,
+        fired_back: float | None, now: float, until_ahead: float | None,
+        probes: list[float]) -> None:
+    """The scheduler skips a schedule until its check time: so at no instant between
+    now and then may a slot be due (brute force over probe instants, and just before)."""
+    from ledgerq.queue.scheduling.scheduler import due_slots, next_check
+
+    row = {"id": "sched-1", "cron": cron, "every_seconds": None if cron else every,
+           "timezone": "America/New_York", "jitter": jitter, "catch_up": catch_up,
+           "fires_after": now - cursor_back,
+           "until": None if until_ahead is None else now + until_ahead}
+    latest = None if fired_back is None else now - fired_back
+    check = next_check(row, latest, now)
+    assert check >= now
+    if check == now:
+        assert due_slots(row, latest, now)
+        return
+    end = min(check, now + 3 * 86400)
+    for p in [*probes, 1.0]:
+        t = now + p * (end - now)
+        t = min(t, float(math.nextafter(check, -math.inf))) if t >= check else t
+        assert not due_slots(row, latest, t), (t, check)

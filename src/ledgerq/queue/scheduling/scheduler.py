@@ -31,6 +31,7 @@ import hashlib
 import math
 import socket
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -124,24 +125,99 @@ class FirePass:
     failed: dict[str, str] = field(default_factory=dict)
 
 
+#: Slots a check looks back over for one whose jittered time is still to come.
+_PENDING_LOOKBACK = 64
+
+
+def next_check(schedule: dict[str, Any], latest_slot: float | None, now: float) -> float:
+    """A time before which no slot of ``schedule`` comes due: ``now`` when one is due
+    already, ``inf`` when none ever will (as things stand: a change of the row, which
+    bumps its version, calls for a new check).
+
+    A slot comes due at its time plus its jitter, so besides the next slot after ``now``
+    the slots of the last ``jitter`` seconds whose jittered time is still ahead count.
+    """
+    if due_slots(schedule, latest_slot, now):
+        return now
+    cad = cadence(cron=schedule["cron"], every_seconds=schedule["every_seconds"],
+                  timezone=schedule["timezone"])
+    cursor = float(schedule["fires_after"])
+    if latest_slot is not None:
+        cursor = max(cursor, float(latest_slot))
+    jitter, until = float(schedule["jitter"]), schedule["until"]
+    upcoming = cad.next_after(now)
+    times = [upcoming] if upcoming is not None and (until is None or upcoming <= until) else []
+    if jitter > 0:
+        slot = cad.latest_at_or_before(now if until is None else min(now, float(until)))
+        for _ in range(_PENDING_LOOKBACK):
+            if slot is None or slot <= cursor or slot <= now - jitter:
+                break
+            at = slot + jitter_offset(schedule["id"], slot, jitter)
+            if at > now:
+                times.append(at)
+            slot = _before(cad, slot)
+        else:
+            times.append(now + 1.0)  # more slots in the window than looked at: soon again
+    return min(times, default=math.inf)
+
+
+class NextChecks:
+    """When each active schedule next needs a look, computed once per change of its row.
+
+    A scheduler pass runs every poll interval in every worker; computing every
+    schedule's slots on each (cron iteration in a timezone) made an idle worker's CPU
+    grow with the number of schedules (3,000 daily schedules: half a core). A pass now
+    reads each schedule's id and version, and computes only for a schedule that is new,
+    changed, or whose check time has come. Fires by other schedulers only move a cursor
+    forward, which a check time computed earlier never misses (it is at most early).
+    """
+
+    def __init__(self) -> None:
+        self.at: dict[str, tuple[int, float]] = {}
+
+    def wanted(self, sid: str, version: int, now: float) -> bool:
+        known = self.at.get(sid)
+        return known is None or known[0] != version or known[1] <= now
+
+    def keep(self, seen: set[str]) -> None:
+        for sid in [s for s in self.at if s not in seen]:
+            del self.at[sid]
+
+
+#: Check times of the schedules of each database handle, when the caller keeps none.
+_CHECKS: weakref.WeakKeyDictionary[Any, NextChecks] = weakref.WeakKeyDictionary()
+
+
 def _plan(tx: SchedulingTx, spol: EntityPolicy, rpol: EntityPolicy, now: float,
-          skip: frozenset[str]) -> tuple[list[str], dict[str, str]]:
-    """Ids of the active schedules with a slot due (a read: no write lock), and those
-    whose slots cannot be computed (id -> why), each apart from the others."""
-    _, rows = tx.read_page(spol, {"status": [moves.FIRING]}, tuple(spol.columns),
-                           MAX_SCHEDULES, 0)
+          skip: frozenset[str], checks: NextChecks
+          ) -> tuple[list[str], dict[str, str], dict[str, tuple[int, float]]]:
+    """Ids of the active schedules with a slot due (a read: no write lock), those whose
+    slots cannot be computed (id -> why), each apart from the others, and new check
+    times (id -> (version, time))."""
+    _, heads = tx.read_page(spol, {"status": [moves.FIRING]}, ("id", "version"),
+                            MAX_SCHEDULES, 0)
     due: list[str] = []
     failed: dict[str, str] = {}
-    for row in rows:
-        if row["id"] in skip:
+    checked: dict[str, tuple[int, float]] = {}
+    for head in heads:
+        sid = head["id"]
+        if sid in skip or not checks.wanted(sid, int(head["version"]), now):
             continue
-        latest = tx.read_latest_fire(rpol, row["id"])
+        row = tx.read_entity(spol, sid)
+        if row is None or row["status"] != moves.FIRING:
+            continue
+        latest = tx.read_latest_fire(rpol, sid)
         try:
-            if due_slots(row, None if latest is None else latest["slot_at"], now):
-                due.append(row["id"])
+            at = next_check(row, None if latest is None else latest["slot_at"], now)
         except Exception as exc:  # a stored value no cadence can use: this schedule only
-            failed[row["id"]] = describe(exc)
-    return due, failed
+            failed[sid] = describe(exc)
+            continue
+        if at <= now:
+            due.append(sid)
+        else:
+            checked[sid] = (int(row["version"]), at)
+    checks.keep({h["id"] for h in heads})
+    return due, failed, checked
 
 
 def fire_schedule(tx: SchedulingTx, spol: EntityPolicy, rpol: EntityPolicy, schedule_id: str,
@@ -187,7 +263,8 @@ def fire_schedule(tx: SchedulingTx, spol: EntityPolicy, rpol: EntityPolicy, sche
 
 async def fire_due(db: Database[SchedulingTx], *, now: float | None = None,
                    actor: Actor = SCHEDULER, host: str | None = None,
-                   stuck: StuckRows | None = None) -> FirePass:
+                   stuck: StuckRows | None = None,
+                   checks: NextChecks | None = None) -> FirePass:
     """One scheduler pass over every active schedule; safe to run anywhere, at any time,
     as often as wanted (each slot still yields exactly one run).
 
@@ -195,14 +272,20 @@ async def fire_due(db: Database[SchedulingTx], *, now: float | None = None,
     stored definition cannot be fired (a value written around the bounds
     :func:`~ledgerq.queue.add_schedule` checks) is reported in ``failed``, logged once
     and skipped for a while by ``stuck``, and every other schedule fires as usual. A
-    failure of the database itself fails the pass."""
+    failure of the database itself fails the pass. ``checks`` keeps when each schedule
+    next needs a look (see :class:`NextChecks`; default: one per database handle)."""
     spol, rpol = schedule_policy(db), run_policy(db)
     tracker = PROCESS_SCHEDULES if stuck is None else stuck
     ts = time.time() if now is None else now
     hostname = host or socket.gethostname()
     result = FirePass()
     skip = tracker.skipping()
-    due, result.failed = await db.read(lambda tx: _plan(tx, spol, rpol, ts, skip))
+    if checks is None:
+        checks = _CHECKS.setdefault(db, NextChecks())
+    plan = checks
+    due, result.failed, checked = await db.read(
+        lambda tx: _plan(tx, spol, rpol, ts, skip, plan))
+    checks.at.update(checked)
     for sid in due:
         # One transaction per schedule: one schedule's trouble never blocks another's fires.
         # The unit returns what it did (a unit may run again after a lost connection).
