@@ -21,6 +21,8 @@ from ledgerq.queue.submission.application import (
     ARGS_DEPTH_CEILING,
     MAX_ARGS_BYTES,
     MAX_ARGS_DEPTH,
+    MAX_CAPABILITIES,
+    MAX_CAPABILITY_LENGTH,
     MAX_DEPENDS_ON,
     MAX_IDEMPOTENCY_KEY_LENGTH,
     SubmitLimits,
@@ -167,6 +169,20 @@ async def test_depends_on_count_is_limited_before_any_lookup(qdb: StateDB) -> No
     assert len(message) < 200
 
 
+async def test_required_capabilities_are_bounded(qdb: StateDB) -> None:
+    """Every idle worker's claim pass reads a queued run's capabilities: 60 runs with
+    100,000 each made an idle worker burn most of a core."""
+    await submit_task(qdb, app(required_capabilities=[f"c{i}" for i in range(MAX_CAPABILITIES)]))
+    message = await refused(qdb, app(required_capabilities=[f"c{i}" for i in range(100_000)]),
+                            "required_capabilities", "100,000 tokens",
+                            f"limit is {MAX_CAPABILITIES}")
+    assert len(message) < 200
+    await refused(qdb, app(required_capabilities=["x" * (MAX_CAPABILITY_LENGTH + 1)]),
+                  "required_capabilities[0]", f"limit is {MAX_CAPABILITY_LENGTH}")
+    await refused(qdb, app(required_capabilities=["a", "b"]), "required_capabilities",
+                  limits=SubmitLimits(max_capabilities=1))
+
+
 async def test_unknown_depends_on_message_lists_a_few_and_counts_the_rest(
         qdb: StateDB) -> None:
     ids = [f"missing-{i:06d}" for i in range(100_000)]
@@ -306,7 +322,8 @@ def test_docs_state_the_limits_the_code_has() -> None:
             ("max_args_bytes", "MAX_ARGS_BYTES", MAX_ARGS_BYTES),
             ("max_idempotency_key_length", "MAX_IDEMPOTENCY_KEY_LENGTH",
              MAX_IDEMPOTENCY_KEY_LENGTH),
-            ("max_depends_on", "MAX_DEPENDS_ON", MAX_DEPENDS_ON)):
+            ("max_depends_on", "MAX_DEPENDS_ON", MAX_DEPENDS_ON),
+            ("max_capabilities", "MAX_CAPABILITIES", MAX_CAPABILITIES)):
         assert getattr(defaults, field_name) == value
         assert f"| `{field_name}` (`{constant}`) | {value:,}" in text, field_name
     assert f"`ARGS_DEPTH_CEILING` = {ARGS_DEPTH_CEILING}" in text

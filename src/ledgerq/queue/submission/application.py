@@ -195,6 +195,11 @@ MAX_ARGS_BYTES = 1024 * 1024
 MAX_IDEMPOTENCY_KEY_LENGTH = 256
 #: Ids in ``depends_on``; each is looked up inside the submit transaction.
 MAX_DEPENDS_ON = 1000
+#: Tokens in ``required_capabilities``, and characters in one: every claim pass of every
+#: worker reads a queued run's list to judge whether it can serve it, so a run no worker
+#: serves costs each idle worker its list's size, every poll.
+MAX_CAPABILITIES = 64
+MAX_CAPABILITY_LENGTH = 200
 #: The deepest ``max_args_depth`` a SubmitLimits accepts: deeper JSON can exhaust the
 #: interpreter's recursion limit while it is encoded, decoded or compared.
 ARGS_DEPTH_CEILING = 256
@@ -218,10 +223,11 @@ class SubmitLimits:
     max_args_bytes: int = MAX_ARGS_BYTES
     max_idempotency_key_length: int = MAX_IDEMPOTENCY_KEY_LENGTH
     max_depends_on: int = MAX_DEPENDS_ON
+    max_capabilities: int = MAX_CAPABILITIES
 
     def __post_init__(self) -> None:
         for name in ("max_args_depth", "max_args_bytes", "max_idempotency_key_length",
-                     "max_depends_on"):
+                     "max_depends_on", "max_capabilities"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidInput(f"SubmitLimits.{name} must be an int >= 1, not {value!r}")
@@ -482,10 +488,16 @@ def validate_encoded(app: TaskApplication, *, limits: SubmitLimits = DEFAULT_LIM
     caps = app.required_capabilities
     if not isinstance(caps, list):
         raise InvalidInput(f"required_capabilities must be a list, got {type(caps).__name__}")
+    if len(caps) > limits.max_capabilities:
+        raise InvalidInput(f"required_capabilities holds {len(caps):,} tokens; the limit is "
+                           f"{limits.max_capabilities:,} (SubmitLimits.max_capabilities)")
     for i, token in enumerate(caps):
         if not isinstance(token, str) or not token:
             raise InvalidInput(f"required_capabilities[{i}] must be a non-empty string, "
                                f"got {shown(token)}")
+        if len(token) > MAX_CAPABILITY_LENGTH:
+            raise InvalidInput(f"required_capabilities[{i}] is {len(token):,} characters; "
+                               f"the limit is {MAX_CAPABILITY_LENGTH}")
         check_text(token, f"required_capabilities[{i}]")
     for name in ("library_ref", "library_content_hash"):
         value = getattr(app, name)
