@@ -201,6 +201,11 @@ def _column_change(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
                      for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
 
 
+def _column_kind(col: Mapping[str, Any]) -> str:
+    ref = f" referencing {col['references']}" if col.get("references") else ""
+    return f"{col.get('type')}{ref}"
+
+
 def retyped(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether a column change alters what its values are (type or reference): such a
     column is rebuilt empty, so it may change only while no row holds a value in it."""
@@ -387,7 +392,7 @@ def plan_open(recorded: Mapping[str, Normal], wanted: Iterable[Normal], probe: P
         asked = diff(old, new)
         plan = EntityPlan(entity, old, old, [])
         plans.append(plan)
-        plan.refusals = _conflicts(asked, old, new, probe)
+        plan.refusals = _conflicts(asked, old, new, probe, opening=True)
         merged = merge(old, new)
         plan.kept = [c for c in diff(merged, new) if c.action == "remove"] + [
             c for c in asked if c.action == "change" and c.kind in ("column", "index")]
@@ -453,9 +458,15 @@ def _terminal_conflicts(old: Normal, merged: Normal, probe: Probe) -> list[Refus
     return out
 
 
-def _conflicts(changes: list[Change], old: Normal, new: Normal, probe: Probe
-               ) -> list[Refusal]:
-    """What no version order explains, checked against the data where it depends on it."""
+def _conflicts(changes: list[Change], old: Normal, new: Normal, probe: Probe, *,
+               opening: bool = False) -> list[Refusal]:
+    """What no version order explains, checked against the data where it depends on it.
+
+    ``opening``: a column whose type (or reference) differs from the database's is
+    refused even while no row holds a value: the opener would check and write values
+    against its own type while the database stores the recorded one (SQLite's affinity
+    turned a text '12' into the integer 12, and the log no longer folded into the row).
+    Only ``migrate --apply`` retypes a column."""
     out: list[Refusal] = []
     table = old["table"]
     for c in changes:
@@ -470,7 +481,14 @@ def _conflicts(changes: list[Change], old: Normal, new: Normal, probe: Probe
                                        "rows have no value for it", n, tuple(ids)))
         elif c.kind == "column" and c.action == "change":
             a, b = old["columns"][c.name], new["columns"][c.name]
-            if retyped(a, b):
+            if retyped(a, b) and opening:
+                n, ids = probe.holding(table, c.name)
+                out.append(Refusal(c, f"column {c.name!r} is {_column_kind(a)} in the "
+                                   f"database's spec and {_column_kind(b)} in these specs; "
+                                   "a process whose specs disagree with the database on a "
+                                   "column's type may not open it (retype a column with "
+                                   "`ledgerq migrate --apply`)", n, tuple(ids)))
+            elif retyped(a, b):
                 n, ids = probe.holding(table, c.name)
                 if n:
                     out.append(Refusal(c, f"column {c.name!r} is retyped while rows hold "
