@@ -70,8 +70,6 @@ def serve(
         require("server")
     except MissingExtra as exc:
         die(str(exc))
-    import uvicorn
-
     from ledgerq.web import ServeConfig, create_app
 
     specs = root_specs(ctx)
@@ -86,5 +84,6 @@ def serve(
     if config.token is None:
         sys.stderr.write("ledgerq serve: no API token: read-only (writes answer 403)\n")
     sys.stderr.flush()
-    uvicorn.run(web, host=host, port=port, log_level="warning", server_header=False,
-                proxy_headers=False)
+    from ledgerq.web.server import run as serve_http
+
+    serve_http(web, host=host, port=port)

@@ -147,6 +147,6 @@ def create_app(config: ServeConfig) -> FastAPI:
                            allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "Idempotency-Key"])
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=config.hosts())
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes, token=config.token)
     app.add_middleware(SecurityHeaders)
     return app
