@@ -139,3 +139,25 @@ def test_submit_delay_and_at_from_the_command_line(db_target: str) -> None:
     listed = _cli("--db", db_target, "ls", "--status", "delayed", "--json")
     assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)["runs"]) == 1
+
+
+async def test_many_runs_falling_due_at_once_start_in_bounded_transactions(
+        db: StateDB, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledgerq.queue import submit_many
+    from ledgerq.queue.maintenance import promotion
+
+    monkeypatch.setattr(promotion, "SWEEP_CHUNK", 10)
+    await submit_many(db, [later(60) for _ in range(35)], now=T0)
+    units = 0
+    real = db.write
+
+    async def counting(fn: object, **kw: object) -> object:
+        nonlocal units
+        units += 1
+        return await real(fn, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(db, "write", counting)
+    assert (await promote_due(db, now=T0 + 61))["started"] == 35
+    assert units == 4  # 10 + 10 + 10 + 5, each its own transaction
+    rows = await db.fetch_all("SELECT status FROM schedule_runs", ())
+    assert {r["status"] for r in rows} == {"queued"}

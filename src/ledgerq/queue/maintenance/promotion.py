@@ -64,8 +64,13 @@ def _promote(tx: MaintenanceTx, policy: EntityPolicy, now: float,
              skip: frozenset[str] = frozenset(), *, retries: bool = True,
              dependencies: bool = True, starts: bool = True) -> Swept:
     swept = Swept({"retried": 0, "released": 0, "cancelled": 0, "started": 0})
+    # Each kind a chunk per transaction (skipped rows aside), like the dependency sweep:
+    # ten thousand delayed runs falling due at once are not one long transaction.
+    limit = len(skip) + SWEEP_CHUNK
     if starts:
-        for row in tx.list_due_starts(policy, now):
+        due = tx.list_due_starts(policy, now, limit=limit)
+        swept.more = len(due) == limit
+        for row in due:
             if row["id"] in skip:
                 continue
             applied, err = isolated(tx, _start_one, tx, policy, row, now)
@@ -75,7 +80,9 @@ def _promote(tx: MaintenanceTx, policy: EntityPolicy, now: float,
             swept.tried.append(row["id"])
             swept.counts["started"] += int(bool(applied))
     if retries:
-        for row in tx.list_due_retries(policy, now):
+        due = tx.list_due_retries(policy, now, limit=limit)
+        swept.more = swept.more or len(due) == limit
+        for row in due:
             if row["id"] in skip:
                 continue
             applied, err = isolated(tx, _retry_one, tx, policy, row, now)
@@ -85,7 +92,7 @@ def _promote(tx: MaintenanceTx, policy: EntityPolicy, now: float,
             swept.tried.append(row["id"])
             swept.counts["retried"] += int(bool(applied))
     if dependencies:
-        listed = tx.list_settled_waiting(policy, limit=len(skip) + SWEEP_CHUNK)
+        listed = tx.list_settled_waiting(policy, limit=limit)
         settled = [r for r in listed if r not in skip][:SWEEP_CHUNK]
         _sweep(tx, policy, settled, now, swept)
         # More to settle: the rest of a backlog, or of a cascade this chunk cut short.
@@ -159,13 +166,13 @@ async def promote_due(db: Database[MaintenanceTx], *, now: float | None = None,
     swept = await db.write(lambda tx: _promote(
         tx, policy, ts, skip, retries=retries, dependencies=dependencies, starts=starts))
     counts = record(tracker, "promotion", swept)
-    # A backlog of settled dependents (a cascade through a long chain, a run with
-    # thousands of dependents) goes on in transactions of a chunk each, while they move
-    # rows: never one long hold of the write lock or of the event loop.
+    # A backlog (a cascade through a long chain, a run with thousands of dependents,
+    # thousands of delayed runs falling due at once) goes on in transactions of a chunk
+    # each, while they move rows: never one long hold of the write lock or of the loop.
     while swept.more and any(swept.counts.values()):
         swept = await db.write(functools.partial(
-            _promote, policy=policy, now=ts, skip=tracker.skipping(), retries=False,
-            starts=False))
+            _promote, policy=policy, now=ts, skip=tracker.skipping(), retries=retries,
+            starts=starts, dependencies=dependencies))
         for key, n in record(tracker, "promotion", swept).items():
             counts[key] += n
     return counts
