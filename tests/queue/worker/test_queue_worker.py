@@ -505,7 +505,6 @@ async def test_running_key_is_rechecked_inside_the_claim_transaction(
         return real_claim_one(conn, **kw)
 
     monkeypatch.setattr(claim_mod, "_claim_one", other_worker_wins_first)
-    monkeypatch.setattr(claim_mod, "CLAIM_TOGETHER", False)  # one swap per row, hooked
     got = await claim_runs(qdb, worker_id="w1", now=NOW + 2, advertised_capabilities=[GPU])
     assert raced == [g1]
     assert got.claimed == [] and got.lost == 1
@@ -581,7 +580,8 @@ async def test_racing_passes_claim_disjoint_sets(db_target: str) -> None:
 
 async def test_a_lost_claim_is_counted_and_not_retried(qdb: StateDB,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    rid = await submit(qdb)
+    # A row with a concurrency key is claimed alone, under its key's lock: hooked here.
+    rid = await submit(qdb, required_capabilities=[GPU])
     policy = qdb.registry.entity("schedule_run")
     real_claim_one = claim_mod._claim_one
     calls: list[str] = []
@@ -594,8 +594,7 @@ async def test_a_lost_claim_is_counted_and_not_retried(qdb: StateDB,
         return real_claim_one(conn, **kw)
 
     monkeypatch.setattr(claim_mod, "_claim_one", cancel_first)
-    monkeypatch.setattr(claim_mod, "CLAIM_TOGETHER", False)  # one swap per row, hooked
-    got = await claim_runs(qdb, worker_id="w1", now=NOW + 1)
+    got = await claim_runs(qdb, worker_id="w1", now=NOW + 1, advertised_capabilities=[GPU])
     assert got.claimed == [] and got.lost == 1 and calls == [rid]
     row = await get_row(qdb, rid)
     assert (row["status"], row["leased_by"], row["lease_attempts"]) == ("cancelled", None, 0)

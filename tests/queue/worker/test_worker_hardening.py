@@ -19,7 +19,6 @@ import gc
 import logging
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -347,26 +346,6 @@ async def test_a_claim_that_raises_is_lost_and_the_others_are_claimed(
     assert [r["id"] for r in again.claimed] == [ids[2]] and again.lost == 0
     assert len(stuck_lines(caplog, bad)) == 1
     assert await status(db, bad) == "queued"
-
-
-async def test_a_raising_claim_one_is_logged_and_counted_lost(
-        db: StateDB, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    ids = await submit_many(db, [task(), task(), task()])
-    real = claim_mod._claim_one
-
-    def flaky(conn: sqlite3.Connection, **kw: Any) -> Any:
-        if kw["cand"]["id"] == ids[1]:
-            raise RuntimeError("claim blew up")
-        return real(conn, **kw)
-
-    monkeypatch.setattr(claim_mod, "_claim_one", flaky)
-    monkeypatch.setattr(claim_mod, "CLAIM_TOGETHER", False)  # one swap per row, hooked
-    caplog.set_level(logging.WARNING)
-    got = await claim_runs(db, worker_id="w1", limit=3, stuck=StuckRows())
-    assert sorted(r["id"] for r in got.claimed) == sorted([ids[0], ids[2]])
-    assert got.lost == 1 and got.failures == {ids[1]: "RuntimeError: claim blew up"}
-    assert [m for m in stuck_lines(caplog, ids[1]) if "claim blew up" in m]
 
 
 async def test_a_worker_reports_each_stuck_row_once_and_serves_everything_else(

@@ -60,11 +60,6 @@ CLAIM_SPARES = 4
 #: pass that meets no other claimant checks and sends half of them, which measured
 #: faster with one PostgreSQL worker and no slower with four (bench/postgres.py).
 CLAIM_STEP = 2
-#: A pass's claims of rows without a concurrency key go together (:func:`_claim_together`:
-#: the checks once, PostgreSQL's swaps in one statement, the facts in one insert) rather
-#: than one :func:`_claim_one` per row; SQLite's swaps stay one per row, each still its
-#: own guarded move, and the pass costs ~14 us a row less (bench/parts.py's claim).
-CLAIM_TOGETHER = True
 #: An outcome slot of a spare the pass did not need to try.
 _UNTRIED = object()
 
@@ -271,9 +266,12 @@ def _select(tx: WorkerTx, policy: EntityPolicy, worker_id: str, now: float,
 
 
 def _together(chosen: list[dict[str, Any]]) -> bool:
-    """Whether a pass's chosen rows are claimed together (:func:`_claim_together`): none
-    has a concurrency key, whose claim must check it under its lock first."""
-    return CLAIM_TOGETHER and all(c["concurrency_key"] is None for c in chosen)
+    """Whether a pass's chosen rows are claimed together (:func:`_claim_together`: the
+    checks once, PostgreSQL's swaps in one statement, the facts in one insert; SQLite's
+    swaps stay one per row, each its own guarded move, ~14 us a row less than one
+    :func:`_claim_one` per row, bench/parts.py's claim): none has a concurrency key,
+    whose claim must check it under its lock first."""
+    return all(c["concurrency_key"] is None for c in chosen)
 
 
 def _ranks_by_affinity(advertised: Sequence[str]) -> bool:
@@ -421,7 +419,6 @@ class _Pass:
                        into, self.skip, cap)
 
     def claim_one(self, tx: WorkerTx, *, cand: dict[str, Any]) -> dict[str, Any] | None:
-        # (Looked up at the call: tests hook the module's _claim_one.)
         return _claim_one(tx, policy=self.policy, cand=cand, worker_id=self.config.worker_id,
                           now=self.now, lease_ttl=self.config.lease_ttl)
 
