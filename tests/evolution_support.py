@@ -27,6 +27,7 @@ description = "Held by an operator; resumes to queued."
 [[edges]]
 from = "running"
 to = ["paused"]
+clears = ["lease"]
 
 [[edges]]
 from = "paused"

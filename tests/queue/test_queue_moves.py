@@ -37,8 +37,8 @@ from ledgerq.queue.worker.functions import Executors, RunContext, execute_claime
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_000_000.0
-RUNNING_EDGE = 'from = "running"\nto = ["completed", "failed", "timed_out", "retry_wait", ' \
-               '"queued", "cancelled"]'
+RUNNING_END = 'from = "running"\nto = ["completed", "failed", "timed_out", "cancelled"]'
+RUNNING_BACK = 'from = "running"\nto = ["retry_wait", "queued"]'
 
 
 def spec_dir(tmp_path: Path, *edits: tuple[str, str]) -> Path:
@@ -56,7 +56,7 @@ def spec_dir(tmp_path: Path, *edits: tuple[str, str]) -> Path:
 
 def without_requeue(tmp_path: Path) -> Path:
     """Valid on its own (queued stays reachable), but the queue requeues running runs."""
-    return spec_dir(tmp_path, (RUNNING_EDGE, RUNNING_EDGE.replace('"queued", ', "")))
+    return spec_dir(tmp_path, (RUNNING_BACK, RUNNING_BACK.replace(', "queued"', "")))
 
 
 def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -115,7 +115,8 @@ REFUSED = [
     ([('"run.queued.lease_expired" = "Its lease expired; returned to the queue by the '
        'reaper."\n', "")],
      "$.reason_codes", "reason code 'run.queued.lease_expired' is not declared"),
-    ([('[column_groups]\nlease = ["leased_by", "lease_expires_at", "lease_token"]\n', "")],
+    ([('[column_groups]\nlease = ["leased_by", "lease_expires_at", "lease_token"]\n', ""),
+      ('clears = ["lease"]\n', "")],
      "$.column_groups", "no column group 'lease'"),
     ([('"leased_by", "lease_expires_at", "lease_token", "lease_attempts", "run_attempts", '
        '"retry_due_at",', '"leased_by", "lease_expires_at", "lease_attempts", "run_attempts", '
@@ -148,7 +149,7 @@ def test_older_specs_without_a_feature_state_are_accepted(tmp_path: Path) -> Non
         tmp_path,
         ('[states.retry_wait]\ndescription = "Failed with retries left; becomes queued again '
          'at retry_due_at."\n', ""),
-        (RUNNING_EDGE, RUNNING_EDGE.replace('"retry_wait", ', "")),
+        (RUNNING_BACK, RUNNING_BACK.replace('"retry_wait", ', "")),
         ('[[edges]]\nfrom = "retry_wait"\nto = ["queued", "cancelled"]\n', ""),
         ('[[indexes]]\nname = "idx_schedule_runs_retry_due"\ncolumns = ["retry_due_at"]\n'
          'where_status = ["retry_wait"]\n', ""),
@@ -165,7 +166,7 @@ async def test_a_failed_run_with_retries_left_fails_plainly_under_specs_without_
         tmp_path,
         ('[states.retry_wait]\ndescription = "Failed with retries left; becomes queued again '
          'at retry_due_at."\n', ""),
-        (RUNNING_EDGE, RUNNING_EDGE.replace('"retry_wait", ', "")),
+        (RUNNING_BACK, RUNNING_BACK.replace('"retry_wait", ', "")),
         ('[[edges]]\nfrom = "retry_wait"\nto = ["queued", "cancelled"]\n', ""),
         ('[[indexes]]\nname = "idx_schedule_runs_retry_due"\ncolumns = ["retry_due_at"]\n'
          'where_status = ["retry_wait"]\n', ""),
@@ -233,8 +234,8 @@ def with_other_ends(tmp_path: Path) -> Registry:
          'done."\noutcome = "succeeded"\n[states.discarded]\ndescription = "Thrown away."\n'
          'outcome = "failed"\n[states.cancelled]'),
         ('terminal = ["completed",', 'terminal = ["superseded", "discarded", "completed",'),
-        (RUNNING_EDGE, RUNNING_EDGE.replace('"cancelled"]', '"cancelled", "superseded", '
-                                            '"discarded"]')),
+        (RUNNING_END, RUNNING_END.replace('"cancelled"]', '"cancelled", "superseded", '
+                                          '"discarded"]')),
         ('[reason_codes]\n', '[reason_codes]\n"run.superseded.ok" = "Replaced."\n'
          '"run.discarded.ok" = "Thrown away."\n')))
 

@@ -36,7 +36,11 @@ def specs_check(
     """Validate spec files, and that they allow every move the queue makes; every problem
     on its own line as FILE: $.PATH: MESSAGE (exit 1)."""
     from ledgerq.errors import SpecError
-    from ledgerq.lifecycle.registry import load_registry, packaged_specs_dir
+    from ledgerq.lifecycle.registry import (
+        held_groups_left_held,
+        load_registry,
+        packaged_specs_dir,
+    )
     from ledgerq.queue.moves import check
 
     root = directory or specs or root_specs(ctx) or packaged_specs_dir()
@@ -44,6 +48,9 @@ def specs_check(
     try:
         # The queue's own moves are checked only once the files are valid on their own.
         registry = check(load_registry(root))
+        held = [p for policy in registry.policies() for p in held_groups_left_held(policy)]
+        if held:
+            raise SpecError(held)
     except SpecError as exc:
         if json_out:
             emit_json({"ok": False, "dir": str(root), "files": files, "entities": [],

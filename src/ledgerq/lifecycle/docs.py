@@ -61,15 +61,16 @@ def render_markdown(policy: EntityPolicy) -> str:
         "An edge not listed here is refused with a ValueError (\"not in the declared "
         "transition vocabulary\"). Actors empty means any actor type.",
         "",
-        "| From | To | Actors | Requires guard | Requires patch | Description |",
-        "|---|---|---|---|---|---|",
+        "| From | To | Actors | Requires guard | Requires patch | Clears | Description |",
+        "|---|---|---|---|---|---|---|",
     ]
     for src, dst in ordered_edges(policy):
         rule = policy.rule(src, dst)
         actors = _codes(rule.actors, "") if rule.actors is not None else ""
         lines.append(
             f"| `{src}` | `{dst}` | {actors} | {_codes(rule.requires_guard)} | "
-            f"{_codes(rule.requires_patch)} | {_cell(rule.description)} |")
+            f"{_codes(rule.requires_patch)} | {_codes(rule.clears)} | "
+            f"{_cell(rule.description)} |")
     lines += [
         "",
         "## Reason codes",

@@ -54,11 +54,12 @@ def normalize(spec: EntitySpec) -> Normal:
     edges: dict[tuple[str, str], dict[str, Any]] = {}
     for edge in data.pop("edges"):
         for dst in edge["to"]:
-            # An edge without an event or a default reason normalizes as one recorded
+            # An edge without an event, a default reason or clears normalizes as one recorded
             # before those fields existed did.
             rule = {k: (sorted(v) if isinstance(v, list) else v)
                     for k, v in edge.items() if k not in ("from", "to")
-                    and not (k in ("event", "reason") and v is None)}
+                    and not (k in ("event", "reason") and v is None)
+                    and not (k == "clears" and not v)}
             edges[(edge["from"], dst)] = {"from": edge["from"], "to": [dst], **rule}
     data["edges"] = [edges[k] for k in sorted(edges)]
     columns: dict[str, Any] = {}

@@ -185,6 +185,8 @@ def _terms(tx: EventStore, policy: EntityPolicy, plan: Plan, reason: StateReason
     # (to_sql inline: a move's every value passes here, and few are JSON)
     for k, v in patch.items():
         changes[k] = json_param(v, bare) if k in json or isinstance(v, CONTAINERS) else v
+    for c in plan.cleared:
+        changes[c] = None
     return changes, [json_param(v, bare) if isinstance(v := guard[c], CONTAINERS) or c in json
                      else v for c in plan.guard_cols]
 

@@ -47,6 +47,8 @@ class Plan(NamedTuple):
     read: Any = None
     #: The exception a refusal raises (a subclass of InvalidInput, itself a ValueError).
     refused_as: type[InvalidInput] = InvalidInput
+    #: Columns the edge clears (sets to NULL) that the patch does not give.
+    cleared: tuple[str, ...] = ()
 
 
 def move_plan(tx: EventStore, policy: EntityPolicy, observed: str, to_state: str,
@@ -79,13 +81,15 @@ def _make_plan(tx: EventStore, policy: EntityPolicy, observed: str, to_state: st
                     refused_as=refused[1])
     rule = policy.rule(observed, to_state)
     fresh = tuple(sorted(rule.fresh_tokens - patch.keys()))
+    cleared = tuple(sorted(rule.clears - patch.keys() - set(fresh)))
     # Read back what the database stored of every column whose stored form may differ
     # from what was sent (type affinity; PostgreSQL normalizes jsonb), so the fact records
     # exactly what the row holds. Empty evidence is "[]" everywhere: not worth a column.
-    patched = (*fresh, *patch, *(("status_evidence_refs",) if reason.evidence_refs else ()))
+    patched = (*fresh, *patch, *cleared,
+               *(("status_evidence_refs",) if reason.evidence_refs else ()))
     guard_cols = tuple(sorted(guard))
     # The order in which a swap fills a move's changes (a patch may name a stamped column).
-    change_cols = tuple(dict.fromkeys((*STAMPED, *fresh, *patch)))
+    change_cols = tuple(dict.fromkeys((*STAMPED, *fresh, *patch, *cleared)))
 
     def statement(read: bool, returning: tuple[str, ...]) -> Any:
         return tx.prepare_swap(policy, same_state=same, change_cols=change_cols,
@@ -95,7 +99,7 @@ def _make_plan(tx: EventStore, policy: EntityPolicy, observed: str, to_state: st
 
     return Plan(None, observed, to_state, moved_to, whole_row, skip_locked, fresh,
                 guard_cols, patched, statement(False, ("version", *patched)),
-                statement(True, patched))
+                statement(True, patched), cleared=cleared)
 
 
 def _refusal(policy: EntityPolicy, observed: str, to_state: str, actor: Actor,

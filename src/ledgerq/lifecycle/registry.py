@@ -7,6 +7,7 @@ so a running process cannot drift from the files it loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -128,6 +129,9 @@ class EdgeRule:
     #: default (the spec's ``event`` and ``reason``).
     event: str | None = None
     reason: str | None = None
+    #: The columns a move along this edge sets to NULL unless its patch gives them: the
+    #: columns of the groups the spec's ``clears`` names.
+    clears: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +337,7 @@ def build_policy(spec: EntitySpec, source: str, *, lost: frozenset[str] = frozen
     indexes = _check_indexes(c)
     outcomes = _check_outcomes(c)
     groups = _check_column_groups(c)
+    _check_clears(c, graph, groups)
     _check_entity_and_table(c)
     if problems and into is None:
         raise SpecError(problems)
@@ -662,6 +667,68 @@ def _check_column_groups(c: _Checking) -> dict[str, tuple[str, ...]]:
     return groups
 
 
+def _check_clears(c: _Checking, graph: _Graph, groups: Mapping[str, tuple[str, ...]]) -> None:
+    """Each edge's ``clears`` names declared column groups whose columns a move may patch;
+    the edge's rule gets their columns."""
+    patch_cols = frozenset(c.spec.patch_columns) if c.known("$.patch_columns") else None
+    for i, edge in enumerate(c.spec.edges):
+        cleared: set[str] = set()
+        for j, name in enumerate(edge.clears):
+            if name not in groups:
+                c.bad(f"$.edges[{i}].clears[{j}]", f"{name!r} is not a column group of the "
+                      f"entity (declared: {', '.join(sorted(groups)) or 'none'})")
+                continue
+            for col in groups[name]:
+                if patch_cols is not None and col not in patch_cols:
+                    c.bad(f"$.edges[{i}].clears[{j}]", f"group {name!r} has column {col!r}, "
+                          "which is not in patch_columns: a move cannot clear it")
+            cleared.update(groups[name])
+        if not cleared:
+            continue
+        for dst in edge.to:
+            rule = graph.rules.get((edge.source, dst))
+            if rule is not None:
+                graph.rules[(edge.source, dst)] = dataclasses.replace(
+                    rule, clears=frozenset(cleared))
+
+
+def holding_states(policy: EntityPolicy, group: str) -> frozenset[str]:
+    """The states whose rows hold ``group``'s columns: those an edge enters by setting
+    one of them (a required patch column, or a fresh token)."""
+    cols = set(policy.column_groups.get(group, ()))
+    return frozenset(dst for (_, dst), rule in policy.edge_rules.items()
+                     if cols & (rule.requires_patch | rule.fresh_tokens))
+
+
+def held_groups_left_held(policy: EntityPolicy) -> list[SpecProblem]:
+    """Edges that take rows out of a state holding a column group into one that must not
+    hold it (neither entered by setting the group nor terminal), without clearing it.
+
+    Such rows arrive still holding it: a run paused from ``running`` kept its lease, and
+    once it was queued again no claim took it (a claim wants no lease). Terminal states
+    are exempt: an ended row keeps the lease it ended under, which tells a lost lease
+    from a cancel. ``ledgerq specs check`` reports these as problems; loading logs them.
+    """
+    out: list[SpecProblem] = []
+    for group in sorted(policy.column_groups):
+        holding = holding_states(policy, group)
+        cols = set(policy.column_groups[group])
+        for (src, dst), rule in sorted(policy.edge_rules.items()):
+            if src not in holding or dst in holding or dst in policy.terminal \
+                    or cols <= rule.clears:
+                continue
+            index = next((i for i, e in enumerate(policy.spec.edges)
+                          if e.source == src and dst in e.to), None) if policy.spec else None
+            where = "$.edges" if index is None else f"$.edges[{index}]"
+            out.append(SpecProblem(policy.source, f"{where}.clears", (
+                f"edge {src} -> {dst} takes rows out of {src!r}, whose rows hold column group "
+                f"{group!r} ({', '.join(policy.column_groups[group])}), into {dst!r}, which "
+                f"must not hold it: they would arrive holding it (a queued run still "
+                f"holding a lease is never claimed). Add clears = [\"{group}\"] to the edge "
+                f"(declare {src} -> {dst} in an edge of its own if it shares one)")))
+    return out
+
+
 def _check_entity_and_table(c: _Checking) -> None:
     """Both names reach SQL, and ledgerq's own tables are not a spec's to project into."""
     if c.spec.table in RESERVED_TABLES:
@@ -803,7 +870,18 @@ def load_registry(path: str | Path | None = None, *, packaged: bool = True) -> R
     problems.extend(cross_problems(policies, all_tables=all_tables))
     if problems:
         raise SpecError(problems)
+    for policy in policies:
+        for p in held_groups_left_held(policy):
+            # Specs from before ``clears`` existed still load (the databases they made
+            # must open); ``ledgerq specs check`` refuses them until the edge is fixed.
+            if (p.file, p.path) not in _WARNED:
+                _WARNED.add((p.file, p.path))
+                log.warning("specs: %s: %s: %s", p.file, p.path, p.message)
     return Registry(policies)
+
+
+#: Held-group findings logged already (once per process each).
+_WARNED: set[tuple[str, str]] = set()
 
 
 def _with_packaged(files: list[Path]) -> list[Path]:

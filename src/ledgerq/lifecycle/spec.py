@@ -81,6 +81,9 @@ class EdgeSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     event: str | None = None
     #: The reason code a move along this edge records when its caller gives none.
     reason: str | None = None
+    #: Column groups (``[column_groups]``) a move along this edge sets to NULL: rows
+    #: leaving a state that holds a lease for one that must not (``clears = ["lease"]``).
+    clears: list[str] = []
 
 
 class ColumnSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

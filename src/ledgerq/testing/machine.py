@@ -278,6 +278,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         row.version += 1
         row.unread.append((edge, dict(move.patch)))
         row.values.update(move.patch, status=move.to_state)
+        # An edge that clears a column group sets what the patch does not give to NULL.
+        row.values.update(dict.fromkeys(self.policy.edge_rules[edge].clears - set(move.patch)))
         self.applied_here.add(edge)
         self.applied.add(edge)
         event(f"edge {src} -> {move.to_state}")
@@ -287,8 +289,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         never held before; a terminal row is frozen as first seen."""
         minted: set[str] = set()
         for edge, patch in moves:
-            minted = (minted - set(patch)) | (self.policy.edge_rules[edge].fresh_tokens
-                                              - set(patch))
+            rule = self.policy.edge_rules[edge]
+            minted = (minted - set(patch) - rule.clears) | (rule.fresh_tokens - set(patch))
         for column in self.token_columns:
             token = row.values.get(column)
             held = row.tokens.setdefault(column, [])
@@ -542,6 +544,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 patched.update(patch)
                 for column in policy.edge_rules[edge].fresh_tokens - set(patch):
                     patched.pop(column, None)  # minted by the engine
+                # Cleared by the edge: read back as NULL.
+                patched.update(dict.fromkeys(policy.edge_rules[edge].clears - set(patch)))
             for column, value in patched.items():
                 assert decoded[column] == value, ("patched", column, value, decoded[column])
             if row.unread:
