@@ -15,10 +15,18 @@ import typer
 
 from ledgerq import __version__
 from ledgerq.cli.db import DbOption
-from ledgerq.cli.failures import DOMAIN_FAILURE, OK, USAGE_ERROR, database_message, report
+from ledgerq.cli.failures import (
+    DOMAIN_FAILURE,
+    OK,
+    USAGE_ERROR,
+    database_message,
+    die,
+    report,
+)
 from ledgerq.errors import DatabaseError
 
 SPECS_ENV = "LEDGERQ_SPECS"
+SPECS_ONLY_ENV = "LEDGERQ_SPECS_ONLY"
 SYNC_ENV = "LEDGERQ_SYNCHRONOUS"
 
 app = typer.Typer(
@@ -53,8 +61,14 @@ def root(
     db: DbOption = None,
     specs: Annotated[Path | None, typer.Option(
         "--specs", envvar=SPECS_ENV, exists=True,
-        help=f"Spec directory the database commands use (env {SPECS_ENV}; default: the "
+        help=f"Spec directory (or file) the database commands use, with the packaged "
+             f"specs of entities it does not declare (env {SPECS_ENV}; default: the "
              "packaged specs).", show_default=False)] = None,
+    specs_only: Annotated[bool, typer.Option(
+        "--specs-only", envvar=SPECS_ONLY_ENV,
+        help=f"Use --specs alone, without the packaged specs (env {SPECS_ONLY_ENV}=1): "
+             "a database without the queue's entities, or one dropping them through "
+             "`migrate --apply`.")] = False,
     synchronous: Annotated[str | None, typer.Option(
         "--synchronous", envvar=SYNC_ENV, metavar="NORMAL|FULL",
         help=f"SQLite durability of every commit (env {SYNC_ENV}; default NORMAL). NORMAL "
@@ -64,7 +78,10 @@ def root(
                                           is_eager=True, callback=_print_version)] = False,
 ) -> None:
     """ledgerq: every status change is a guarded fact in an append-only log."""
-    ctx.obj = {"db": db, "specs": specs, "synchronous": synchronous}
+    if specs_only and specs is None:
+        die("--specs-only needs --specs DIR")
+    ctx.obj = {"db": db, "specs": specs, "synchronous": synchronous,
+               "specs_only": specs_only}
 
 
 def _click_exceptions() -> Any:

@@ -87,15 +87,25 @@ def root_specs(ctx: typer.Context) -> Path | None:
     return Path(specs) if specs is not None else None
 
 
-def load_specs(specs: Path | None) -> Registry:
-    """The registry of ``specs`` (None: the packaged specs), refused like ``ledgerq specs
-    check`` refuses it: also when it lacks a move the queue makes (queue/moves.py)."""
+def specs_only(ctx: typer.Context) -> bool:
+    """Whether ``--specs-only`` asked for the spec directory without the packaged specs."""
+    root = ctx.find_root().obj
+    return bool(root.get("specs_only")) if isinstance(root, dict) else False
+
+
+def load_specs(specs: Path | None, *, packaged: bool = True) -> Registry:
+    """The registry of ``specs`` (None: the packaged specs; ``packaged=False``: the
+    directory alone, ``--specs-only``), refused like ``ledgerq specs check`` refuses it:
+    also when it lacks a move the queue makes (queue/moves.py), if it declares runs."""
     from ledgerq.errors import SpecError
     from ledgerq.lifecycle.registry import default_registry, load_registry
-    from ledgerq.queue.moves import check
+    from ledgerq.queue.moves import ENTITY, check
 
     try:
-        return check(default_registry() if specs is None else load_registry(specs))
+        if specs is None:
+            return check(default_registry())
+        registry = load_registry(specs, packaged=packaged)
+        return check(registry) if packaged or ENTITY in registry.entities else registry
     except SpecError as exc:
         die(f"{specs} is not a valid spec set ({len(exc.problems)} problem(s)); "
             f"run `ledgerq specs check {specs}`", DOMAIN_FAILURE)
@@ -119,7 +129,8 @@ async def resolve_run(handle: StateDB, run_id: str) -> str:
 @asynccontextmanager
 async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
                   readonly: bool = False, registry: Registry | None = None,
-                  migrate_on_open: bool = True) -> AsyncIterator[StateDB]:
+                  migrate_on_open: bool = True, by_record: bool = True
+                  ) -> AsyncIterator[StateDB]:
     """Open the database with the root options: the spec directory and ``--synchronous``.
 
     Read commands pass ``readonly=True``: the file is opened read-only and never written
@@ -127,14 +138,20 @@ async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
     Every database failure of a command ends here as one line: a path SQLite cannot open
     is a usage error (exit 2); a damaged file, one without ledgerq's schema, or anything
     failing after the open is a database failure (exit 1). Never a traceback.
+
+    Without ``--specs`` (and ``by_record``), the command judges by the specs the database
+    records (:meth:`~ledgerq.StateDB.adopt_recorded`); a worker passes
+    ``by_record=False``: it runs its own release's specs, as a rolling upgrade expects.
     """
     from ledgerq.store.db import SYNCHRONOUS_LEVELS, StateDB, is_postgres
 
     if must_exist and not is_postgres(path) and path != ":memory:" and not Path(path).exists():
         die(f"no database at {path} (pass --db or set {DB_ENV}; submit and worker create one)")
+    judged_by_record = by_record and registry is None and root_specs(ctx) is None
     if registry is None:
         specs = root_specs(ctx)
-        registry = load_specs(specs) if specs is not None else None
+        registry = load_specs(specs, packaged=not specs_only(ctx)) if specs is not None \
+            else None
     root = ctx.find_root().obj
     synchronous = (root.get("synchronous") if isinstance(root, dict) else None) or "NORMAL"
     if str(synchronous).upper() not in SYNCHRONOUS_LEVELS:
@@ -154,6 +171,8 @@ async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
         die(f"{path}: {exc}", DOMAIN_FAILURE)
     except DatabaseError as exc:
         die(database_message(exc, path), DOMAIN_FAILURE)
+    if judged_by_record:
+        db.adopt_recorded()
     failure: BaseException | None = None
     try:
         yield db

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ledgerq.cli.app import app
-from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run
+from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run, specs_only
 from ledgerq.cli.failures import DOMAIN_FAILURE, die
 from ledgerq.cli.render import JsonOption, emit_json, printable
 from ledgerq.cli.specs import specs_app
@@ -56,7 +56,7 @@ def migrate(
         die(str(exc))
     path = db_path(ctx, db)
     directory = specs or root_specs(ctx)
-    registry = load_specs(directory)
+    registry = load_specs(directory, packaged=not specs_only(ctx))
 
     async def go() -> tuple[list[str], list[str], bool]:
         async with open_db(ctx, path, registry=registry, migrate_on_open=False) as handle:
@@ -98,8 +98,11 @@ def specs_diff(
     from ledgerq.lifecycle import evolution
 
     before = _spec_set(ctx, old)
-    after = _spec_set(ctx, new) if new is not None else {
-        p.name: evolution.policy_normal(p) for p in load_specs(root_specs(ctx)).policies()}
+    if new is not None:
+        after = _spec_set(ctx, new)
+    else:
+        loaded = load_specs(root_specs(ctx), packaged=not specs_only(ctx))
+        after = {p.name: evolution.policy_normal(p) for p in loaded.policies()}
     rows: list[dict[str, str]] = []
     for entity in [*after, *(e for e in before if e not in after)]:
         for change in evolution.diff(before.get(entity), after.get(entity)):

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ledgerq.cli.app import app
-from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run
+from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
 from ledgerq.cli.render import JsonOption, emit_json, err_console, printable
 from ledgerq.cli.watch import since_time
@@ -58,8 +58,6 @@ def retry(
         die("name runs to retry: ID... or --status STATUS [--since DURATION]")
     if since is not None and not statuses:
         die("--since needs --status")
-    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
-    check_choice("ended status", statuses, sorted(policy.terminal))
     ended_since = since_time(since, "--since")
     who = Actor(type="operator", id=text_option(actor, "--actor") if actor
                 else text_option(current_user(), "the user name (LOGNAME/USER)"))
@@ -68,6 +66,9 @@ def retry(
 
     async def go() -> list[tuple[str, str]]:
         async with open_db(ctx, path) as handle:
+            # Ended as the database records it (an app's own terminal states among them).
+            policy = handle.registry.entity(RUN_ENTITY)
+            check_choice("ended status", statuses, sorted(policy.terminal))
             if ids:
                 chosen = [await resolve_run(handle, i) for i in ids]
             else:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ledgerq.cli.app import app
-from ledgerq.cli.db import load_specs, root_specs
+from ledgerq.cli.db import load_specs, root_specs, specs_only
 from ledgerq.cli.failures import DOMAIN_FAILURE, die
 from ledgerq.cli.render import JsonOption, emit_json, printable
 
@@ -41,13 +41,15 @@ def specs_check(
         load_registry,
         packaged_specs_dir,
     )
-    from ledgerq.queue.moves import check
+    from ledgerq.queue.moves import ENTITY, check
 
     root = directory or specs or root_specs(ctx) or packaged_specs_dir()
     files = [str(root)] if root.is_file() else [str(f) for f in sorted(root.glob("*.toml"))]
     try:
         # The queue's own moves are checked only once the files are valid on their own.
-        registry = check(load_registry(root))
+        registry = load_registry(root, packaged=not specs_only(ctx))
+        if not specs_only(ctx) or ENTITY in registry.entities:
+            registry = check(registry)
         held = [p for policy in registry.policies() for p in held_groups_left_held(policy)]
         if held:
             raise SpecError(held)
@@ -81,7 +83,7 @@ def specs_graph(
     """Print an entity's lifecycle as a mermaid stateDiagram."""
     from ledgerq.lifecycle.diagrams import mermaid, ordered_edges
 
-    registry = load_specs(specs or root_specs(ctx))
+    registry = load_specs(specs or root_specs(ctx), packaged=not specs_only(ctx))
     try:
         policy = registry.entity(entity)
     except ValueError as exc:
@@ -109,7 +111,7 @@ def specs_docs(
     """Generate <entity>.md per entity: mermaid diagram, states, edges, reason codes."""
     from ledgerq.lifecycle.docs import render_all, stale_pages
 
-    registry = load_specs(specs or root_specs(ctx))
+    registry = load_specs(specs or root_specs(ctx), packaged=not specs_only(ctx))
     if check:
         stale = stale_pages(registry, out_dir)
         for name in stale:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ledgerq.cli.app import app
-from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run
+from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.render import JsonOption, cell, emit_json, fmt_age, fmt_ts, out, styled_status
 
 
@@ -22,16 +22,15 @@ def stats(ctx: typer.Context, db: DbOption = None, json_out: JsonOption = False)
 
     async def go() -> Any:
         async with open_db(ctx, path, readonly=True) as handle:
-            return await queue_stats(handle)
+            return await queue_stats(handle), handle.registry.entity(RUN_ENTITY)
 
-    s = run(go())
+    s, policy = run(go())
     if json_out:
         emit_json(s.to_dict())
         return
     counts = Table(box=None, header_style="bold", pad_edge=False)
     counts.add_column("STATUS")
     counts.add_column("RUNS", justify="right")
-    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
     for status, n in s.counts.items():
         counts.add_row(styled_status(policy, status), cell(n))
     counts.add_row(Text("total", style="bold"), Text(str(s.total), style="bold"))

@@ -349,8 +349,6 @@ def ls(
     )
 
     statuses = list(status or [])
-    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
-    check_choice("status", statuses, list(policy.states))
     kinds = [ACTION_ALIASES.get(k, k) for k in kind or []]
     check_choice("action kind", kinds, list(ACTION_KINDS))
     targets = list(target or [])
@@ -366,14 +364,17 @@ def ls(
 
     async def go() -> Any:
         async with open_db(ctx, path, readonly=True) as handle:
+            # States as the database records them (an app's own among them).
+            policy = handle.registry.entity(RUN_ENTITY)
+            check_choice("status", statuses, list(policy.states))
             try:
-                return await list_runs(handle, statuses=statuses, kinds=kinds,
-                                       targets=targets, limit=limit, offset=offset,
-                                       since=moved_since, queues=queues)
+                return policy, await list_runs(handle, statuses=statuses, kinds=kinds,
+                                               targets=targets, limit=limit, offset=offset,
+                                               since=moved_since, queues=queues)
             except ValueError as exc:
                 die(str(exc))
 
-    page = run(go())
+    policy, page = run(go())
     if follow:
         if not json_out:
             _print_page(page, policy)
@@ -458,7 +459,7 @@ def show(
 
     path = db_path(ctx, db)
 
-    async def go() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
+    async def go() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None, Any]:
         async with open_db(ctx, path, readonly=True) as handle:
             text_option(run_id, "ID")
             try:
@@ -468,17 +469,17 @@ def show(
                 found = await _other_entity_row(handle, run_id)
                 if found is None:
                     die(str(exc).strip("'\""), DOMAIN_FAILURE)
-                return found
+                return (*found, None)
             except ValueError as exc:
                 die(str(exc))
             row = await get_run(handle, full)
-            return row, await run_history(handle, full), await _schedule_of(handle, row)
+            return (row, await run_history(handle, full), await _schedule_of(handle, row),
+                    handle.registry.entity(RUN_ENTITY))
 
-    row, facts, schedule = run(go())
+    row, facts, schedule, policy = run(go())
     if "entity" in row and set(row) == {"entity", "row"}:
         _show_entity_row(row, facts, json_out)
         return
-    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
     if json_out:
         emit_json({"run": row, "history": facts,
                    **({} if schedule is None else {"schedule": schedule})})

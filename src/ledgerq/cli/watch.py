@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ledgerq.cli.app import app
-from ledgerq.cli.db import DbOption, db_path, load_specs, open_db, root_specs, run
+from ledgerq.cli.db import DbOption, db_path, open_db, run
 from ledgerq.cli.failures import DOMAIN_FAILURE, OK, die
 from ledgerq.cli.render import (
     JsonOption,
@@ -202,11 +202,11 @@ def wait(
             limit = parse_duration(timeout, "--timeout")
         except InvalidInput as exc:
             die(str(exc))
-    policy = load_specs(root_specs(ctx)).entity(RUN_ENTITY)
     path = db_path(ctx, db)
 
-    async def go() -> tuple[dict[str, dict[str, Any]], bool, bool]:
+    async def go() -> tuple[dict[str, dict[str, Any]], bool, bool, Any]:
         async with open_db(ctx, path, readonly=True) as handle:
+            policy = handle.registry.entity(RUN_ENTITY)
             ids = list(dict.fromkeys([await resolve_run(handle, i) for i in run_ids]))
             deadline = None if limit is None else time.monotonic() + limit
             rows: dict[str, dict[str, Any]] = {}
@@ -220,9 +220,9 @@ def wait(
 
             interrupted = await until_signalled(step)
             ended = all(r["status"] in policy.terminal for r in rows.values())
-            return {i: rows[i] for i in ids}, ended, interrupted
+            return {i: rows[i] for i in ids}, ended, interrupted, policy
 
-    rows, ended, interrupted = run(go())
+    rows, ended, interrupted, policy = run(go())
     done = policy.states_with_outcome(SUCCEEDED)
     ok = ended and all(r["status"] in done for r in rows.values())
     if json_out:

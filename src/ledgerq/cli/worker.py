@@ -149,7 +149,7 @@ def worker(
         from ledgerq.queue.worker.launcher import default_execute
         from ledgerq.queue.worker.service import DEFAULT_LOCK_DIR, MetricsUnavailable, Worker
 
-        async with open_db(ctx, path, must_exist=False) as handle:
+        async with open_db(ctx, path, must_exist=False, by_record=False) as handle:
             holder: dict[str, str] = {}
 
             def say(text: str) -> None:

@@ -279,6 +279,14 @@ class StateDB:
             self._log_policies = (key, [*policies, *mine.values()])
         return list(self._log_policies[1])
 
+    def adopt_recorded(self) -> None:
+        """Judge by the specs the database records from now on (an operator's command, or
+        ``ledgerq serve``, given no specs of its own): states, terminal sets and
+        vocabularies as the releases and apps that opened the database declared them, so
+        ``ls --status paused`` filters and ``cancel`` of a paused run cancels it. Opening
+        with this handle's specs migrated what they add, so the record holds them too."""
+        self.registry = Registry(self.log_policies())
+
     async def migrate(self, mappings: Sequence[StateMapping] = (), *,
                       dry_run: bool = False) -> Plan:
         """Make the database's recorded specs exactly this handle's (``ledgerq migrate``).

@@ -82,6 +82,8 @@ def create_app(config: ServeConfig) -> FastAPI:
         from ledgerq.store.db import StateDB
 
         async with StateDB(config.db, registry=_registry(config)) as db:
+            if config.specs is None:
+                db.adopt_recorded()  # judged by what the database records, as the CLI is
             app.state.db = db
             # The Python tasks apps recorded, for the OpenAPI document (as they were
             # when the server started).
