@@ -158,3 +158,71 @@ def test_a_task_address_that_is_not_an_id_is_said_and_the_page_lives_on(
     page.wait_for_timeout(2500)  # more ticks: none may throw
     context.close()
     assert errors == []
+
+
+def test_an_entity_of_an_app_has_a_page_with_counts_rows_and_a_timeline(
+        browser: Any, tmp_path: Path) -> None:
+    """An app's own entity (recorded in the database, unknown to the server's specs):
+    its page shows rows per state (cards, and on the diagram), recent rows, and a row's
+    timeline."""
+    import asyncio
+    import threading
+
+    from ledgerq import StateDB
+    from ledgerq.lifecycle import Actor, load_registry
+
+    db_file = str(tmp_path / "shop.db")
+    customer = Actor(type="customer", id="c-1")
+    shop = Path(__file__).resolve().parents[1] / "lifecycle" / "specs_shop"
+
+    async def fill() -> list[str]:
+        async with StateDB(db_file, registry=load_registry(shop)) as db:
+            orders = db.entity("shop_order")
+            ids = [await orders.create({"customer": f"c{i}"}, actor=customer,
+                                       reason="order.created.placed") for i in range(3)]
+            await orders.send(ids[0], "pay", actor=customer)
+            return ids
+
+    # (In a thread of its own: Playwright's sync API keeps a loop running in this one.)
+    filled: list[list[str]] = []
+    thread = threading.Thread(target=lambda: filled.append(asyncio.run(fill())))
+    thread.start()
+    thread.join(60)
+    (ids,) = filled
+    errors: list[str] = []
+    with serve(db_file) as s:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+        page.goto(s.url + "/")
+        page.wait_for_selector("#login:not([hidden])", timeout=WAIT_MS)
+        page.fill("#token", TOKEN)
+        page.click("#login button[type=submit]")
+        page.wait_for_selector("#diagrams a[href='#/entity/shop_order']", timeout=WAIT_MS)
+        page.click("#diagrams a[href='#/entity/shop_order']")
+        page.wait_for_selector("#entity:not([hidden])", timeout=WAIT_MS)
+        page.wait_for_selector("#entity-counts .card[data-status='paid']", timeout=WAIT_MS)
+        counts = page.eval_on_selector_all(
+            "#entity-counts .card", "cards => Object.fromEntries(cards.map(c => "
+            "[c.dataset.status, Number(c.querySelector('.n').textContent)]))")
+        assert counts["created"] == 2 and counts["paid"] == 1, counts
+        page.wait_for_function(
+            "() => { const i = document.querySelector('#entity-diagram img'); "
+            "return i && i.complete && i.naturalWidth > 0; }", timeout=WAIT_MS)
+        for rid in ids:
+            page.wait_for_selector(f"#entity-rows tr[data-id='{rid}']", timeout=WAIT_MS)
+        shoot(page, "entity.png")
+        page.click(f"#entity-rows tr[data-id='{ids[0]}'] a")
+        page.wait_for_selector("#entity-row:not([hidden])", timeout=WAIT_MS)
+        page.wait_for_selector("#row-timeline li[data-status='paid']", timeout=WAIT_MS)
+        statuses = page.eval_on_selector_all("#row-timeline li",
+                                             "items => items.map(i => i.dataset.status)")
+        assert statuses == ["created", "paid"]
+        assert page.inner_text("#row-id") == ids[0]
+        context.close()
+        with s.client() as api:
+            svg = api.get("/api/specs/shop_order/diagram.svg?counts=true").text
+            assert "created \u00b7 2" in svg and "paid \u00b7 1" in svg
+            summary = {e["entity"]: e for e in api.get("/api/entities").json()}
+            assert summary["shop_order"]["counts"]["created"] == 2
+    assert errors == []

@@ -99,6 +99,13 @@ class Entity:
         return EntityPage(items, None if last is None else
                           encode_cursor(float(last["created_at"]), str(last["id"])))
 
+    async def counts(self) -> dict[str, int]:
+        """Rows per state: every declared state in spec order (0 where none is), then any
+        state rows are in that the spec does not declare (a newer release's)."""
+        found = await self.db.read(lambda tx: tx.count_statuses(self.policy))
+        out = {state: found.pop(state, 0) for state in self.policy.states}
+        return {**out, **dict(sorted(found.items()))}
+
     async def history(self, entity_id: str) -> builtins.list[dict[str, Any]]:
         """Every fact of the row, oldest first: the log's columns, JSON decoded (a JSON
         column's value inside ``patch`` too, as ``get`` shows it)."""

@@ -209,6 +209,9 @@ class EventStore(Protocol):
         """Whole rows of the given ids (any order; missing ids are absent), or only their
         ``columns``."""
 
+    def count_statuses(self, policy: EntityPolicy) -> dict[str, int]:
+        """Rows per status (only statuses some row is in)."""
+
     def read_page_before(self, policy: EntityPolicy, filters: dict[str, list[Any]],
                          columns: tuple[str, ...], before: tuple[float, str] | None,
                          limit: int) -> list[Row]:

@@ -93,9 +93,6 @@ class ReadsTx(SharedTx, Protocol):
                           limit: int) -> list[str]:
         """Ids starting (or, ``suffix``, ending) with ``piece``, in id order."""
 
-    def count_statuses(self, policy: EntityPolicy) -> dict[str, int]:
-        """Rows per status."""
-
     def list_queued_kinds(self, policy: EntityPolicy) -> list[str]:
         """The action kinds of queued rows, each once, sorted."""
 

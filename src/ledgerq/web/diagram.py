@@ -12,6 +12,7 @@ piece of text is XML-escaped; the drawing uses presentation attributes only, no 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -82,13 +83,16 @@ def _ranks(policy: EntityPolicy) -> dict[str, int]:
     return rank
 
 
-def render_svg(policy: EntityPolicy) -> str:
-    """The lifecycle of ``policy`` as a standalone SVG document."""
+def render_svg(policy: EntityPolicy, counts: Mapping[str, int] | None = None) -> str:
+    """The lifecycle of ``policy`` as a standalone SVG document; with ``counts``, each
+    state labelled with how many rows are in it."""
     ranks = _ranks(policy)
     rows: dict[int, list[_Node]] = {}
     nodes: dict[str, _Node] = {}
+    labels = {s: s if counts is None else f"{s} · {counts.get(s, 0):,}"
+              for s in policy.states}
     for state in policy.states:
-        node = _Node(state, ranks[state], width=len(state) * CHAR_WIDTH + 2 * PAD_X)
+        node = _Node(state, ranks[state], width=len(labels[state]) * CHAR_WIDTH + 2 * PAD_X)
         rows.setdefault(node.rank, []).append(node)
         nodes[state] = node
     widths = {r: sum(n.width for n in row) + GAP_X * (len(row) - 1) for r, row in rows.items()}
@@ -144,7 +148,7 @@ def render_svg(policy: EntityPolicy) -> str:
             out.append(f'<rect x="{n.x + 3:.1f}" y="{n.y + 3:.1f}" width="{n.width - 6:.1f}" '
                        f'height="{NODE_HEIGHT - 6}" rx="6" fill="none" stroke="#335"/>')
         out.append(f'<text x="{n.x + n.width / 2:.1f}" y="{n.y + NODE_HEIGHT / 2 + 4:.1f}" '
-                   f'text-anchor="middle" fill="#112">{escape(n.name)}</text></g>')
+                   f'text-anchor="middle" fill="#112">{escape(labels[n.name])}</text></g>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

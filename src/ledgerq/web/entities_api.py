@@ -15,7 +15,14 @@ from ledgerq.lifecycle.models import Actor
 from ledgerq.queue.submission.application import check_text
 from ledgerq.web.auth import require_read, require_write
 from ledgerq.web.limits import parse_json
-from ledgerq.web.models import EntityDetail, EntityPageOut, Error, MoveBody, Moved
+from ledgerq.web.models import (
+    EntityDetail,
+    EntityPageOut,
+    EntitySummaryOut,
+    Error,
+    MoveBody,
+    Moved,
+)
 from ledgerq.web.responses import READ, WRITE, db_of
 
 #: Who a move over HTTP is recorded as: the operator holding the server's token.
@@ -44,6 +51,19 @@ def _handle(request: Request, entity: str) -> Entity:
 
 EntityName = Annotated[str, Path(max_length=64, description="The entity (its spec's name).")]
 EntityId = Annotated[str, Path(max_length=256, description="The row's id.")]
+
+
+@router.get("", response_model=list[EntitySummaryOut], dependencies=[Depends(require_read)],
+            summary="Every entity, with its rows per state", responses=READ)
+async def entities(request: Request) -> list[dict[str, Any]]:
+    db = db_of(request)
+    out = []
+    for policy in db.registry.policies():
+        out.append({"entity": policy.name, "table": policy.table,
+                    "description": policy.description,
+                    "counts": await db.entity(policy.name).counts(),
+                    "terminal": [s for s in policy.states if s in policy.terminal]})
+    return out
 
 
 @router.get("/{entity}", response_model=EntityPageOut, dependencies=[Depends(require_read)],

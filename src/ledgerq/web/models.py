@@ -101,6 +101,15 @@ class EntityPageOut(BaseModel):
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
 
 
+class EntitySummaryOut(BaseModel):
+    entity: str
+    table: str
+    description: str
+    counts: dict[str, int] = Field(description="Rows per state: every declared state, in "
+                                   "spec order.")
+    terminal: list[str]
+
+
 class EntityDetail(BaseModel):
     row: Row
     history: list[Fact]

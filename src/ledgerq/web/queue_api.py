@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
 from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.registry import EntityPolicy
@@ -97,8 +97,12 @@ async def spec(request: Request, entity: Entity) -> dict[str, Any]:
             response_class=Response,
             responses={**_NO_ENTITY, 200: {"content": {"image/svg+xml": {
                 "schema": {"type": "string"}}}, "description": "The diagram."}})
-async def diagram(request: Request, entity: Entity) -> Response:
-    return Response(render_svg(_policy(request, entity)), media_type="image/svg+xml")
+async def diagram(request: Request, entity: Entity,
+                  counts: Annotated[bool, Query(description="Label each state with its "
+                                                "rows' count.")] = False) -> Response:
+    policy = _policy(request, entity)
+    numbers = await db_of(request).entity(policy.name).counts() if counts else None
+    return Response(render_svg(policy, numbers), media_type="image/svg+xml")
 
 
 def _plain(value: Any) -> Any:

@@ -44,6 +44,10 @@ function age(seconds) {
 
 function when(epoch) { return epoch ? new Date(epoch * 1000).toLocaleString() : "-"; }
 
+function entityHref(name, id) {
+  return "#/entity/" + encodeURIComponent(name) + (id === undefined ? "" : "/" + encodeURIComponent(id));
+}
+
 function taskLink(id) {
   const a = el("a", id);
   a.href = "#/task/" + encodeURIComponent(id);
@@ -71,7 +75,7 @@ function td(value, cls) {
 function statusCell(status) { return td(el("span", status, "status " + status)); }
 
 function show(section) {
-  for (const id of ["login", "overview", "task"]) {
+  for (const id of ["login", "overview", "task", "entity", "entity-row"]) {
     document.getElementById(id).hidden = id !== section;
   }
   document.getElementById("logout").hidden = section === "login" || !token();
@@ -104,7 +108,12 @@ async function showDiagrams() {
     img.alt = spec.entity + " lifecycle";
     img.dataset.entity = spec.entity;
     img.src = URL.createObjectURL(blob);
-    box.appendChild(el("h4", spec.entity + " (" + spec.table + ")"));
+    const heading = el("h4");
+    const link = el("a", spec.entity);
+    link.href = entityHref(spec.entity);
+    heading.appendChild(link);
+    heading.appendChild(document.createTextNode(" (" + spec.table + ")"));
+    box.appendChild(heading);
     box.appendChild(img);
   }
 }
@@ -168,9 +177,25 @@ async function refreshTask(id) {
     body.appendChild(tr);
   }
   document.querySelector("#task-row tbody").replaceWith(body);
+  drawTimeline("timeline", detail.history);
+}
+
+function fieldsTable(row) {
+  const body = document.createElement("tbody");
+  for (const [key, value] of Object.entries(row)) {
+    const tr = document.createElement("tr");
+    tr.appendChild(el("th", key));
+    const shown = value !== null && typeof value === "object" ? JSON.stringify(value) : value;
+    tr.appendChild(td(shown));
+    body.appendChild(tr);
+  }
+  return body;
+}
+
+function drawTimeline(listId, history) {
   const list = document.createElement("ol");
-  list.id = "timeline"; list.className = "timeline";
-  for (const fact of detail.history) {
+  list.id = listId; list.className = "timeline";
+  for (const fact of history) {
     const li = el("li");
     li.dataset.status = fact.status;
     li.appendChild(el("div", when(fact.created_at) + "  v" + fact.entity_version, "when"));
@@ -183,11 +208,75 @@ async function refreshTask(id) {
     if (who) li.appendChild(el("div", who, "muted"));
     list.appendChild(li);
   }
-  document.getElementById("timeline").replaceWith(list);
+  document.getElementById(listId).replaceWith(list);
+}
+
+let entityDiagram = { name: null, url: null };
+
+async function refreshEntity(name) {
+  const [all, page] = await Promise.all([
+    api("/api/entities"),
+    api("/api/entities/" + encodeURIComponent(name) + "?limit=25"),
+  ]);
+  const summary = all.find((e) => e.entity === name);
+  if (!summary) throw new Error("no entity " + name);
+  document.getElementById("entity-name").textContent = name;
+  document.getElementById("entity-table").textContent = "table " + summary.table;
+  document.getElementById("entity-description").textContent = summary.description;
+  const cards = document.createElement("div");
+  cards.className = "cards"; cards.id = "entity-counts";
+  for (const [state, n] of Object.entries(summary.counts)) {
+    const card = el("div", null, "card");
+    card.dataset.status = state;
+    card.appendChild(el("div", n, "n"));
+    card.appendChild(el("div", state, "s"));
+    cards.appendChild(card);
+  }
+  document.getElementById("entity-counts").replaceWith(cards);
+  // The diagram labels each state with its count: drawn again each tick, the old
+  // image's object URL released.
+  const blob = await api("/api/specs/" + encodeURIComponent(name) + "/diagram.svg?counts=true", true);
+  const img = el("img");
+  img.alt = name + " lifecycle with counts";
+  img.dataset.entity = name;
+  img.src = URL.createObjectURL(blob);
+  const box = document.getElementById("entity-diagram");
+  while (box.firstChild) box.removeChild(box.firstChild);
+  box.appendChild(img);
+  if (entityDiagram.url) URL.revokeObjectURL(entityDiagram.url);
+  entityDiagram = { name, url: img.src };
+  fillRows("entity-rows", page.items, (r) => {
+    const link = el("a", r.id);
+    link.href = entityHref(name, r.id);
+    return [td(link, "id"), statusCell(r.status), td(r.status_reason_code),
+      td(when(r.updated_at)), td(when(r.created_at))];
+  });
+}
+
+async function refreshEntityRow(name, id) {
+  const detail = await api("/api/entities/" + encodeURIComponent(name) + "/" + encodeURIComponent(id));
+  const back = document.getElementById("row-entity");
+  back.textContent = name;
+  back.href = entityHref(name);
+  document.getElementById("row-id").textContent = id;
+  const badge = document.getElementById("row-status");
+  badge.textContent = detail.row.status;
+  badge.className = "status " + detail.row.status;
+  document.querySelector("#row-fields tbody").replaceWith(fieldsTable(detail.row));
+  drawTimeline("row-timeline", detail.history);
 }
 
 function route() {
   const hash = location.hash || "#/";
+  if (hash.startsWith("#/entity/")) {
+    try {
+      const [name, id] = hash.slice(9).split("/").map(decodeURIComponent);
+      if (!name) return { view: "overview" };
+      return id ? { view: "entity-row", name, id } : { view: "entity", name };
+    } catch (err) {
+      return { view: "overview", problem: "not an entity address: " + hash };
+    }
+  }
   if (hash.startsWith("#/task/")) {
     // A hand-edited or truncated address (#/task/%E0%A4%A) is no id: say so and show the
     // overview, rather than throw on every tick and leave the last view standing.
@@ -204,7 +293,10 @@ async function tick() {
   const where = route();
   const problem = document.getElementById("error");
   try {
-    if (where.view === "task") await refreshTask(where.id); else await refreshOverview();
+    if (where.view === "task") await refreshTask(where.id);
+    else if (where.view === "entity") await refreshEntity(where.name);
+    else if (where.view === "entity-row") await refreshEntityRow(where.name, where.id);
+    else await refreshOverview();
     show(where.view);
     problem.textContent = where.problem || "";
     document.getElementById("live").textContent = "live \u00b7 " + new Date().toLocaleTimeString();
