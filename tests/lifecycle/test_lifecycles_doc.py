@@ -30,3 +30,31 @@ def test_the_order_example_runs_as_the_page_says(tmp_path: Path) -> None:
                          "created -> paid order.paid.card",
                          "paid -> shipped order.shipped.carrier",
                          "shipped -> delivered order.delivered.ok"]
+
+
+def test_the_migration_part_runs_as_the_page_says(tmp_path: Path) -> None:
+    """The tutorial's second part on the first part's database: the plan is what the
+    page shows, and opening with the edited file migrates it with the order kept."""
+    test_the_order_example_runs_as_the_page_says(tmp_path)
+    spec = tmp_path / "specs" / "shop_order.toml"
+    text = spec.read_text(encoding="utf-8")
+    codes = block(DOC, "example: shop_order_hold_codes.toml", "toml")
+    text = text.replace("[reason_codes]\n", "[reason_codes]\n" + codes, 1)
+    spec.write_text(text + "\n" + block(DOC, "example: shop_order_hold.toml", "toml"),
+                    encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    command = block(DOC, "example: plan.sh", "sh").split()
+    assert command[0] == "ledgerq"
+    plan = subprocess.run([sys.executable, "-m", "ledgerq", *command[1:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert plan.returncode == 0, plan.stderr
+    shown = DOC.read_text(encoding="utf-8").split("<!-- example: plan.sh", 1)[1]
+    expected = shown.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [ln for ln in plan.stdout.splitlines() if ln.strip()] == expected
+    (tmp_path / "hold.py").write_text(block(DOC, "example: hold.py", "python"),
+                                      encoding="utf-8")
+    res = subprocess.run([sys.executable, "hold.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, env=env, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["created -> paid -> on_hold -> paid",
+                                       "1 delivered before"]

@@ -188,7 +188,8 @@ class Entity:
         write): :class:`~ledgerq.errors.IllegalTransition` and the other refusals of
         :mod:`ledgerq.errors` when the spec forbids it; :class:`~ledgerq.errors.Conflict`
         when it is not in ``expect`` (given), a guard fails, or another writer won."""
-        why = self._reason(reason, to_state)
+        # Without a reason, the default is the edge's: known once the state is read.
+        why = None if reason is None else self._reason(reason, to_state)
         if to_state not in self.policy.states:
             raise IllegalTransition(f"{self.name} has no state {to_state!r}; states: "
                                     f"{', '.join(self.policy.states)}")
@@ -270,7 +271,7 @@ class Entity:
             if expect is not None and observed != expect:
                 raise Conflict(f"{policy.name} {entity_id!r} is {observed}, not {expect}")
             to_state = target(observed)
-            reason = why if why is not None else self._reason(None, to_state)
+            reason = why if why is not None else self._reason(None, to_state, observed)
             request = TransitionRequest(
                 entity_type=policy.name, entity_id=entity_id, from_state=observed,
                 to_state=to_state, reason=reason, actor=actor,
@@ -284,9 +285,11 @@ class Entity:
 
         return unit
 
-    def _reason(self, reason: str | StateReason | None, to_state: str | None) -> StateReason:
-        """The reason a move records: as given, else the edge's default, else the one
-        code declared for the target state (``<domain>.<state>.<cause>``)."""
+    def _reason(self, reason: str | StateReason | None, to_state: str | None,
+                source: str | None = None) -> StateReason:
+        """The reason a move records: as given, else the default of the edge it takes
+        (from ``source``), else the one default of the edges into the target state, else
+        the one code declared for the target state (``<domain>.<state>.<cause>``)."""
         if isinstance(reason, StateReason):
             check_reason(self.policy, reason)
             return reason
@@ -296,6 +299,9 @@ class Entity:
             return why
         if to_state is None:
             raise UnknownReason("give reason=")
+        taken = self.policy.edge_rules.get((source, to_state)) if source is not None else None
+        if taken is not None and taken.reason is not None:
+            return StateReason(code=taken.reason)
         defaults = {r.reason for (_, dst), r in self.policy.edge_rules.items()
                     if dst == to_state and r.reason is not None}
         if len(defaults) == 1:
