@@ -208,7 +208,7 @@ def older_specs(tmp_path: str) -> Registry:
     for old, new in [
         ('[states.retry_wait]\ndescription = "Failed with retries left; becomes queued '
          'again at retry_due_at."\n', ""),
-        ('"retry_wait", "queued", "cancelled"]', '"queued", "cancelled"]'),
+        ('to = ["retry_wait", "queued"]', 'to = ["queued"]'),
         ('[[edges]]\nfrom = "retry_wait"\nto = ["queued", "cancelled"]\n', ""),
         ('[[indexes]]\nname = "idx_schedule_runs_retry_due"\ncolumns = ["retry_due_at"]\n'
          'where_status = ["retry_wait"]\n', ""),
