@@ -284,7 +284,8 @@ class StateDB:
         ``ledgerq serve``, given no specs of its own): states, terminal sets and
         vocabularies as the releases and apps that opened the database declared them, so
         ``ls --status paused`` filters and ``cancel`` of a paused run cancels it. Opening
-        with this handle's specs migrated what they add, so the record holds them too."""
+        with this handle's specs migrated what they add, so the database records them
+        too."""
         self.registry = Registry(self.log_policies())
 
     async def migrate(self, mappings: Sequence[StateMapping] = (), *,
