@@ -78,14 +78,22 @@ def _before(cad: Cadence, t: float) -> float | None:
     return cad.latest_at_or_before(math.nextafter(t, -math.inf))
 
 
-def due_slots(schedule: dict[str, Any], latest_slot: float | None, now: float) -> list[float]:
-    """The slots of ``schedule`` (a stored row) to fire at ``now``, oldest first."""
+def _cadence_and_cursor(schedule: dict[str, Any], latest_slot: float | None
+                        ) -> tuple[Cadence, float]:
+    """A stored schedule's cadence, and its cursor: its latest fired slot or its
+    ``fires_after`` floor (creation, start_at, resume), whichever is later."""
     cad = cadence(cron=schedule["cron"], every_seconds=schedule["every_seconds"],
                   timezone=schedule["timezone"])
-    sid, jitter, until = schedule["id"], float(schedule["jitter"]), schedule["until"]
     cursor = float(schedule["fires_after"])
     if latest_slot is not None:
         cursor = max(cursor, float(latest_slot))
+    return cad, cursor
+
+
+def due_slots(schedule: dict[str, Any], latest_slot: float | None, now: float) -> list[float]:
+    """The slots of ``schedule`` (a stored row) to fire at ``now``, oldest first."""
+    cad, cursor = _cadence_and_cursor(schedule, latest_slot)
+    sid, jitter, until = schedule["id"], float(schedule["jitter"]), schedule["until"]
 
     def due_at(slot: float) -> float:
         return slot + jitter_offset(sid, slot, jitter)
@@ -139,11 +147,7 @@ def next_check(schedule: dict[str, Any], latest_slot: float | None, now: float) 
     """
     if due_slots(schedule, latest_slot, now):
         return now
-    cad = cadence(cron=schedule["cron"], every_seconds=schedule["every_seconds"],
-                  timezone=schedule["timezone"])
-    cursor = float(schedule["fires_after"])
-    if latest_slot is not None:
-        cursor = max(cursor, float(latest_slot))
+    cad, cursor = _cadence_and_cursor(schedule, latest_slot)
     jitter, until = float(schedule["jitter"]), schedule["until"]
     upcoming = cad.next_after(now)
     times = [upcoming] if upcoming is not None and (until is None or upcoming <= until) else []
@@ -319,11 +323,7 @@ def next_fire(schedule: dict[str, Any], latest_slot: float | None, now: float) -
         return None
     if due_slots(schedule, latest_slot, now):
         return now
-    cad = cadence(cron=schedule["cron"], every_seconds=schedule["every_seconds"],
-                  timezone=schedule["timezone"])
-    cursor = float(schedule["fires_after"])
-    if latest_slot is not None:
-        cursor = max(cursor, float(latest_slot))
+    cad, cursor = _cadence_and_cursor(schedule, latest_slot)
     slot = cad.next_after(max(cursor, now))
     until = schedule["until"]
     if slot is None or (until is not None and slot > until):

@@ -81,6 +81,19 @@ function show(section) {
   document.getElementById("logout").hidden = section === "login" || !token();
 }
 
+function drawCounts(id, counts) {
+  const cards = document.createElement("div");
+  cards.className = "cards"; cards.id = id;
+  for (const [state, n] of Object.entries(counts)) {
+    const card = el("div", null, "card");
+    card.dataset.status = state;
+    card.appendChild(el("div", n, "n"));
+    card.appendChild(el("div", state, "s"));
+    cards.appendChild(card);
+  }
+  document.getElementById(id).replaceWith(cards);
+}
+
 function drawDepth() {
   const svg = document.getElementById("depth");
   while (svg.firstChild) svg.removeChild(svg.firstChild);
@@ -127,17 +140,7 @@ async function refreshOverview() {
     api("/api/tasks?limit=25"),
     api("/api/schedules"),
   ]);
-  const counts = document.getElementById("counts");
-  const cards = document.createElement("div");
-  cards.className = "cards"; cards.id = "counts";
-  for (const [status, n] of Object.entries(stats.counts)) {
-    const card = el("div", null, "card");
-    card.dataset.status = status;
-    card.appendChild(el("div", n, "n"));
-    card.appendChild(el("div", status, "s"));
-    cards.appendChild(card);
-  }
-  counts.replaceWith(cards);
+  drawCounts("counts", stats.counts);
   depth.push(stats.counts.queued || 0);
   while (depth.length > DEPTH_SAMPLES) depth.shift();
   drawDepth();
@@ -223,16 +226,7 @@ async function refreshEntity(name) {
   document.getElementById("entity-name").textContent = name;
   document.getElementById("entity-table").textContent = "table " + summary.table;
   document.getElementById("entity-description").textContent = summary.description;
-  const cards = document.createElement("div");
-  cards.className = "cards"; cards.id = "entity-counts";
-  for (const [state, n] of Object.entries(summary.counts)) {
-    const card = el("div", null, "card");
-    card.dataset.status = state;
-    card.appendChild(el("div", n, "n"));
-    card.appendChild(el("div", state, "s"));
-    cards.appendChild(card);
-  }
-  document.getElementById("entity-counts").replaceWith(cards);
+  drawCounts("entity-counts", summary.counts);
   // The diagram labels each state with its count: drawn again each tick, the old
   // image's object URL released.
   const blob = await api("/api/specs/" + encodeURIComponent(name) + "/diagram.svg?counts=true", true);
