@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, settings
 
 from helpers import pg
 from ledgerq import StateDB
+from lifecycle_support import with_dispatch
 
 # The tests live in one folder per package (tests/lifecycle/, tests/queue/worker/, ...), and
 # a few import another folder's test module by name (``from test_cli import cli``): every
@@ -121,6 +122,8 @@ def pg_target(pg_database: str) -> Iterator[str]:
 
 @pytest.fixture
 async def db(db_target: str) -> AsyncIterator[StateDB]:
-    """An open StateDB (packaged specs) on a fresh database of each backend."""
-    async with StateDB(db_target) as handle:
+    """An open StateDB on a fresh database of each backend: the packaged specs and the
+    docs' example outbox entity (``dispatch``, docs/examples/dispatch.toml), which many
+    engine tests use as a second entity."""
+    async with StateDB(db_target, registry=with_dispatch()) as handle:
         yield handle

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
+from pathlib import Path
 from typing import Any
 
 from ledgerq import StateDB
 from ledgerq.lifecycle import (
     Actor,
+    Registry,
     StateReason,
     TransitionRequest,
     TransitionResult,
     create,
+    load_registry,
     transition,
 )
 
@@ -55,6 +59,17 @@ async def new_run(db: StateDB, status: str = "queued", **extra: Any) -> str:
     return await create(db, "schedule_run", run_values(status, **extra),
                         reason=StateReason(code=CREATE_CODES[("schedule_run", status)]),
                         actor=SYSTEM)
+
+
+#: The docs' example outbox entity: not packaged (a user opts into it), used by many
+#: engine tests as a second entity beside the queue's.
+DISPATCH_SPEC = Path(__file__).resolve().parents[1] / "docs" / "examples" / "dispatch.toml"
+
+
+@functools.lru_cache(maxsize=1)
+def with_dispatch() -> Registry:
+    """The packaged specs plus the example ``dispatch`` entity."""
+    return load_registry(DISPATCH_SPEC)
 
 
 async def new_dispatch(db: StateDB, **extra: Any) -> str:

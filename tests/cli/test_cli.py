@@ -22,13 +22,15 @@ from typing import Any
 import pytest
 
 from ledgerq import StateDB
-from ledgerq.lifecycle import default_registry
+from ledgerq.lifecycle import default_registry, load_registry
 from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.docs import render_all
 from ledgerq.queue import TaskApplication, claim_runs, submit_many
 from test_registry import MANY_PROBLEMS
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The docs' example outbox entity (opt-in, not packaged).
+EXAMPLE_OUTBOX = ROOT / "docs" / "examples" / "dispatch.toml"
 BROKEN = ROOT / "tests" / "specs_broken"
 
 
@@ -512,7 +514,7 @@ def test_verify_rebuild_and_drift(seeded: Path) -> None:
     assert row(seeded, run_id)["exit_code"] is None
     assert as_json("rebuild", "--db", seeded) == {
         "rows": 1, "facts": 1,
-        "tables": {"dispatch_outbox": 0, "schedule_definitions": 0, "schedule_runs": 1},
+        "tables": {"schedule_definitions": 0, "schedule_runs": 1},
         "verify_ok": True}
 
 
@@ -544,10 +546,10 @@ def test_stats_counts_oldest_age_and_running_per_worker(dbfile: Path) -> None:
 
 
 def test_specs_check_packaged_and_json() -> None:
-    assert ok("specs", "check").stdout.startswith("ok: 3 file(s), 3 entities")
+    assert ok("specs", "check").stdout.startswith("ok: 2 file(s), 2 entities")
     report = as_json("specs", "check")
     assert report["ok"] is True and report["problems"] == []
-    assert report["entities"] == ["dispatch", "schedule", "schedule_run"]
+    assert report["entities"] == ["schedule", "schedule_run"]
     assert set(report) == {"ok", "dir", "files", "entities", "problems"}
 
 
@@ -604,7 +606,7 @@ def test_specs_check_reports_every_problem_of_a_directory_in_one_run() -> None:
 
 
 def test_specs_check_one_file_and_duplicates() -> None:
-    assert ok("specs", "check", ROOT / "specs" / "dispatch.toml").stdout.startswith("ok: 1 file")
+    assert ok("specs", "check", EXAMPLE_OUTBOX).stdout.startswith("ok: 1 file")
     res = cli("specs", "check", BROKEN / "duplicate_table")
     assert res.returncode == 1
     assert "$.table: duplicate table 'widgets'" in res.stdout
@@ -613,11 +615,11 @@ def test_specs_check_one_file_and_duplicates() -> None:
 def test_specs_graph_mermaid_and_json() -> None:
     policy = default_registry().entity("schedule_run")
     assert ok("specs", "graph", "schedule_run").stdout == mermaid(policy)
-    graph = as_json("specs", "graph", "dispatch")
+    graph = as_json("--specs", EXAMPLE_OUTBOX, "specs", "graph", "dispatch")
     assert set(graph) == {"entity", "table", "states", "initial", "terminal", "edges", "mermaid"}
     assert graph["table"] == "dispatch_outbox"
     assert {"from": "dead_letter", "to": "pending"} in graph["edges"]
-    assert graph["mermaid"] == mermaid(default_registry().entity("dispatch"))
+    assert graph["mermaid"] == mermaid(load_registry(EXAMPLE_OUTBOX).entity("dispatch"))
     assert "unknown entity type 'nope'" in one_error_line(cli("specs", "graph", "nope"), 2)
 
 
@@ -638,10 +640,10 @@ def test_specs_docs_writes_and_checks_pages(tmp_path: Path) -> None:
         assert f"wrote {out / name}" in res.stdout
     assert "unchanged" in ok("specs", "docs", "--out", out).stdout
     assert ok("specs", "docs", "--out", out, "--check").returncode == 0
-    (out / "dispatch.md").write_text("edited by hand\n")
+    (out / "schedule.md").write_text("edited by hand\n")
     stale = cli("specs", "docs", "--out", out, "--check")
-    assert stale.returncode == 1 and f"stale: {out / 'dispatch.md'}" in stale.stdout
-    assert (out / "dispatch.md").read_text() == "edited by hand\n"  # --check writes nothing
+    assert stale.returncode == 1 and f"stale: {out / 'schedule.md'}" in stale.stdout
+    assert (out / "schedule.md").read_text() == "edited by hand\n"  # --check writes nothing
 
 
 # ----------------------------------------------------------------- demo
@@ -684,7 +686,7 @@ def test_global_specs_option_and_env(tmp_path: Path) -> None:
         '[states.new]\ndescription = "n"\n[states.done]\ndescription = "d"\n'
         '[reason_codes]\n"gadget.done.ok" = "ok"\n')
     assert as_json("--specs", str(specs), "specs", "check")["entities"] == [
-        "dispatch", "gadget", "schedule", "schedule_run"]
+        "gadget", "schedule", "schedule_run"]
     assert ok("specs", "graph", "gadget", env={"LEDGERQ_SPECS": str(specs)}).stdout == (
         "stateDiagram-v2\n    [*] --> new\n    new --> done\n    done --> [*]\n")
     db = tmp_path / "g.db"

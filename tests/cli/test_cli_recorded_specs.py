@@ -43,7 +43,7 @@ async def test_commands_without_specs_know_the_recorded_states(db_target: str,
 
 def test_specs_only_uses_the_directory_alone(tmp_path: Path) -> None:
     """``--specs-only``: the packaged entities a directory does not declare are left out,
-    so ``migrate --apply`` can drop one (``dispatch``) from a database; without it they
+    so ``migrate --apply`` can drop one (``schedule``) from a database; without it they
     come back with the directory (``load_registry``'s merge)."""
     from ledgerq.lifecycle.registry import packaged_specs_dir
 
@@ -51,14 +51,14 @@ def test_specs_only_uses_the_directory_alone(tmp_path: Path) -> None:
     assert ledgerq("submit", "--db", db, "command", "--", "true").returncode == 0
     mine = tmp_path / "specs"
     mine.mkdir()
-    for name in ("schedule_run.toml", "schedule.toml"):
-        (mine / name).write_text((packaged_specs_dir() / name).read_text())
+    (mine / "schedule_run.toml").write_text(
+        (packaged_specs_dir() / "schedule_run.toml").read_text())
     merged = ledgerq("--specs", str(mine), "migrate", "--plan", "--db", db)
-    assert merged.returncode == 0 and "dispatch" not in merged.stdout, merged.stdout
+    assert merged.returncode == 0 and "remove entity" not in merged.stdout, merged.stdout
     only = ledgerq("--specs", str(mine), "--specs-only", "migrate", "--apply", "--db", db)
     assert only.returncode == 0, only.stderr
-    assert "remove entity dispatch" in only.stdout, only.stdout
+    assert "remove entity schedule" in only.stdout, only.stdout
     check = ledgerq("--specs", str(mine), "--specs-only", "specs", "check", "--json")
-    assert json.loads(check.stdout)["entities"] == ["schedule", "schedule_run"]
+    assert json.loads(check.stdout)["entities"] == ["schedule_run"]
     refused = ledgerq("--specs-only", "ls", "--db", db)
     assert refused.returncode == 2 and "--specs-only needs --specs" in refused.stderr

@@ -43,10 +43,10 @@ from ledgerq.queue import RetryPolicy, TaskApplication, runs, submit_many, submi
 from ledgerq.queue.submission.application import digest, validate
 from ledgerq.queue.submission.submit import run_row
 from ledgerq.store.sqltx import SqlTx
-from lifecycle_support import new_dispatch, new_run, run_values, snapshot
+from lifecycle_support import new_dispatch, new_run, run_values, snapshot, with_dispatch
 
 RUN = default_registry().entity("schedule_run")
-DISPATCH = default_registry().entity("dispatch")
+DISPATCH = with_dispatch().entity("dispatch")
 ACTOR = Actor(type="operator", id="direct-test")
 NOW = 1_700_000_000.25
 HOST = "node-direct"

@@ -24,8 +24,9 @@ from hypothesis.stateful import rule, run_state_machine_as_test
 
 from ledgerq.errors import IdempotencyConflict
 from ledgerq.lifecycle import TransitionRequest, TransitionResult, transition
-from ledgerq.lifecycle.registry import default_registry, load_registry
+from ledgerq.lifecycle.registry import load_registry
 from ledgerq.testing import LifecycleMachine, strategies
+from lifecycle_support import with_dispatch
 
 PACKAGED = ["schedule_run", "schedule", "dispatch"]
 #: What a user's run of a machine has: Hypothesis' defaults (100 examples of up to 50
@@ -87,7 +88,7 @@ class ProjectRules(LifecycleMachine):
 
 
 def machine(entity: str, **options: str) -> type[ProjectRules]:
-    return ProjectRules.for_entity(entity, registry=default_registry(), **options)
+    return ProjectRules.for_entity(entity, registry=with_dispatch(), **options)
 
 
 @pytest.mark.parametrize("entity", PACKAGED)

@@ -15,6 +15,7 @@ from ledgerq.lifecycle import Registry, SpecError, default_registry, load_regist
 from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.registry import packaged_specs_dir
 from ledgerq.lifecycle.spec import EntitySpec, decode_spec
+from lifecycle_support import with_dispatch
 
 REPO = Path(__file__).resolve().parents[2]
 BROKEN = Path(__file__).resolve().parents[1] / "specs_broken"
@@ -86,7 +87,8 @@ DISPATCH_EDGES = {
 def test_default_registry_loads_packaged_specs() -> None:
     reg = default_registry()
     assert isinstance(reg, Registry)
-    assert sorted(reg.entities) == ["dispatch", "schedule", "schedule_run"]
+    # The docs' example outbox (dispatch) is opt-in, not packaged.
+    assert sorted(reg.entities) == ["schedule", "schedule_run"]
     assert reg is default_registry(), "built once per process"
     # In a source checkout the packaged specs are the repository's specs/.
     explicit = load_registry(REPO / "specs")
@@ -98,7 +100,7 @@ def test_default_registry_loads_packaged_specs() -> None:
 
 def test_load_registry_none_is_the_packaged_specs() -> None:
     assert sorted(load_registry().entities) == sorted(default_registry().entities)
-    assert sorted(load_registry(None).entities) == ["dispatch", "schedule", "schedule_run"]
+    assert sorted(load_registry(None).entities) == ["schedule", "schedule_run"]
 
 
 def test_schedule_run_graph_matches_the_record() -> None:
@@ -140,7 +142,7 @@ def test_schedule_run_allowlists_and_reason_codes() -> None:
 
 
 def test_dispatch_graph_with_operator_only_resurrection() -> None:
-    p = default_registry().entity("dispatch")
+    p = with_dispatch().entity("dispatch")
     assert p.table == "dispatch_outbox"
     assert {s: set(t) for s, t in p.edges.items()} == DISPATCH_EDGES
     assert p.terminal == frozenset({"delivered", "acked"})
@@ -160,7 +162,7 @@ def test_dispatch_graph_with_operator_only_resurrection() -> None:
 
 
 def test_allows_and_unknown_entity() -> None:
-    reg = default_registry()
+    reg = with_dispatch()
     assert reg.allows("schedule_run", "running", "running")
     assert not reg.allows("schedule_run", "queued", "queued")
     assert not reg.allows("schedule_run", "queued", "completed")
@@ -179,7 +181,7 @@ def test_allows_and_unknown_entity() -> None:
 
 def test_mermaid_contains_every_edge() -> None:
     for name in ("schedule_run", "dispatch"):
-        p = default_registry().entity(name)
+        p = with_dispatch().entity(name)
         text = mermaid(p)
         assert text.startswith("stateDiagram-v2")
         lines = [ln.strip() for ln in text.splitlines()]
@@ -193,7 +195,7 @@ def test_mermaid_contains_every_edge() -> None:
             assert f"{s} --> [*]" in arrows
         n_edges = sum(len(d) for d in p.edges.values())
         assert len(arrows) == n_edges + len(p.initial) + len(p.terminal), "no invented edges"
-    dispatch = mermaid(default_registry().entity("dispatch"))
+    dispatch = mermaid(with_dispatch().entity("dispatch"))
     assert "dead_letter --> pending: actor operator" in dispatch
 
 
@@ -210,7 +212,7 @@ def test_outcomes_and_column_groups_of_the_packaged_specs() -> None:
     assert run.column_group("lease") == ("leased_by", "lease_expires_at", "lease_token")
     with pytest.raises(ValueError, match="declares no column group 'nope'; known: lease"):
         run.column_group("nope")
-    dispatch = default_registry().entity("dispatch")
+    dispatch = with_dispatch().entity("dispatch")
     assert dispatch.states_with_outcome("succeeded") == {"delivered", "acked"}
     with pytest.raises(ValueError, match="known: none"):
         dispatch.column_group("lease")
@@ -291,7 +293,7 @@ def test_registry_is_immutable() -> None:
     entities = reg.entities
     entities.append("sneaky")
     assert "sneaky" not in reg.entities, "entities returns a copy"
-    assert sorted(reg.entities) == ["dispatch", "schedule", "schedule_run"]
+    assert sorted(reg.entities) == ["schedule", "schedule_run"]
 
 
 # ---------------------------------------------------------------- refusals
@@ -507,8 +509,8 @@ def test_a_problem_is_reported_once_not_echoed(tmp_path: Path, text: str, item: 
 
 
 async def test_status_check_in_the_real_tables(db_path: Path) -> None:
-    reg = default_registry()
-    async with StateDB(db_path) as db:
+    reg = with_dispatch()
+    async with StateDB(db_path, registry=reg) as db:
         for policy in reg.policies():
             ddl = await db.fetch_one(
                 "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",

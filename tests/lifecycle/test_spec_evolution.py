@@ -106,10 +106,8 @@ columns = ["owner_team"]
 where_not_null = ["owner_team"]
 ''')
     shutil.copy(DEPLOYMENT, specs.path / "deployment.toml")  # and a whole new entity
-    specs.replace('"dispatch.expired.ttl" = "Its time to live passed."',
-                  '"dispatch.expired.ttl" = "Its time to live passed."\n'
-                  '"dispatch.pending.deferred" = "Deferred by its sender."',
-                  "dispatch.toml")
+    specs.replace('"schedule.retired.operator"', '"schedule.paused.deferred" = "Deferred by '
+                  'its owner."\n"schedule.retired.operator"', "schedule.toml")
     async with StateDB(target, registry=load_registry(specs.path)) as db:
         stored = await db.fetch_all("SELECT id, urgency, owner_team FROM schedule_runs")
         assert {r["urgency"] for r in stored} == {5}

@@ -30,6 +30,7 @@ from lifecycle_support import (
     row,
     run_values,
     snapshot,
+    with_dispatch,
 )
 
 RUN = "schedule_run"
@@ -219,7 +220,7 @@ async def test_from_state_none_checks_the_edge_from_the_observed_status(db: Stat
 
 @pytest.mark.parametrize("entity", [RUN, DISPATCH])
 async def test_terminal_rows_never_move(db: StateDB, entity: str) -> None:
-    policy = default_registry().entity(entity)
+    policy = with_dispatch().entity(entity)
     for terminal in sorted(policy.terminal):
         if entity == RUN:
             rid = await new_run(db)

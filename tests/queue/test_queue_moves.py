@@ -84,7 +84,8 @@ def test_the_packaged_specs_allow_every_move_the_queue_makes() -> None:
 
 
 def test_a_registry_without_the_run_entity_is_not_the_queues_business() -> None:
-    dispatch_only = load_registry(ROOT / "specs" / "dispatch.toml")
+    dispatch_only = load_registry(ROOT / "docs" / "examples" / "dispatch.toml",
+                                  packaged=False)
     assert moves.problems(dispatch_only) == []
     assert moves.check(dispatch_only) is dispatch_only
 

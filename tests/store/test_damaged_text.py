@@ -35,7 +35,7 @@ async def make(path: Path, marker: str = "") -> str:
 async def test_schema_text_that_is_not_utf8_is_damage(tmp_path: Path) -> None:
     path = tmp_path / "schema.db"
     await make(path)
-    flip(path, b"dispatch_outbox")  # in the schema's own text: every statement quotes it
+    flip(path, b"schedule_definitions")  # in the schema's own text: every statement quotes it
     with pytest.raises(DatabaseDamaged, match="not UTF-8"):
         async with StateDB(str(path)):
             pass

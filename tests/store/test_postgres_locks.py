@@ -17,12 +17,13 @@ import pytest
 from ledgerq import StateDB
 from ledgerq.errors import DatabaseUnavailable
 from ledgerq.lifecycle import Actor
+from lifecycle_support import with_dispatch
 
 SHOP = Actor(type="system", id="shop")
 
 
 async def test_a_write_behind_a_table_lock_gives_up(pg_target: str) -> None:
-    async with StateDB(pg_target, busy_timeout_ms=400) as db:
+    async with StateDB(pg_target, busy_timeout_ms=400, registry=with_dispatch()) as db:
         outbox = db.entity("dispatch")
         values = {"channel": "email", "payload": {"to": "a@example.org"}}
         await outbox.create(values, actor=SHOP, reason="dispatch.pending.created")

@@ -20,7 +20,7 @@ from ledgerq.lifecycle import StateReason, create
 from ledgerq.lifecycle.engine import create_entity
 from ledgerq.projections import verify
 from ledgerq.store.sqltx import SqlTx
-from lifecycle_support import SYSTEM, move, new_dispatch, new_run, row, run_values
+from lifecycle_support import SYSTEM, move, new_dispatch, new_run, row, run_values, with_dispatch
 
 RUN = "schedule_run"
 
@@ -224,7 +224,7 @@ async def test_foreign_keys_are_enforced(db: StateDB) -> None:
 
 
 async def test_schema_is_created_on_first_open_and_reopen_keeps_data(db_path: Path) -> None:
-    async with StateDB(db_path) as db:
+    async with StateDB(db_path, registry=with_dispatch()) as db:
         names = {r["name"] for r in await db.fetch_all(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert {"schedule_runs", "status_transitions", "workers", "schedules", "invocations",
@@ -239,7 +239,7 @@ async def test_schema_is_created_on_first_open_and_reopen_keeps_data(db_path: Pa
 @pytest.mark.parametrize("path", [":memory:", ""], ids=["memory", "private-temp"])
 async def test_memory_database_works(path: str) -> None:
     """Databases private to one connection: reads must see them (no second connection)."""
-    async with StateDB(path) as db:
+    async with StateDB(path, registry=with_dispatch()) as db:
         rid = await new_run(db)
         assert (await row(db, "schedule_runs", rid) or {}).get("id") == rid
         did = await new_dispatch(db)
@@ -545,7 +545,7 @@ def test_a_sqlite_handle_serves_the_loop_it_was_opened_on(db_path: Path) -> None
     a handle now refuses a second loop at once, with a message saying what to do, and
     its own loop goes on."""
     loop = asyncio.new_event_loop()
-    db = StateDB(db_path)
+    db = StateDB(db_path, registry=with_dispatch())
     loop.run_until_complete(db.open())
     errors: list[BaseException] = []
 

@@ -21,6 +21,7 @@ from ledgerq.lifecycle.registry import Registry
 from ledgerq.lifecycle.values import value_problem
 from ledgerq.tasks import App
 from ledgerq.testing import LifecycleMachine, strategies
+from lifecycle_support import with_dispatch
 from test_docs import block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,8 @@ def test_the_generated_class_is_named_for_its_entity() -> None:
     machine = LifecycleMachine.for_entity("schedule_run")
     assert machine.__name__ == "ScheduleRunMachine"
     assert machine.policy is default_registry().entity("schedule_run")
-    assert LifecycleMachine.for_entity("dispatch").applied is not machine.applied
+    assert LifecycleMachine.for_entity("dispatch", registry=with_dispatch()).applied \
+        is not machine.applied
 
 
 def test_an_entity_the_kit_cannot_fill_is_refused(tmp_path: Path) -> None:
@@ -82,7 +84,7 @@ def test_an_entity_the_kit_cannot_fill_is_refused(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- strategies
 
-PACKAGED = default_registry()
+PACKAGED = with_dispatch()  # the packaged specs and the docs' example outbox
 COLUMNS = sorted((p.name, c) for p in PACKAGED.policies() for c in p.columns
                  if p.columns[c].references is None)
 

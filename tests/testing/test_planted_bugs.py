@@ -20,6 +20,7 @@ from hypothesis.stateful import rule, run_state_machine_as_test
 
 from ledgerq.lifecycle.entities import Entity
 from ledgerq.testing import LifecycleMachine
+from lifecycle_support import with_dispatch
 
 #: One bug shrunk, and no "explain" phase (it reruns the failing example many times):
 #: what docs/testing.md suggests for a machine that fails slowly.
@@ -42,8 +43,8 @@ def reported(machine: type[LifecycleMachine], *plants: str) -> str:
     return str(failed.value)
 
 
-class Outbox(LifecycleMachine.for_entity("dispatch")):
-    """The packaged outbox's machine, with SQL of its own on the scratch file."""
+class Outbox(LifecycleMachine.for_entity("dispatch", registry=with_dispatch())):
+    """The example outbox's machine, with SQL of its own on the scratch file."""
 
     def sql(self, *statements: str) -> None:
         with sqlite3.connect(self.scratch.target) as conn:

@@ -261,7 +261,7 @@ def test_show_and_cancel(server: Server, api: httpx.Client) -> None:
 
 def test_specs_verify_health(server: Server, api: httpx.Client) -> None:
     specs = api.get("/api/specs").json()
-    assert {s["entity"] for s in specs} >= {"schedule_run", "dispatch"}
+    assert {s["entity"] for s in specs} >= {"schedule_run", "schedule"}
     run = api.get("/api/specs/schedule_run").json()
     assert "completed" in run["terminal"] and "run.completed.ok" in run["reason_codes"]
     assert {"source": "queued", "target": "running",
