@@ -35,8 +35,8 @@ from ledgerq.lifecycle.diagrams import mermaid
 from ledgerq.lifecycle.docs import render_markdown
 from ledgerq.lifecycle.registry import packaged_specs_dir
 from ledgerq.projections import history, rebuild, verify
-from ledgerq.queue import TaskApplication, submit_task
-from lifecycle_support import OPERATOR, SYSTEM, new_dispatch, request
+from ledgerq.queue import TaskApplication, add_schedule, submit_task
+from lifecycle_support import OPERATOR, SYSTEM, request
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "deployment.toml"
@@ -74,12 +74,13 @@ def test_the_example_is_not_loaded_by_default() -> None:
 
 
 async def _existing_database(target: str) -> tuple[str, str]:
-    """A database of the packaged specs, with a run and a dispatch in it, closed again."""
+    """A database of the packaged specs, with a run and a schedule in it, closed again."""
     async with StateDB(target) as db:
         assert "deployment" not in db.registry.entities
         run_id = await submit_task(db, TaskApplication("flow", {"n": 1}, "host"))
-        dispatch_id = await new_dispatch(db)
-    return run_id, dispatch_id
+        schedule_id = await add_schedule(db, "nightly", every=3600, application=TaskApplication(
+            "command", {"argv": ["true"]}, "host"))
+    return run_id, schedule_id
 
 
 def _deployment(service: str, environment: str = "production", **extra: Any) -> dict[str, Any]:
@@ -91,7 +92,7 @@ def _deployment(service: str, environment: str = "production", **extra: Any) -> 
 
 async def test_a_new_entity_from_one_file_in_an_existing_database(
         db_target: str, tmp_path: Path) -> None:
-    run_id, dispatch_id = await _existing_database(db_target)
+    run_id, schedule_id = await _existing_database(db_target)
     registry = load_registry(spec_dir(tmp_path))
     policy = registry.entity("deployment")
     assert policy.table == "deployments"
@@ -100,7 +101,7 @@ async def test_a_new_entity_from_one_file_in_an_existing_database(
     async with StateDB(db_target, registry=registry) as db:
         # What was there is untouched and still served.
         assert [f["status"] for f in await history(db, "schedule_run", run_id)] == ["queued"]
-        assert [f["status"] for f in await history(db, "dispatch", dispatch_id)] == ["pending"]
+        assert [f["status"] for f in await history(db, "schedule", schedule_id)] == ["active"]
         created = StateReason(code="deployment.pending.requested", summary="merge to main")
 
         async def new(service: str, **extra: Any) -> str:
@@ -227,10 +228,10 @@ async def test_a_new_entity_from_one_file_in_an_existing_database(
     specs = tmp_path / "specs"
     checked = json.loads(ok("specs", "check", specs, "--json"))
     assert checked["ok"]
-    assert checked["entities"] == ["deployment", "dispatch", "schedule", "schedule_run"]
+    assert checked["entities"] == ["deployment", "schedule", "schedule_run"]
     verified = json.loads(ok("--specs", specs, "verify", "--db", db_target, "--json"))
     assert verified["ok"] is True and verified["facts"] == facts_total
-    assert verified["rows"] == len(ids) + 2  # the deployments, the run and the dispatch
+    assert verified["rows"] == len(ids) + 2  # the deployments, the run and the schedule
     rebuilt_cli = json.loads(ok("--specs", specs, "rebuild", "--db", db_target, "--json"))
     assert rebuilt_cli["tables"]["deployments"] == len(ids)
     assert rebuilt_cli["verify_ok"] is True
@@ -273,7 +274,7 @@ def test_the_command_and_the_docs_generator_show_it(tmp_path: Path) -> None:
         in page
     assert "| `uq_deployments_in_flight` | `service`, `environment` | yes | `status IN (" in page
     assert "| `canary` | `boolean not null default False` | spec |" in page
-    assert ok("--specs", specs, "specs", "docs", "--out", out, "--check").startswith("ok: 4")
+    assert ok("--specs", specs, "specs", "docs", "--out", out, "--check").startswith("ok: 3")
 
 
 def test_the_http_api_shows_and_verifies_it(tmp_path: Path) -> None:
