@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evolution_support import PAUSED_CODES, SpecDir
+from evolution_support import PAUSED, PAUSED_CODES, SpecDir
 from ledgerq import StateDB
 from ledgerq.errors import SpecError
 from ledgerq.lifecycle import Actor, load_registry
@@ -20,22 +20,10 @@ from ledgerq.projections import history, verify
 from ledgerq.queue import TaskApplication, claim_runs, submit_task
 
 OPERATOR = Actor(type="operator", id="ops")
-PAUSE = '''
-[states.paused]
-description = "Held."
-
-[[edges]]
-from = "running"
-to = ["paused"]
-{clears}
-[[edges]]
-from = "paused"
-to = ["queued", "cancelled"]
-'''
-
-
 def paused_specs(tmp: Path, clears: str = 'clears = ["lease"]') -> Path:
-    return SpecDir(tmp / "specs").append(PAUSE.format(clears=clears)).codes(PAUSED_CODES).path
+    """The packaged specs with the docs' ``paused`` state, its edge clearing ``clears``."""
+    paused = PAUSED.replace('clears = ["lease"]', clears)
+    return SpecDir(tmp / "specs").append(paused).codes(PAUSED_CODES).path
 
 
 async def test_a_clearing_edge_leaves_the_lease_behind(db_target: str, tmp_path: Path) -> None:

@@ -63,6 +63,19 @@ def shoot(page: Any, name: str) -> None:
         page.screenshot(path=str(Path(folder) / name), full_page=True)
 
 
+def signed_in(browser: Any, url: str, errors: list[str], **context: Any) -> tuple[Any, Any]:
+    """A new browser context and page on ``url`` with the token given; page errors go to
+    ``errors``."""
+    ctx = browser.new_context(**context)
+    page = ctx.new_page()
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.goto(url + "/")
+    page.wait_for_selector("#login:not([hidden])", timeout=WAIT_MS)
+    page.fill("#token", TOKEN)
+    page.click("#login button[type=submit]")
+    return ctx, page
+
+
 def test_dashboard_follows_a_task_to_completed(browser: Any, site: Server) -> None:
     errors: list[str] = []
     context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -144,13 +157,7 @@ def test_a_task_address_that_is_not_an_id_is_said_and_the_page_lives_on(
     """A hand-edited ``#/task/%E0%A4%A`` cannot be decoded: the page says so and shows the
     overview instead of throwing on every tick with the last view left standing."""
     errors: list[str] = []
-    context = browser.new_context()
-    page = context.new_page()
-    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-    page.goto(site.url + "/")
-    page.wait_for_selector("#login:not([hidden])", timeout=WAIT_MS)
-    page.fill("#token", TOKEN)
-    page.click("#login button[type=submit]")
+    context, page = signed_in(browser, site.url, errors)
     page.wait_for_selector("#overview:not([hidden])", timeout=WAIT_MS)
     page.evaluate("location.hash = '#/task/%E0%A4%A'")
     page.wait_for_selector("#error:has-text('not a task address')", timeout=WAIT_MS)
@@ -191,13 +198,8 @@ def test_an_entity_of_an_app_has_a_page_with_counts_rows_and_a_timeline(
     (ids,) = filled
     errors: list[str] = []
     with serve(db_file) as s:
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = context.new_page()
-        page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-        page.goto(s.url + "/")
-        page.wait_for_selector("#login:not([hidden])", timeout=WAIT_MS)
-        page.fill("#token", TOKEN)
-        page.click("#login button[type=submit]")
+        context, page = signed_in(browser, s.url, errors,
+                                  viewport={"width": 1280, "height": 900})
         page.wait_for_selector("#diagrams a[href='#/entity/shop_order']", timeout=WAIT_MS)
         page.click("#diagrams a[href='#/entity/shop_order']")
         page.wait_for_selector("#entity:not([hidden])", timeout=WAIT_MS)

@@ -288,8 +288,9 @@ class Entity:
     def _reason(self, reason: str | StateReason | None, to_state: str | None,
                 source: str | None = None) -> StateReason:
         """The reason a move records: as given, else the default of the edge it takes
-        (from ``source``), else the one default of the edges into the target state, else
-        the one code declared for the target state (``<domain>.<state>.<cause>``)."""
+        (from ``source``; when the source is not known, the one default of the edges into
+        the target state), else the one code declared for the target state
+        (``<domain>.<state>.<cause>``)."""
         if isinstance(reason, StateReason):
             check_reason(self.policy, reason)
             return reason
@@ -299,11 +300,12 @@ class Entity:
             return why
         if to_state is None:
             raise UnknownReason("give reason=")
-        taken = self.policy.edge_rules.get((source, to_state)) if source is not None else None
-        if taken is not None and taken.reason is not None:
-            return StateReason(code=taken.reason)
-        defaults = {r.reason for (_, dst), r in self.policy.edge_rules.items()
-                    if dst == to_state and r.reason is not None}
+        if source is not None:
+            taken = self.policy.edge_rules.get((source, to_state))
+            defaults = {taken.reason} if taken is not None and taken.reason else set()
+        else:
+            defaults = {r.reason for (_, dst), r in self.policy.edge_rules.items()
+                        if dst == to_state and r.reason is not None}
         if len(defaults) == 1:
             return StateReason(code=defaults.pop())
         codes = sorted(c for c in self.policy.reason_codes if c.split(".")[1:2] == [to_state])

@@ -19,6 +19,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 bearer = HTTPBearer(auto_error=False, description="The server's API token.")
 
 UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="ledgerq"'}
+#: Why a write is refused by a server started without a token.
+READ_ONLY = ("this server has no API token, so it is read-only: start it with "
+             "LEDGERQ_API_TOKEN or --token-file")
 
 
 def token_matches(expected: str, presented: str) -> bool:
@@ -33,8 +36,7 @@ def _check(request: Request, credentials: HTTPAuthorizationCredentials | None,
     expected: str | None = config.token
     if expected is None:
         if write:
-            raise HTTPException(403, "this server has no API token, so it is read-only: "
-                                     "start it with LEDGERQ_API_TOKEN or --token-file")
+            raise HTTPException(403, READ_ONLY)
         return
     if not write and not costly and config.public_read:
         return

@@ -22,7 +22,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ledgerq.errors import InvalidInput
-from ledgerq.web.auth import token_matches
+from ledgerq.web.auth import READ_ONLY, UNAUTHORIZED, token_matches
 
 #: The longest a client may take to send a request's body.
 BODY_SECONDS = 10.0
@@ -77,12 +77,12 @@ class BodyLimit:
             # The route decides its own refusal for a body-less request; a body is only
             # ever a write's, and is not read for a client that may not write.
             if self.token is None:
-                await _answer(send, 403, "this server has no API token, so it is "
-                              "read-only: start it with LEDGERQ_API_TOKEN or --token-file")
+                await _answer(send, 403, READ_ONLY)
             else:
                 await _answer(send, 401, "a request with a body needs the bearer token "
                               "(Authorization: Bearer <token>)",
-                              ((b"www-authenticate", b'Bearer realm="ledgerq"'),))
+                              tuple((k.lower().encode(), v.encode())
+                                    for k, v in UNAUTHORIZED.items()))
             return
         chunks: list[bytes] = []
         size = 0

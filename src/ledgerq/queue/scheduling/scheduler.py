@@ -284,12 +284,10 @@ async def fire_due(db: Database[SchedulingTx], *, now: float | None = None,
     hostname = host or socket.gethostname()
     result = FirePass()
     skip = tracker.skipping()
-    if checks is None:
-        checks = _CHECKS.setdefault(db, NextChecks())
-    plan = checks
+    known = _CHECKS.setdefault(db, NextChecks()) if checks is None else checks
     due, result.failed, checked = await db.read(
-        lambda tx: _plan(tx, spol, rpol, ts, skip, plan))
-    checks.at.update(checked)
+        lambda tx: _plan(tx, spol, rpol, ts, skip, known))
+    known.at.update(checked)
     for sid in due:
         # One transaction per schedule: one schedule's trouble never blocks another's fires.
         # The unit returns what it did (a unit may run again after a lost connection).

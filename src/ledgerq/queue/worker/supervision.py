@@ -129,15 +129,22 @@ def begin_runs(db: Database[WorkerTx], runs: list[dict[str, Any]], ctx: RunConte
     return begun
 
 
+def _claimed_lease(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext
+                   ) -> dict[str, Any]:
+    """The lease the claim gave this worker: the row's, owned by us whatever it says."""
+    lease = lease_of(policy, run)
+    lease["leased_by"] = ctx.worker_id
+    return lease
+
+
 def _supervisor_failed(policy: EntityPolicy, run: dict[str, Any], ctx: RunContext,
                        exc: Exception) -> Ended | None:
     """A run its supervisor could not begin, failed once with why (never left running
     for the reaper to run again); None when not even its lease can be read."""
     try:
-        lease = lease_of(policy, run)
+        lease = _claimed_lease(policy, run, ctx)
     except Exception:
         return None
-    lease["leased_by"] = ctx.worker_id
     return Ended(run, lease, Outcome(moves.RAISED, None, f"the worker could not start this "
                                      f"run: {type(exc).__name__}: {exc}"))
 
@@ -166,9 +173,7 @@ def begin_claimed(db: Database[WorkerTx], run: dict[str, Any], ctx: RunContext
 
 def _begin(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any], ctx: RunContext
            ) -> Ended | Coroutine[Any, Any, str]:
-    # The lease the claim gave this worker: the row's, owned by us whatever it says.
-    lease = lease_of(policy, run)
-    lease["leased_by"] = ctx.worker_id
+    lease = _claimed_lease(policy, run, ctx)
     try:
         decoded = decode_run(policy, run)
     except MalformedRow as exc:
