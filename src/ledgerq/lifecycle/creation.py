@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from ledgerq.codec import dumps
 from ledgerq.errors import ActorNotAllowed, InvalidInput
+from ledgerq.lifecycle.entering import entered
 from ledgerq.lifecycle.facts import Fact, make_fact, reason_json, tuple_new
 from ledgerq.lifecycle.ids import new_id
 from ledgerq.lifecycle.models import Actor, StateReason
@@ -49,8 +50,11 @@ def create_entity(tx: EventStore, policy: EntityPolicy, values: dict[str, Any], 
         patch.update(tx.insert_entity(policy, row, returning=stored))
     else:
         patch = _initial_patch(tx.insert_entity(policy, row), policy)
-    tx.append_facts((make_fact(new_id(), policy.name, row["id"], None, row["status"], reason,
-                               actor, ts, 1, patch, idempotency_key),))
+    fact = make_fact(new_id(), policy.name, row["id"], None, row["status"], reason, actor, ts,
+                     1, patch, idempotency_key)
+    tx.append_facts((fact,))
+    if policy.on_enter:
+        entered(tx, policy, (fact,))
     return str(row["id"])
 
 
@@ -281,6 +285,8 @@ def create_entities(tx: EventStore, policy: EntityPolicy,
                 reason.summary, evidence, actor.type, actor.id, ts, metadata, 1,
                 dumps(patch), None)))
     tx.append_facts(facts)
+    if policy.on_enter:
+        entered(tx, policy, facts)
     return [str(r["id"]) for r in rows]
 
 
@@ -296,10 +302,11 @@ def _create_with_facts(tx: EventStore, policy: EntityPolicy, rows: list[dict[str
         end = start + 1
         while end < len(rows) and (tuple(rows[end]), sent[end][1]) == shape:
             end += 1
-        tx.insert_entities_with_facts(policy, shape[0], [
-            (list(row.values()), make_fact(new_id(), policy.name, row["id"], None,
-                                           row["status"], reason, actor, ts, 1, patch,
-                                           idempotency_key))
-            for row, (patch, _) in zip(rows[start:end], sent[start:end], strict=True)],
-            shape[1])
+        made = [(list(row.values()), make_fact(new_id(), policy.name, row["id"], None,
+                                               row["status"], reason, actor, ts, 1, patch,
+                                               idempotency_key))
+                for row, (patch, _) in zip(rows[start:end], sent[start:end], strict=True)]
+        tx.insert_entities_with_facts(policy, shape[0], made, shape[1])
+        if policy.on_enter:
+            entered(tx, policy, [fact for _, fact in made])
         start = end

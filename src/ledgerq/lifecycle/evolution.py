@@ -51,6 +51,9 @@ SAMPLE_IDS = 5
 def normalize(spec: EntitySpec) -> Normal:
     """The spec as canonical JSON-able data; equal specs give equal dicts."""
     data: Normal = msgspec.to_builtins(spec)
+    # A state that defers no task normalizes as one recorded before on_enter existed.
+    data["states"] = {name: {k: v for k, v in state.items() if k != "on_enter" or v}
+                      for name, state in data["states"].items()}
     edges: dict[tuple[str, str], dict[str, Any]] = {}
     for edge in data.pop("edges"):
         for dst in edge["to"]:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from ledgerq.codec import CONTAINERS, dumps
 from ledgerq.errors import IdempotencyConflict, NotFound
+from ledgerq.lifecycle.entering import entered
 from ledgerq.lifecycle.facts import Fact, make_fact
 from ledgerq.lifecycle.ids import new_id, new_token
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
@@ -148,8 +149,11 @@ def _swap(tx: EventStore, policy: EntityPolicy, plan: Plan, entity_id: str, reas
         # the swap's own statement (inserted only if the swap matched).
         sent = _sent(policy, plan, entity_id, reason, actor, ts, changes, guards,
                      idempotency_key, version)
-        if tx.update_entities_with_facts(policy, [sent]) == [None]:
+        (done,) = tx.update_entities_with_facts(policy, [sent])
+        if done is None:
             return None
+        if policy.on_enter:
+            entered(tx, policy, (sent.fact._replace(entity_version=done),))
         return Moved(True, observed, to_state, sent.fact.id, None)
     after = tx.swap(plan.unread if version is None else plan.read, entity_id, observed,
                     version, plan.moved_to, changes.values(), guards)
@@ -163,10 +167,12 @@ def _swap(tx: EventStore, policy: EntityPolicy, plan: Plan, entity_id: str, reas
     if whole_row:
         changes["status_evidence_refs"] = after["status_evidence_refs"]
     new_version: int = version + 1 if version is not None else after["version"]
-    fact_id = new_id()
-    tx.append_facts((make_fact(fact_id, policy.name, entity_id, observed, to_state, reason,
-                               actor, ts, new_version, changes, idempotency_key),))
-    return Moved(True, observed, to_state, fact_id, after if whole_row else None)
+    fact = make_fact(new_id(), policy.name, entity_id, observed, to_state, reason, actor, ts,
+                     new_version, changes, idempotency_key)
+    tx.append_facts((fact,))
+    if policy.on_enter:
+        entered(tx, policy, (fact,))
+    return Moved(True, observed, to_state, fact.id, after if whole_row else None)
 
 
 def _terms(tx: EventStore, policy: EntityPolicy, plan: Plan, reason: StateReason, ts: float,
@@ -251,6 +257,10 @@ def apply_moves(tx: EventStore, policy: EntityPolicy, moves: Sequence[MoveTerms]
         sent.append(_sent(policy, plan, m.entity_id, m.reason, m.actor, ts, changes, guards,
                           "", None))
     done = tx.update_entities_with_facts(policy, sent)
+    if policy.on_enter:
+        entered(tx, policy, [s.fact._replace(entity_version=version)
+                             for s, version in zip(sent, done, strict=True)
+                             if version is not None])
     return [_apply(tx, policy, m) if version is None
             else Moved(True, m.from_state, m.to_state, s.fact.id, None)
             for m, s, version in zip(moves, sent, done, strict=True)]
@@ -290,7 +300,7 @@ def _swaps_then_facts(tx: EventStore, policy: EntityPolicy, moves: Sequence[Move
                                 None if m.from_state == m.to_state else m.to_state,
                                 changes.values(), guards)
             if after is None:
-                tx.append_facts(facts)
+                _append(tx, policy, facts)
                 facts = []
                 out.append(_apply(tx, policy, m))
                 continue
@@ -304,10 +314,18 @@ def _swaps_then_facts(tx: EventStore, policy: EntityPolicy, moves: Sequence[Move
     except BaseException:
         if facts:  # the swaps that matched keep their facts, even in a failing transaction
             with contextlib.suppress(Exception):
-                tx.append_facts(facts)
+                _append(tx, policy, facts)
         raise
-    tx.append_facts(facts)
+    _append(tx, policy, facts)
     return out
+
+
+def _append(tx: EventStore, policy: EntityPolicy, facts: list[Fact]) -> None:
+    """Append the facts of swaps that matched, and defer what the states they entered
+    declare (``on_enter``)."""
+    tx.append_facts(facts)
+    if policy.on_enter:
+        entered(tx, policy, facts)
 
 
 def _apply(tx: EventStore, policy: EntityPolicy, m: MoveTerms) -> Moved:

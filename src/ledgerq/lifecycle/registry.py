@@ -196,6 +196,13 @@ class EntityPolicy:
     #: The actor types that may move its rows (the spec's ``actors``; default the
     #: ADR-0071 queue's five).
     actors: frozenset[str] = field(default_factory=lambda: ACTOR_TYPES)
+    #: State -> the tasks a row entering it defers (the states' ``on_enter``); states
+    #: that defer none are absent, so an entity without any has an empty mapping.
+    on_enter: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    #: The registry a policy that defers tasks was first put in: where what runs them
+    #: (the queue's entity) is found from inside a move, which is given only the policy.
+    peers: Registry | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "json_columns", tuple(
@@ -281,6 +288,8 @@ class Registry:
         by_name: dict[str, EntityPolicy] = {}
         for p in policies:
             by_name[p.name] = p
+            if p.on_enter and p.peers is None:
+                object.__setattr__(p, "peers", self)
         self._by_name: Mapping[str, EntityPolicy] = MappingProxyType(by_name)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -336,6 +345,7 @@ def build_policy(spec: EntitySpec, source: str, *, lost: frozenset[str] = frozen
     _check_reason_codes(c)
     indexes = _check_indexes(c)
     outcomes = _check_outcomes(c)
+    on_enter = _check_on_enter(c)
     groups = _check_column_groups(c)
     _check_clears(c, graph, groups)
     _check_entity_and_table(c)
@@ -360,6 +370,7 @@ def build_policy(spec: EntitySpec, source: str, *, lost: frozenset[str] = frozen
         outcomes=MappingProxyType(outcomes),
         column_groups=MappingProxyType(groups),
         actors=ACTOR_TYPES if spec.actors is None else frozenset(spec.actors),
+        on_enter=MappingProxyType(on_enter),
     )
 
 
@@ -645,6 +656,27 @@ def _check_outcomes(c: _Checking) -> dict[str, str]:
         else:
             outcomes[name] = state_spec.outcome
     return outcomes
+
+
+def _check_on_enter(c: _Checking) -> dict[str, tuple[str, ...]]:
+    """Each state's ``on_enter`` names tasks, each once: a task listed twice would be
+    deferred twice per entry, which is never what "when it enters, do this" means."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, state_spec in c.spec.states.items():
+        tasks = state_spec.on_enter
+        if not tasks:
+            continue
+        where = f"$.states.{name}.on_enter"
+        # (What a task may be named is the queue's to say: ledgerq.queue.moves.problems.)
+        bad = [t for t in tasks if not t.strip()]
+        if bad:
+            c.bad(where, "a task name is empty")
+        twice = sorted({t for t in tasks if tasks.count(t) > 1})
+        if twice:
+            c.bad(where, f"task {', '.join(map(repr, twice))} is listed more than once")
+        if not bad and not twice:
+            out[name] = tuple(tasks)
+    return out
 
 
 def _check_column_groups(c: _Checking) -> dict[str, tuple[str, ...]]:

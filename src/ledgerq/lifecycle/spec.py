@@ -64,6 +64,9 @@ class StateSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     #: How a row that ends here ended (terminal states only): ``succeeded``, ``failed``,
     #: ``cancelled`` or ``skipped``. What "a dependency is met" and a status's colour mean.
     outcome: str | None = None
+    #: Tasks deferred when a row enters this state, in the transaction of the move (or
+    #: the creation) that enters it: a declarative outbox (``on_enter = ["shop.receipt"]``).
+    on_enter: list[str] = []
 
 
 class EdgeSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -257,12 +257,42 @@ def problems(registry: Registry) -> list[SpecProblem]:
     """Every finding of :func:`policy_problems` (and, when the specs declare schedules, of
     the schedule entity's moves); none when the registry has no run entity (a registry for
     the engine alone, with no queue on top)."""
+    deferring = on_enter_problems(registry)
     if ENTITY not in registry.entities:
-        return []
+        return deferring
     scheduled = SCHEDULE_ENTITY in registry.entities
     found = policy_problems(registry.entity(ENTITY), scheduled=scheduled)
     if scheduled:
         found += move_problems(registry.entity(SCHEDULE_ENTITY), SCHEDULE_MOVES)
+    return found + deferring
+
+
+def on_enter_problems(registry: Registry) -> list[SpecProblem]:
+    """Tasks states defer (``on_enter``) that the queue could not run: a name no task can
+    have, specs without the run entity to queue them in, or a run entity's own state
+    (each run entering it would defer another run, without end)."""
+    # (Imported here: submission's application module is built on this one.)
+    from ledgerq.queue.submission.application import task_name_problem
+
+    found: list[SpecProblem] = []
+    for policy in registry.policies():
+        for state, tasks in policy.on_enter.items():
+            where = f"$.states.{state}.on_enter"
+
+            def bad(message: str, where: str = where, policy: EntityPolicy = policy) -> None:
+                found.append(SpecProblem(policy.source, where, message))
+
+            if policy.name == ENTITY:
+                bad(f"a {ENTITY} state cannot defer tasks: every run entering it would "
+                    "defer another run")
+                continue
+            if ENTITY not in registry.entities:
+                bad(f"state {state!r} defers tasks, but the specs have no {ENTITY!r} "
+                    "entity to queue them in")
+            for task in tasks:
+                problem = task_name_problem(task)
+                if problem is not None:
+                    bad(f"task name {problem}")
     return found
 
 

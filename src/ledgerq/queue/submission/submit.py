@@ -160,7 +160,7 @@ _reasons = {m: StateReason(code=m.code) for m in (moves.SUBMITTED, moves.SUBMITT
                                                   moves.SUBMITTED_DELAYED)}
 
 
-def _insert_all(tx: SubmissionTx, policy: EntityPolicy, apps: list[TaskApplication],
+def insert_all(tx: SubmissionTx, policy: EntityPolicy, apps: list[TaskApplication],
                 now: float, host: str, actor: Actor,
                 args_json: Sequence[str | None] | None = None) -> list[str]:
     """Insert ``apps`` in order (in-transaction); ids in the same order. ``args_json``:
@@ -250,7 +250,7 @@ async def submit_many(db: Database[SubmissionTx], apps: Sequence[TaskApplication
             functools.partial(_insert_joined, policy=policy, host=hostname, actor=actor))]
     else:
         def unit(tx: SubmissionTx) -> list[str]:
-            return _insert_all(tx, policy, normalized, ts, hostname, actor, texts)
+            return insert_all(tx, policy, normalized, ts, hostname, actor, texts)
 
         # A plain submit takes no lock and reads nothing: its unit is one statement (many
         # rows are sent as several, pipelined, which a pool thread's connection does).
@@ -307,7 +307,7 @@ async def submit_in(tx: Transaction, app: TaskApplication, *, host: str | None =
     policy = run_policy(db)
     hostname = socket.gethostname() if not host and valid.required_capabilities \
         else host or ""
-    pending = tx.add(lambda t: _insert_all(t, policy, [valid], time.time(), hostname, actor,
+    pending = tx.add(lambda t: insert_all(t, policy, [valid], time.time(), hostname, actor,
                                            [text])[0], what="the run's id")
     tx.after_commit(lambda: wakeup.notify(db.path))
     return pending
@@ -323,9 +323,9 @@ def _joinable(app: TaskApplication) -> bool:
 
 def _insert_joined(tx: SubmissionTx, items: Sequence[tuple[TaskApplication, str]], now: float, *,
                    policy: EntityPolicy, host: str, actor: Actor) -> list[str]:
-    """:func:`_insert_all` of submits joined in one turn (see
+    """:func:`insert_all` of submits joined in one turn (see
     :mod:`ledgerq.queue.submission.joined`)."""
-    return _insert_all(tx, policy, [app for app, _ in items], now, host, actor,
+    return insert_all(tx, policy, [app for app, _ in items], now, host, actor,
                        [text for _, text in items])
 
 

@@ -1,0 +1,61 @@
+"""A state's ``on_enter`` tasks as runs: the queue's half of the declarative outbox.
+
+The engine calls :func:`defer_entries` inside the transaction of a move (or creation)
+whose fact entered a state that declares tasks (:mod:`ledgerq.lifecycle.entering`).
+Each task gets one run, written there with its creation fact, so the entry and its runs
+commit together. A run waits in the queue its task's app recorded for it (the default
+queue for a task no app has recorded yet: ``ledgerq stats`` lists it as unserved until
+a worker serves it) and is given two arguments: ``entity_id``, and ``fact``, the entry
+(:class:`~ledgerq.lifecycle.entering.Entry`). Its trigger context names the entity, the
+row, the state and the fact, so ``ledgerq show RUN`` says what deferred it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+from ledgerq.errors import InvalidInput
+from ledgerq.lifecycle.entering import defer_with, entry
+from ledgerq.lifecycle.facts import Fact
+from ledgerq.lifecycle.models import Actor
+from ledgerq.queue import moves
+from ledgerq.queue.moves import DEFAULT_QUEUE, ENTITY
+from ledgerq.queue.submission.application import TaskApplication
+from ledgerq.queue.submission.submit import insert_all
+
+if TYPE_CHECKING:
+    from ledgerq.lifecycle.registry import EntityPolicy
+    from ledgerq.lifecycle.store import EventStore
+    from ledgerq.queue.submission.store import SubmissionTx
+
+#: Who creates an entry's runs (the move's own actor may be a type runs do not admit).
+ENTERED = Actor(type="system", id="ledgerq.on_enter")
+
+
+def defer_entries(tx: EventStore, policy: EntityPolicy,
+                  due: Sequence[tuple[Fact, tuple[str, ...]]]) -> None:
+    """One run of each task of each entry in ``due``, in ``tx``, in order."""
+    registry = policy.peers
+    if registry is None or ENTITY not in registry.entities:
+        raise InvalidInput(f"{policy.name}: state {due[0][0].status!r} defers tasks "
+                           f"(on_enter), but the loaded specs have no {ENTITY!r} entity "
+                           "to queue them in")
+    runs = moves.check(registry).entity(ENTITY)
+    sub = cast("SubmissionTx", tx)
+    names = sorted({task for _, tasks in due for task in tasks})
+    queues = {row["name"]: row.get("queue") for row in sub.read_task_kinds(names)}
+    apps: list[TaskApplication] = []
+    for fact, tasks in due:
+        args = {"entity_id": fact.entity_id, "fact": dict(entry(fact))}
+        trigger = {"entity": fact.entity_type, "entity_id": fact.entity_id,
+                   "state": fact.status, "fact_id": fact.id}
+        apps.extend(TaskApplication(action_kind=task, args=args, trigger_context=trigger,
+                                    queue=queues.get(task) or DEFAULT_QUEUE)
+                    for task in tasks)
+    insert_all(sub, runs, apps, due[0][0].created_at, "", ENTERED)
+
+
+defer_with(defer_entries)
+
+__all__ = ["ENTERED", "defer_entries"]
