@@ -65,7 +65,9 @@ def start_spec() -> Normal:
 
 
 def _state(name: str) -> dict[str, Any]:
-    return dict(msgspec.to_builtins(StateSpec(description=name)))
+    """A state as a normalized spec holds it (a field left at its default is left out)."""
+    return {k: v for k, v in msgspec.to_builtins(StateSpec(description=name)).items()
+            if k != "on_enter"}
 
 
 def _column(kind: str, default: Any) -> dict[str, Any]:

@@ -35,7 +35,9 @@ from ledgerq.queue import (
     wait_for_runs,
 )
 from ledgerq.queue.reads import FactFollower, get_run, worker_statuses
+from ledgerq.queue.submission import task_kinds
 from ledgerq.queue.submission.rerun import RunNotEnded
+from ledgerq.queue.submission.task_kinds import TaskKind
 from ledgerq.queue.worker.recycling import request_worker_stop
 from test_cli import LEDGERQ, as_json, cli, ok, one_error_line
 
@@ -203,12 +205,13 @@ async def test_stop_request_drains_the_worker_it_was_meant_for(db: StateDB,
     assert again.recycling.why == "max_runtime 1s reached"
 
 
-async def test_a_schema_2_database_gains_stop_requested_at(db_target: str) -> None:
+async def test_a_schema_2_database_gains_the_columns_added_since(db_target: str) -> None:
     async with StateDB(db_target):
         pass
     # What the previous version made: no stop_requested_at, schema version 2 recorded.
     downgrade = ("ALTER TABLE workers DROP COLUMN stop_requested_at",
                  "ALTER TABLE workers DROP COLUMN queues",
+                 "ALTER TABLE task_kinds DROP COLUMN defaults",
                  "UPDATE ledgerq_schema SET value = '2' WHERE key = 'schema_version'")
     if db_target.startswith("postgres"):
         with psycopg.connect(db_target) as conn:
@@ -231,6 +234,9 @@ async def test_a_schema_2_database_gains_stop_requested_at(db_target: str) -> No
         (status,) = await worker_statuses(db)
         assert status.stop_requested_at is not None
         assert status.queues == ["default"]
+        kind = TaskKind("x.y", {"type": "object"}, queue="q", defaults={"priority": 2})
+        assert await task_kinds.record(db, [kind]) == 1
+        assert (await task_kinds.recorded(db))["x.y"].defaults == {"priority": 2}
 
 
 async def test_a_worker_row_an_older_release_wrote_serves_every_queue(db: StateDB) -> None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypedDict
+
+from typing_extensions import TypedDict  # (pydantic, on Python 3.11, validates only this one)
 
 from ledgerq.lifecycle.facts import Fact
 from ledgerq.lifecycle.registry import EntityPolicy

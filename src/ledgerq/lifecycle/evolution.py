@@ -39,8 +39,10 @@ Normal = dict[str, Any]
 #: an older one replaces its guard and adds the column. 5: on PostgreSQL, a run entering
 #: ``queued`` notifies listening workers by trigger (``ledgerq_claimable``). 6: Python
 #: tasks: ``task_kinds`` (each app's task names and their parameters' JSON Schema) and
-#: ``workers.kinds`` (the action kinds each worker serves).
-SCHEMA_VERSION = 6
+#: ``workers.kinds`` (the action kinds each worker serves). 7: ``task_kinds.defaults`` (a
+#: task's own priority, retry policy, timeout, capabilities and target, which a run
+#: deferred by a state's ``on_enter`` takes).
+SCHEMA_VERSION = 7
 #: Ids a refusal names at most: enough to find the rows, short enough to read.
 SAMPLE_IDS = 5
 

@@ -183,7 +183,8 @@ class App:
         if not db.readonly and self.tasks:
             await task_kinds.record(db, [
                 TaskKind(name, task.arguments.json_schema(), task.returns.json_schema(),
-                         task.queue) for name, task in self.tasks.items()])
+                         task.queue, defaults=task.defaults())
+                for name, task in self.tasks.items()])
 
     async def close(self) -> None:
         """Close the async handle; the sync side stays until :meth:`close_sync`."""

@@ -154,6 +154,13 @@ class Task(Generic[R]):
         """The function itself, called here and now (no run is queued)."""
         return self.fn(*args, **kwargs)
 
+    def defaults(self) -> dict[str, Any]:
+        """What a run of this task takes when the app does not defer it itself (a state's
+        ``on_enter``): recorded in the database with the task's name."""
+        return {"priority": self.priority, "retry": self.retry.to_dict() if self.retry else None,
+                "timeout": self.timeout, "capabilities": self.capabilities,
+                "target": self.target}
+
     def retries(self, exc: BaseException) -> bool:
         """Whether a run that raised ``exc`` may be tried again under its retry policy."""
         return isinstance(exc, self.retry_on) and not isinstance(exc, self.no_retry_on)

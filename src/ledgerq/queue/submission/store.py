@@ -22,9 +22,10 @@ class SubmissionTx(SharedTx, Protocol):
         """``name``, ``parameters`` (JSON Schema text), ``returns``, ``queue`` and
         ``recorded_at`` of the recorded task kinds among ``names`` (None: all), by name."""
 
-    def record_task_kinds(self, kinds: Sequence[tuple[str, str, str | None, str | None, float]]
+    def record_task_kinds(self, kinds: Sequence[tuple[str, str, str | None, str | None, float,
+                                                      str | None]]
                           ) -> None:
-        """Insert or replace each ``(name, parameters, returns, queue, recorded_at)``."""
+        """Insert or replace each ``(name, parameters, returns, queue, recorded_at, defaults)``."""
 
     def notify_claimable(self) -> None:
         """Tell workers of other processes and hosts that a row may have become claimable

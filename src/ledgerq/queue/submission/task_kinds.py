@@ -38,13 +38,16 @@ FORMATS = {
 
 @dataclass(frozen=True)
 class TaskKind:
-    """One recorded task: its name, its parameters' JSON Schema, its default queue."""
+    """One recorded task: its name, its parameters' JSON Schema, its default queue and
+    its other defaults (``priority``, ``retry``, ``timeout``, ``capabilities``,
+    ``target``: what a run the app did not defer itself, a state's ``on_enter``, takes)."""
 
     name: str
     parameters: dict[str, Any]
     returns: dict[str, Any] | None = None
     queue: str | None = None
     recorded_at: float | None = None
+    defaults: dict[str, Any] | None = None
 
     def check(self, args: dict[str, Any]) -> None:
         """InvalidInput naming the argument when ``args`` do not fit the parameters."""
@@ -133,17 +136,18 @@ def _json(value: Any) -> Any:
     return loads(value) if isinstance(value, str | bytes) else value
 
 
-def _kind(row: Mapping[str, Any]) -> TaskKind:
+def kind_of(row: Mapping[str, Any]) -> TaskKind:
     return TaskKind(name=row["name"], parameters=_json(row["parameters"]),
                     returns=_json(row["returns"]) if row.get("returns") else None,
-                    queue=row.get("queue"), recorded_at=row.get("recorded_at"))
+                    queue=row.get("queue"), recorded_at=row.get("recorded_at"),
+                    defaults=_json(row["defaults"]) if row.get("defaults") else None)
 
 
 async def recorded(db: Database[SubmissionTx], names: Sequence[str] | None = None
                    ) -> dict[str, TaskKind]:
     """The recorded task kinds among ``names`` (None: all), by name."""
     rows = await db.read(lambda tx: tx.read_task_kinds(names))
-    return {row["name"]: _kind(row) for row in rows}
+    return {row["name"]: kind_of(row) for row in rows}
 
 
 async def record(db: Database[SubmissionTx], kinds: Iterable[TaskKind]) -> int:
@@ -155,9 +159,11 @@ async def record(db: Database[SubmissionTx], kinds: Iterable[TaskKind]) -> int:
     have = await recorded(db, sorted(wanted))
     now = time.time()
     changed = [(k.name, dumps(k.parameters), dumps(k.returns) if k.returns else None,
-                k.queue, now) for k in wanted.values()
+                k.queue, now, dumps(k.defaults) if k.defaults else None)
+               for k in wanted.values()
                if (h := have.get(k.name)) is None
-               or (h.parameters, h.returns, h.queue) != (k.parameters, k.returns, k.queue)]
+               or (h.parameters, h.returns, h.queue, h.defaults)
+               != (k.parameters, k.returns, k.queue, k.defaults)]
     if changed:
         await db.write(lambda tx: tx.record_task_kinds(changed))
     return len(changed)

@@ -77,7 +77,8 @@ CREATE TABLE IF NOT EXISTS task_kinds (
   parameters  jsonb NOT NULL,
   returns     jsonb,
   queue       text,
-  recorded_at double precision NOT NULL
+  recorded_at double precision NOT NULL,
+  defaults    jsonb
 );
 CREATE OR REPLACE FUNCTION status_transitions_append_only() RETURNS trigger
   LANGUAGE plpgsql AS $$
@@ -155,6 +156,8 @@ ALTER TABLE workers ADD COLUMN IF NOT EXISTS stop_requested_at double precision;
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS queues jsonb;
 ALTER TABLE workers ADD COLUMN IF NOT EXISTS kinds jsonb;
 """
+#: Columns of ``task_kinds`` added after it was first shipped (7: each task's defaults).
+TASK_KINDS_UPGRADE = "ALTER TABLE task_kinds ADD COLUMN IF NOT EXISTS defaults jsonb"
 
 
 def column_ddl(column: ColumnPolicy) -> str:
@@ -218,6 +221,8 @@ def _in_migration(conn: psycopg.Connection[Any], registry: Registry,
             _lock_in_writer_order(conn, registry)
             conn.execute(BASE_DDL)
             conn.execute(META_DDL)
+            if schema_version(conn) < SCHEMA_VERSION:
+                conn.execute(TASK_KINDS_UPGRADE)
             # Rebuilds and mapped moves may delete and re-add referenced rows' columns.
             conn.execute("SET CONSTRAINTS ALL DEFERRED")
             plan = step(PostgresCatalog(PostgresTx(conn), column_ddl))

@@ -71,7 +71,8 @@ CREATE TABLE IF NOT EXISTS task_kinds (
   parameters  JSON NOT NULL,
   returns     JSON,
   queue       TEXT,
-  recorded_at REAL NOT NULL
+  recorded_at REAL NOT NULL,
+  defaults    JSON
 );
 """
 
@@ -114,10 +115,22 @@ WORKERS_ADDED = {"stop_requested_at": "ALTER TABLE workers ADD COLUMN stop_reque
                  "kinds": "ALTER TABLE workers ADD COLUMN kinds JSON"}
 
 
+#: Columns ``task_kinds`` gained after it was made: 7, each task's own defaults.
+TASK_KINDS_ADDED = {"defaults": "ALTER TABLE task_kinds ADD COLUMN defaults JSON"}
+
+
 def upgrade_workers(conn: sqlite3.Connection) -> None:
     """Add what :data:`WORKERS_ADDED` names and the table lacks (idempotent)."""
     have = {r[1] for r in conn.execute("PRAGMA table_info(workers)")}
     for column, statement in WORKERS_ADDED.items():
+        if column not in have:
+            conn.execute(statement)
+
+
+def upgrade_task_kinds(conn: sqlite3.Connection) -> None:
+    """Add what :data:`TASK_KINDS_ADDED` names and the table lacks (idempotent)."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(task_kinds)")}
+    for column, statement in TASK_KINDS_ADDED.items():
         if column not in have:
             conn.execute(statement)
 
@@ -197,6 +210,7 @@ def _in_migration(conn: sqlite3.Connection, registry: Registry,
         try:
             for statement in statements(BASE_DDL + DELETE_GUARD + META_DDL):
                 conn.execute(statement)
+            upgrade_task_kinds(conn)
             catalog = SqliteCatalog(SqliteTx(conn), column_ddl)
             plan = step(catalog)
             workers = ddl.runs_ddl(WORKERS_DDL, registry)

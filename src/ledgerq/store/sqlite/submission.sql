@@ -7,14 +7,15 @@
 SELECT id, application_digest FROM {table} WHERE idempotency_key = ?
 
 -- name: read_task_kinds
-SELECT name, parameters, returns, queue, recorded_at FROM task_kinds
+SELECT name, parameters, returns, queue, recorded_at, defaults FROM task_kinds
 WHERE name IN ({marks}) ORDER BY name
 
 -- name: read_all_task_kinds
-SELECT name, parameters, returns, queue, recorded_at FROM task_kinds ORDER BY name
+SELECT name, parameters, returns, queue, recorded_at, defaults FROM task_kinds ORDER BY name
 
 -- name: record_task_kind
-INSERT INTO task_kinds (name, parameters, returns, queue, recorded_at)
-VALUES (?, ?, ?, ?, ?)
+INSERT INTO task_kinds (name, parameters, returns, queue, recorded_at, defaults)
+VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (name) DO UPDATE SET parameters = excluded.parameters,
-  returns = excluded.returns, queue = excluded.queue, recorded_at = excluded.recorded_at
+  returns = excluded.returns, queue = excluded.queue, recorded_at = excluded.recorded_at,
+  defaults = excluded.defaults

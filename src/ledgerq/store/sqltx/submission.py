@@ -25,7 +25,8 @@ class SubmissionOps(SqlBase):
         return self.dicts(self.execute(
             self.q("read_task_kinds", marks=self.marks(len(names))), tuple(names)))
 
-    def record_task_kinds(self, kinds: Sequence[tuple[str, str, str | None, str | None, float]]
+    def record_task_kinds(self, kinds: Sequence[tuple[str, str, str | None, str | None, float,
+                                                      str | None]]
                           ) -> None:
         for row in kinds:
             self.execute(self.q("record_task_kind"), row)
