@@ -117,7 +117,8 @@ async def test_every_entry_of_a_batch_defers_its_own_runs(shop: App) -> None:
     policy = shop.db.registry.entity("shop_order")
     reason = StateReason(code="order.created.placed")
     ids = await shop.db.write(lambda tx: create_entities(
-        tx, policy, [{"customer": f"c{i}", "status": "created"} for i in range(5)], reason=reason, actor=CUSTOMER))
+        tx, policy, [{"customer": f"c{i}", "status": "created"} for i in range(5)],
+        reason=reason, actor=CUSTOMER))
     paid = StateReason(code="order.paid.card")
     await shop.db.write(lambda tx: apply_moves(tx, policy, [
         MoveTerms(i, "created", "paid", paid, CUSTOMER, {}, {}) for i in ids[:4]]))
