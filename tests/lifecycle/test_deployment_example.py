@@ -270,8 +270,8 @@ def test_the_command_and_the_docs_generator_show_it(tmp_path: Path) -> None:
     assert "Projection table: `deployments` · spec file: `specs/deployment.toml` · " \
            "10 states, 15 edges, 15 reason codes." in page
     assert mermaid(policy).rstrip("\n") in page
-    assert "| `awaiting_approval` | `deploying` | `operator` |  | `approved_at`, `approved_by` |" \
-        in page
+    assert "| `awaiting_approval` | `deploying` |  |  | `operator` |  | " \
+        "`approved_at`, `approved_by` |" in page
     assert "| `uq_deployments_in_flight` | `service`, `environment` | yes | `status IN (" in page
     assert "| `canary` | `boolean not null default False` | spec |" in page
     assert ok("--specs", specs, "specs", "docs", "--out", out, "--check").startswith("ok: 3")

@@ -58,3 +58,34 @@ def test_the_migration_part_runs_as_the_page_says(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["created -> paid -> on_hold -> paid",
                                        "1 delivered before"]
+
+
+def test_the_on_enter_part_runs_through_a_real_worker(tmp_path: Path) -> None:
+    """The receipt deferred by paying an order, run by a real ``ledgerq worker`` process
+    serving the page's app, on the first part's database."""
+    test_the_order_example_runs_as_the_page_says(tmp_path)
+    spec = tmp_path / "specs" / "shop_order.toml"
+    paid = '[states.paid]\ndescription = "Paid, not shipped."\n'
+    text = spec.read_text(encoding="utf-8")
+    assert paid in text
+    spec.write_text(text.replace(paid, block(DOC, "example: shop_order_paid.toml", "toml")),
+                    encoding="utf-8")
+    for name in ("tasks.py", "pay.py"):
+        (tmp_path / name).write_text(block(DOC, f"example: {name}", "python"),
+                                     encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{tmp_path}"}
+    pay, work = block(DOC, "example: receipt.sh", "sh").splitlines()
+    assert pay.split()[0] == "python" and work.split()[0] == "ledgerq"
+    paid_run = subprocess.run([sys.executable, *pay.split()[1:]], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert paid_run.returncode == 0, paid_run.stderr
+    oid = paid_run.stdout.strip()
+    worker = subprocess.run([sys.executable, "-m", "ledgerq", *work.split()[1:]],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env=env, check=False)
+    assert worker.returncode == 0, worker.stderr
+    assert f"receipt for {oid}: created -> paid by webhook" in worker.stdout
+    check = subprocess.run([sys.executable, "-m", "ledgerq", "specs", "check", "specs",
+                            "--db", "shop.db"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60, env=env, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr

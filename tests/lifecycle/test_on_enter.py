@@ -170,3 +170,56 @@ def test_on_enter_is_recorded_with_the_spec_and_absent_when_empty(tmp_path: Path
     assert policy_normal(added)["states"]["paid"]["on_enter"] == ["shop.send_receipt"]
     assert isinstance(plain.peers, type(None)) and isinstance(added.peers, Registry)
     assert normalize(plain.spec) == policy_normal(plain)  # type: ignore[arg-type]
+
+
+def test_the_docs_page_lists_what_a_state_defers(tmp_path: Path) -> None:
+    from ledgerq.lifecycle.docs import render_markdown
+
+    policy = load_registry(deferring(tmp_path, paid=["shop.b", "shop.a"])).entity("shop_order")
+    row = next(line for line in render_markdown(policy).splitlines()
+               if line.startswith("| `paid` |"))
+    assert "| `shop.b`, `shop.a` |" in row  # in the order they are deferred
+
+
+async def test_specs_check_names_tasks_no_app_recorded_or_that_take_no_entry(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    specs = deferring(tmp_path, paid=["shop.send_receipt", "shop.audit", "shop.wrong"])
+    db = str(tmp_path / "shop.db")
+    app = App(db, registry=load_registry(specs))
+
+    @app.task(name="shop.send_receipt")
+    def send_receipt(entity_id: str, fact: Entry) -> None: ...
+
+    @app.task(name="shop.wrong")
+    def wrong(order_id: str) -> None: ...
+
+    async with app:
+        pass
+    res = subprocess.run([sys.executable, "-m", "ledgerq", "specs", "check", str(specs),
+                          "--db", db], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 1
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2, res.stdout
+    assert "$.states.paid.on_enter: task 'shop.audit' is not recorded in" in lines[0]
+    assert "task 'shop.wrong' does not take what an entry gives it" in lines[1]
+    assert "'order_id'" in lines[1]
+
+
+async def test_a_worker_says_which_deferred_tasks_it_does_not_serve(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    app = App(str(tmp_path / "shop.db"), registry=load_registry(
+        deferring(tmp_path, paid=["shop.send_receipt", "shop.audit"])))
+
+    @app.task(name="shop.send_receipt")
+    def send_receipt(entity_id: str, fact: Entry) -> None: ...
+
+    async with app:
+        worker = app.worker(max_runtime=0.3, handle_signals=False)
+        with caplog.at_level("WARNING", logger="ledgerq"):
+            await worker.run()
+    unserved = [r.getMessage() for r in caplog.records if "does not serve" in r.getMessage()]
+    assert len(unserved) == 1 and "shop_order.paid defers task shop.audit" in unserved[0]

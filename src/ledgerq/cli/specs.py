@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ledgerq.cli.app import app
-from ledgerq.cli.db import load_specs, root_specs, specs_only
+from ledgerq.cli.db import db_path, load_specs, open_db, root_specs, run, specs_only
 from ledgerq.cli.failures import DOMAIN_FAILURE, die
 from ledgerq.cli.render import JsonOption, emit_json, printable
+
+if TYPE_CHECKING:
+    from ledgerq.lifecycle.registry import Registry
+    from ledgerq.lifecycle.spec import SpecProblem
 
 specs_app = typer.Typer(help="Validate, draw and document the lifecycle spec files.",
                         no_args_is_help=True)
@@ -32,6 +36,10 @@ def specs_check(
         exists=True, metavar="DIR")] = None,
     specs: SpecsOption = None,
     json_out: JsonOption = False,
+    db: Annotated[str | None, typer.Option(
+        "--db", help="Also check that every task a state defers (on_enter) is one an app "
+        "has recorded in this database, and takes what an entry gives it.",
+        show_default=False)] = None,
 ) -> None:
     """Validate spec files, and that they allow every move the queue makes; every problem
     on its own line as FILE: $.PATH: MESSAGE (exit 1)."""
@@ -53,6 +61,10 @@ def specs_check(
         held = [p for policy in registry.policies() for p in held_groups_left_held(policy)]
         if held:
             raise SpecError(held)
+        if db is not None:
+            unserved = run(_unrecorded_tasks(ctx, db_path(ctx, db), registry))
+            if unserved:
+                raise SpecError(unserved)
     except SpecError as exc:
         if json_out:
             emit_json({"ok": False, "dir": str(root), "files": files, "entities": [],
@@ -70,6 +82,42 @@ def specs_check(
         names = ", ".join(sorted(registry.entities))
         typer.echo(f"ok: {len(files)} file(s), {len(registry.entities)} entities ({names}) "
                    f"in {root}")
+
+
+async def _unrecorded_tasks(ctx: typer.Context, path: str, registry: Registry
+                            ) -> list[SpecProblem]:
+    """The ``on_enter`` tasks no app has recorded in the database at ``path`` (nothing
+    would serve their runs), and those whose recorded parameters do not take an entry's
+    two arguments (every run would fail)."""
+    from ledgerq.errors import InvalidInput
+    from ledgerq.lifecycle.entering import Entry
+    from ledgerq.lifecycle.spec import SpecProblem
+    from ledgerq.queue.submission import task_kinds
+
+    async with open_db(ctx, path, readonly=True, registry=registry) as handle:
+        recorded = await task_kinds.recorded(handle)
+    sample = {"entity_id": "id", "fact": Entry(
+        id="id", entity_type="entity", entity_id="id", previous_status=None, status="s",
+        reason_code="r", reason_summary=None, source="system", actor=None, created_at=0.0,
+        entity_version=1)}
+    found = []
+    for policy in registry.policies():
+        for state, tasks in policy.on_enter.items():
+            where = f"$.states.{state}.on_enter"
+            for task in tasks:
+                kind = recorded.get(task)
+                if kind is None:
+                    found.append(SpecProblem(policy.source, where, (
+                        f"task {task!r} is not recorded in {path}: no app that declares it "
+                        "has opened the database, so no worker serves its runs")))
+                    continue
+                try:
+                    kind.check(dict(sample))
+                except InvalidInput as exc:
+                    found.append(SpecProblem(policy.source, where, (
+                        f"task {task!r} does not take what an entry gives it "
+                        f"(entity_id, fact): {exc}")))
+    return found
 
 
 @specs_app.command("graph")

@@ -1,6 +1,7 @@
 """Declared lifecycles: spec files, the policy registry and the guarded transition engine."""
 
 from ledgerq.lifecycle.engine import VOCABULARY_ERROR, create, transition
+from ledgerq.lifecycle.entering import Entry
 from ledgerq.lifecycle.models import Actor, StateReason, TransitionRequest, TransitionResult
 from ledgerq.lifecycle.registry import (
     EntityPolicy,
@@ -14,6 +15,7 @@ __all__ = [
     "VOCABULARY_ERROR",
     "Actor",
     "EntityPolicy",
+    "Entry",
     "Registry",
     "SpecError",
     "SpecProblem",

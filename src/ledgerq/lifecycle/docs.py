@@ -44,8 +44,9 @@ def render_markdown(policy: EntityPolicy) -> str:
         "",
         "## States",
         "",
-        "| State | Initial | Terminal | Outcome | Allowed next states | Description |",
-        "|---|---|---|---|---|---|",
+        "| State | Initial | Terminal | Outcome | Allowed next states | Defers on entry "
+        "| Description |",
+        "|---|---|---|---|---|---|---|",
     ]
     for state, desc in policy.states.items():
         nxt = _codes(policy.edges.get(state, frozenset()), "none")
@@ -53,7 +54,8 @@ def render_markdown(policy: EntityPolicy) -> str:
         lines.append(
             f"| `{state}` | {'yes' if state in policy.initial else ''} | "
             f"{'yes' if state in policy.terminal else ''} | "
-            f"{f'`{outcome}`' if outcome else ''} | {nxt} | {_cell(desc)} |")
+            f"{f'`{outcome}`' if outcome else ''} | {nxt} | "
+            f"{', '.join(f'`{t}`' for t in policy.on_enter.get(state, ()))} | {_cell(desc)} |")
     lines += [
         "",
         "## Edges",
@@ -61,14 +63,18 @@ def render_markdown(policy: EntityPolicy) -> str:
         "An edge not listed here is refused with a ValueError (\"not in the declared "
         "transition vocabulary\"). Actors empty means any actor type.",
         "",
-        "| From | To | Actors | Requires guard | Requires patch | Clears | Description |",
-        "|---|---|---|---|---|---|---|",
+        "| From | To | Event | Default reason | Actors | Requires guard | Requires patch "
+        "| Clears | Description |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for src, dst in ordered_edges(policy):
         rule = policy.rule(src, dst)
         actors = _codes(rule.actors, "") if rule.actors is not None else ""
+        event = f"`{rule.event}`" if rule.event else ""
+        reason = f"`{rule.reason}`" if rule.reason else ""
         lines.append(
-            f"| `{src}` | `{dst}` | {actors} | {_codes(rule.requires_guard)} | "
+            f"| `{src}` | `{dst}` | {event} | {reason} | {actors} | "
+            f"{_codes(rule.requires_guard)} | "
             f"{_codes(rule.requires_patch)} | {_codes(rule.clears)} | "
             f"{_cell(rule.description)} |")
     lines += [

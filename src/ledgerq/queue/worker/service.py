@@ -232,6 +232,21 @@ class Worker:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def _note_unserved_entries(self) -> None:
+        """Say which tasks the specs' states defer (``on_enter``) that this worker, which
+        serves an app's tasks, does not: their runs wait for a worker that does."""
+        adapters = self.executors.adapters
+        if not adapters:
+            return  # no app: its tasks are another worker's to serve
+        for policy in self.db.registry.policies():
+            for state, tasks in policy.on_enter.items():
+                for task in tasks:
+                    if task not in adapters:
+                        log.warning("worker %s: state %s.%s defers task %s, which this "
+                                    "worker does not serve; its runs wait for one that "
+                                    "does (ledgerq stats: unserved kinds)", self.worker_id,
+                                    policy.name, state, task)
+
     # ------------------------------------------------------------ loop
 
     async def run(self) -> None:
@@ -263,6 +278,7 @@ class Worker:
             # Submits in other processes and hosts wake this worker too, where the
             # backend can tell it (PostgreSQL's LISTEN); otherwise it polls.
             await self.db.listen(functools.partial(wakeup.notify, self.db.path))
+            self._note_unserved_entries()
             if self.db.file is not None:
                 self._db_identity = _file_identity(self.db.file)
                 self._check_db_file()
