@@ -223,3 +223,20 @@ async def test_a_worker_says_which_deferred_tasks_it_does_not_serve(
             await worker.run()
     unserved = [r.getMessage() for r in caplog.records if "does not serve" in r.getMessage()]
     assert len(unserved) == 1 and "shop_order.paid defers task shop.audit" in unserved[0]
+
+
+def test_the_lifecycle_machine_holds_every_entry_to_one_run_per_task(tmp_path: Path) -> None:
+    """The testing kit's machine on an entity that defers tasks on two states: legal,
+    illegal, stale and racing moves, each entry checked against the runs it deferred."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from ledgerq.testing import LifecycleMachine
+
+    registry = load_registry(deferring(tmp_path, paid=["shop.receipt", "shop.ledger"],
+                                       refunded=["shop.refund"]))
+    tested = LifecycleMachine.for_entity("shop_order", registry=registry)
+    run_state_machine_as_test(tested, settings=settings(
+        max_examples=25, deadline=None, database=None,
+        suppress_health_check=[HealthCheck.too_slow]))
+    assert ("created", "paid") in tested.applied

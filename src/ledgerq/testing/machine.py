@@ -15,7 +15,9 @@ expired holder's move fenced off. After every step:
   entity and the edge allow;
 * a terminal row never changes again;
 * every row is where the independent model (``policy.to_machine()``, a
-  ``transitions.Machine``) says it is.
+  ``transitions.Machine``) says it is;
+* for an entity whose states defer tasks (``on_enter``), each entry into such a state
+  deferred one run of each task, and nothing else deferred any.
 
 Subclass the generated class to add rules: ``self.entity`` and ``self.other`` are the
 two handles, ``self.rows`` the model of every row, :meth:`run` runs a coroutine,
@@ -504,6 +506,25 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.expect_refusal(row, move.guarded(column, old), Conflict)
 
     # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def each_entry_deferred_its_tasks_once(self) -> None:
+        """One run per task per entry into a state that defers tasks, each naming the
+        fact that entered it; none for a refused, stale or lost move."""
+        if not self.rows or not self.policy.on_enter:
+            return
+        from ledgerq.queue.reads import get_runs, list_runs
+
+        policy, ids = self.policy, list(self.rows)
+        log = self.run(self.db.read(lambda tx: tx.read_facts_of(policy.name, ids)))
+        wanted = sorted((fact["id"], task) for fact in log
+                        if fact["previous_status"] != fact["status"]
+                        for task in policy.on_enter.get(fact["status"], ()))
+        page = self.run(list_runs(self.db, limit=100_000))
+        runs = self.run(get_runs(self.db, [r["id"] for r in page.runs])).values()
+        deferred = sorted((r["trigger_context"].get("fact_id"), r["action_kind"]) for r in runs
+                          if r["trigger_context"].get("entity") == policy.name)
+        assert deferred == wanted, ("deferred", deferred, "entries", wanted)
 
     @invariant()
     def the_log_and_the_rows_agree(self) -> None:
