@@ -1,7 +1,7 @@
 """ledgerq's units alone: the in-transaction work of a lifecycle, with nothing around it.
 
 A ceiling for the runtime, not a system: the same units a StateDB runs for a submit, a
-claim pass and its runs' terminal writes (``_insert_all``, ``_claim_together``,
+claim pass and its runs' terminal writes (``insert_all``, ``_claim_together``,
 ``finish_all``: every check, statement and fact the engine makes), called
 directly on a plain sqlite3 connection with the same schema and pragmas and committed
 through the same ``_run_group``, single-threaded: no event loop, no futures, no
@@ -25,7 +25,7 @@ from ledgerq.lifecycle import Registry
 from ledgerq.queue import moves
 from ledgerq.queue.runs import lease_of, terms, worker_actor
 from ledgerq.queue.submission.application import validate
-from ledgerq.queue.submission.submit import SUBMITTER, _insert_all
+from ledgerq.queue.submission.submit import SUBMITTER, insert_all
 from ledgerq.queue.worker.claim import _claim_together
 from ledgerq.queue.worker.outcomes import finish_all
 from ledgerq.store.sqlite.backend import STATEMENT_CACHE, _run_group
@@ -58,12 +58,12 @@ class Units:
         return [value for _, value in outcomes]
 
     def submit(self, tx: Any, now: float | None = None) -> str:
-        return _insert_all(tx, self.policy, [self.app], time.time() if now is None else now,
+        return insert_all(tx, self.policy, [self.app], time.time() if now is None else now,
                            "host", SUBMITTER)[0]
 
     def submit_joined(self, tx: Any, count: int, now: float) -> list[str]:
         """``count`` submits joined in one turn, as ledgerq.queue.submission.joined writes them."""
-        return _insert_all(tx, self.policy, [self.app] * count, now, "host", SUBMITTER)
+        return insert_all(tx, self.policy, [self.app] * count, now, "host", SUBMITTER)
 
     def claim_pass(self, tx: Any, rids: list[str], now: float) -> list[Any]:
         """A pass's claims, as ``claim_pass`` writes those of rows without a concurrency

@@ -1,6 +1,6 @@
 """ledgerq's units alone on PostgreSQL: a ceiling for its runtime, not a system.
 
-The same in-transaction units a ledgerq submit and a Worker's pass run (``_insert_all``;
+The same in-transaction units a ledgerq submit and a Worker's pass run (``insert_all``;
 ``_select``, ``_claim_together``, ``finish_all``: every check, statement and fact the
 engine and the store make, the choice read with its spare candidates included), called
 in a plain loop on one synchronous psycopg connection per process, each unit its own
@@ -82,7 +82,7 @@ def submit_bulk(dsn: str, n: int) -> float:
 def submit_single(dsn: str, n: int) -> float:
     from ledgerq.lifecycle.registry import default_registry
     from ledgerq.queue.submission.application import validate
-    from ledgerq.queue.submission.submit import SUBMITTER, _insert_all
+    from ledgerq.queue.submission.submit import SUBMITTER, insert_all
     from ledgerq.store.postgres.tx import PostgresTx
 
     policy = default_registry().entity("schedule_run")
@@ -91,7 +91,7 @@ def submit_single(dsn: str, n: int) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
             tx = PostgresTx(conn, hold_first=True)
-            _insert_all(tx, policy, [validate(app)], time.time(), "host", SUBMITTER)
+            insert_all(tx, policy, [validate(app)], time.time(), "host", SUBMITTER)
             held = tx.take_alone()
             if held is None:
                 raise RuntimeError("a plain submit did not hold its one statement back")

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ledgerq.cli.app import app
-from ledgerq.cli.db import DbOption, db_path, open_db, run
+from ledgerq.cli.db import DbOption, db_path, open_db, root_specs, run
 from ledgerq.cli.failures import DOMAIN_FAILURE, check_choice, die, text_option
 from ledgerq.cli.render import printable
 from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS
@@ -149,7 +149,15 @@ def worker(
         from ledgerq.queue.worker.launcher import default_execute
         from ledgerq.queue.worker.service import DEFAULT_LOCK_DIR, MetricsUnavailable, Worker
 
-        async with open_db(ctx, path, must_exist=False, by_record=False) as handle:
+        # The app's specs, unless the command names its own (--specs).
+        specs = task_app.registry if task_app is not None and root_specs(ctx) is None \
+            else None
+        async with open_db(ctx, path, must_exist=False, by_record=False,
+                           registry=specs) as handle:
+            if task_app is not None:
+                # What its tasks are, for submissions by name and for the runs a state's
+                # on_enter defers (their queue, retry policy, timeout).
+                await task_app.record_tasks(handle)
             holder: dict[str, str] = {}
 
             def say(text: str) -> None:

@@ -15,7 +15,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol, TypeVar, get_args
+from typing import Any, Literal, Protocol, TypeVar, cast, get_args
 
 from ledgerq.errors import InvalidInput
 from ledgerq.extras import require
@@ -135,6 +135,18 @@ class StateDB:
                                     migrate_on_open=migrate_on_open)
             self.synchronous = backend.synchronous
             self._backend = backend
+
+    def twin(self) -> StateDB | None:
+        """Another handle on the same database, not yet open, with this one's specs and
+        settings, that never migrates: for a thread with an event loop of its own (a
+        worker's lease keeper). None for ``:memory:``, which a second handle cannot
+        reach."""
+        if self.path == ":memory:":
+            return None
+        return StateDB(self.path, registry=self.registry,
+                       synchronous=cast("Synchronous", self.synchronous),
+                       readonly=self.readonly, busy_timeout_ms=self.busy_timeout_ms,
+                       migrate_on_open=False)
 
     @property
     def dialect(self) -> str:

@@ -134,7 +134,7 @@ async def test_a_database_failure_fails_every_caller_without_a_retry_alone(
     def failing(*args: Any, **kw: Any) -> Any:
         raise DatabaseUnavailable("the disk is full")
 
-    monkeypatch.setattr(submit, "_insert_all", failing)
+    monkeypatch.setattr(submit, "insert_all", failing)
     got = await asyncio.gather(*(submit_task(db, app(i)) for i in range(5)),
                                return_exceptions=True)
     assert all(isinstance(g, DatabaseUnavailable) for g in got)

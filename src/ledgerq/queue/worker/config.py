@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledgerq.durations import check_span
 from ledgerq.errors import InvalidInput
@@ -21,6 +21,9 @@ from ledgerq.queue.worker.executors import Executors
 from ledgerq.queue.worker.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES, ExecuteFn
 from ledgerq.queue.worker.leases import LeaseReads
 from ledgerq.queue.worker.starvation import ClaimPause
+
+if TYPE_CHECKING:
+    from ledgerq.queue.worker.keeper import LeaseKeeper
 
 DEFAULT_LEASE_TTL_SECONDS = 300.0
 #: A worker whose heartbeat is older than this is presumed dead.
@@ -160,6 +163,9 @@ class RunContext:
     output_tail: int = OUTPUT_TAIL_BYTES
     #: Claims paused while runs are given back for want of a resource (starvation.py).
     claim_pause: ClaimPause = field(default_factory=ClaimPause)
+    #: Renews the leases from a thread of its own (a worker's; None: the supervising
+    #: loop renews them, as a single pass or a drain does).
+    keeper: LeaseKeeper | None = None
 
     @classmethod
     def from_config(cls, config: WorkerConfig, *, clock: Callable[[], float] = time.time,

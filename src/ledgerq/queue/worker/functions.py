@@ -35,10 +35,10 @@ from ledgerq.queue.worker.config import (
 )
 from ledgerq.queue.worker.executors import Executors
 from ledgerq.queue.worker.heartbeat import beat
+from ledgerq.queue.worker.keeper import RENEW_FRACTION
 from ledgerq.queue.worker.launcher import ExecuteFn
 from ledgerq.queue.worker.outcomes import DETAIL_LIMIT, Outcome
 from ledgerq.queue.worker.supervision import (
-    RENEW_FRACTION,
     TIMEOUT_EXIT_CODE,
     LeaseLost,
     begin_runs,

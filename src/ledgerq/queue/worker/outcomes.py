@@ -159,6 +159,8 @@ async def record_outcomes(db: Database[WorkerTx], policy: EntityPolicy, ended: S
     rolled back alone and the others commit. A failure of the database itself (after
     :func:`_write_outcome`'s retries) fails them all: it raises here.
     """
+    if ctx.keeper is not None:  # a renewal in flight would move the lease from under us
+        await ctx.keeper.release(end.run["id"] for end in ended)
     planned: list[MoveTerms | Exception] = []
     for end in ended:
         try:

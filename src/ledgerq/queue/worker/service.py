@@ -34,6 +34,7 @@ from ledgerq.queue.maintenance.promotion import promote_due
 from ledgerq.queue.maintenance.reaper import reap_expired_leases
 from ledgerq.queue.maintenance.stuck import STUCK_RETRY_SECONDS, StuckRows
 from ledgerq.queue.maintenance.undeclared import UNDECLARED_EVERY, UndeclaredReport
+from ledgerq.queue.runs import run_policy
 from ledgerq.queue.scheduling.scheduler import fire_due
 from ledgerq.queue.worker import orphans, wakeup
 from ledgerq.queue.worker.claim import claim_pass
@@ -46,6 +47,7 @@ from ledgerq.queue.worker.config import (
 )
 from ledgerq.queue.worker.executors import Executors
 from ledgerq.queue.worker.heartbeat import beat
+from ledgerq.queue.worker.keeper import LeaseKeeper
 from ledgerq.queue.worker.launcher import OUTPUT_TAIL_BYTES, ExecuteFn
 from ledgerq.queue.worker.recycling import Recycling
 from ledgerq.queue.worker.starvation import check_file_limit
@@ -272,6 +274,7 @@ class Worker:
                 log.warning("worker %s: killed %d process group(s) a dead worker left "
                             "running: %s", self.worker_id, len(killed), killed)
         exporter = None
+        keeper = self._start_keeper()
         try:
             if self.metrics_port is not None:
                 exporter = await _serve_metrics(self.db, self.metrics_port)
@@ -288,6 +291,9 @@ class Worker:
             wakeup.unsubscribe(self.db.path, self._wake)
             await self.db.unlisten()
             await self._drain()
+            if keeper is not None:
+                self.context.keeper = None
+                await keeper.stop()
             if exporter is not None:
                 exporter.cancel()
                 await asyncio.gather(exporter, return_exceptions=True)
@@ -438,8 +444,24 @@ class Worker:
             self._wake.set()  # capacity freed
         return self._count(run, outcome)
 
+    def _start_keeper(self) -> LeaseKeeper | None:
+        """The thread that renews this worker's leases whatever its loop is doing (see
+        keeper.py); None where no second handle reaches the database (``:memory:``),
+        whose runs' leases the loop renews."""
+        twin = self.db.twin()
+        if twin is None:
+            return None
+        keeper = LeaseKeeper(twin, run_policy(self.db), worker_id=self.worker_id,
+                             lease_ttl=self.config.lease_ttl,
+                             interval=self.config.check_interval, clock=self.context.clock)
+        keeper.start()
+        self.context.keeper = keeper
+        return keeper
+
     def _count(self, run: dict[str, Any], outcome: str | Exception) -> str:
         """Count a run's outcome; an exception is its supervisor's crash, counted as error."""
+        if self.context.keeper is not None:
+            self.context.keeper.forget(run["id"])
         if isinstance(outcome, Exception):
             log.error("worker %s: run %s crashed its supervisor", self.worker_id, run["id"],
                       exc_info=outcome)

@@ -35,6 +35,7 @@ from ledgerq.queue.runs import (
 )
 from ledgerq.queue.worker.config import RunContext
 from ledgerq.queue.worker.finished import Finished
+from ledgerq.queue.worker.keeper import EXPIRY, RENEW_FRACTION
 from ledgerq.queue.worker.launcher import ExecuteFn, OutputCapture, capturing
 from ledgerq.queue.worker.leases import until_next_check
 from ledgerq.queue.worker.locks import KeyLock
@@ -53,8 +54,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ledgerq.worker")
 
-#: A lease is renewed once this fraction of its TTL has passed.
-RENEW_FRACTION = 1 / 3
 #: exit_code recorded for a run killed at its deadline (the coreutils ``timeout`` convention).
 TIMEOUT_EXIT_CODE = 124
 
@@ -174,6 +173,8 @@ def begin_claimed(db: Database[WorkerTx], run: dict[str, Any], ctx: RunContext
 def _begin(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any], ctx: RunContext
            ) -> Ended | Coroutine[Any, Any, str]:
     lease = _claimed_lease(policy, run, ctx)
+    if ctx.keeper is not None:  # before the executor's first step, which may block
+        ctx.keeper.hold(run["id"], lease)
     try:
         decoded = decode_run(policy, run)
     except MalformedRow as exc:
@@ -459,20 +460,29 @@ async def _stop(task: asyncio.Future[Any]) -> None:
 
 async def _supervise_once(db: Database[WorkerTx], policy: EntityPolicy, run: dict[str, Any],
                           lease: dict[str, Any], ctx: RunContext) -> None:
-    """Raise LeaseLost if the row is no longer ours; renew the lease when it is due."""
+    """Raise LeaseLost if the row is no longer ours; renew the lease when it is due (here,
+    unless the worker's lease keeper renews it, from its own thread)."""
     row = await ctx.lease_reads.lease_row(db, run["id"])
+    keeper = ctx.keeper
+    # The expiry the keeper moves may be ahead of this read, or this read of it.
+    ours = lease.items() if keeper is None else \
+        [(c, v) for c, v in lease.items() if c != EXPIRY]
     if (row is None or row["status"] != moves.RENEWED.source
-            or any(row[c] != held for c, held in lease.items())):
+            or any(row[c] != held for c, held in ours)):
         raise LeaseLost("row changed under us: " + (row["status"] if row else "deleted"),
                         lost_outcome(row, lease))
+    if keeper is not None:
+        lost = keeper.lost(run["id"])
+        if lost is not None:
+            raise LeaseLost(lost)
+        return
     now = ctx.clock()
-    if now < lease["lease_expires_at"] - ctx.lease_ttl * (1 - RENEW_FRACTION):
+    if now < lease[EXPIRY] - ctx.lease_ttl * (1 - RENEW_FRACTION):
         return
     new_expiry = now + ctx.lease_ttl
     applied = await db.write(lambda tx: perform(
         tx, policy, run["id"], moves.RENEWED, actor=worker_actor(ctx.worker_id),
-        guard=dict(lease),
-        patch={"lease_expires_at": new_expiry}, now=now).applied)
+        guard=dict(lease), patch={EXPIRY: new_expiry}, now=now).applied)
     if not applied:
         raise LeaseLost("renewal conflicted")
-    lease["lease_expires_at"] = new_expiry
+    lease[EXPIRY] = new_expiry
