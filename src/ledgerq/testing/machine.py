@@ -507,16 +507,12 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ invariants
 
-    @invariant()
-    def each_entry_deferred_its_tasks_once(self) -> None:
+    def _each_entry_deferred_its_tasks_once(self, log: list[dict[str, Any]]) -> None:
         """One run per task per entry into a state that defers tasks, each naming the
         fact that entered it; none for a refused, stale or lost move."""
-        if not self.rows or not self.policy.on_enter:
-            return
         from ledgerq.queue.reads import get_runs, list_runs
 
-        policy, ids = self.policy, list(self.rows)
-        log = self.run(self.db.read(lambda tx: tx.read_facts_of(policy.name, ids)))
+        policy = self.policy
         wanted = sorted((fact["id"], task) for fact in log
                         if fact["previous_status"] != fact["status"]
                         for task in policy.on_enter.get(fact["status"], ()))
@@ -540,6 +536,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             tx.read_entities(policy, ids), tx.read_facts_of(policy.name, ids))))
         report = check_rows(policy, rows, log)
         assert report.ok, [str(d) for d in report.drift]
+        if policy.on_enter:
+            self._each_entry_deferred_its_tasks_once(log)
         facts: dict[str, list[dict[str, Any]]] = {}
         for fact in log:
             facts.setdefault(fact["entity_id"], []).append(fact)
