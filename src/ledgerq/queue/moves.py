@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ledgerq.lifecycle.naming import name_entity, name_states
 from ledgerq.lifecycle.registry import OUTCOMES, SUCCEEDED, EntityPolicy, Registry
 from ledgerq.lifecycle.spec import SpecError, SpecProblem
 
@@ -139,6 +140,15 @@ MOVES: tuple[Move, ...] = (
     RETRY_DUE, SUBMITTED_DELAYED, START_DUE, LEASE_EXPIRED, LEASES_EXHAUSTED, CANCELLED,
     RETRIED, STARVED,
 )
+
+#: The states the store's queries select runs by, under the names the queries give them
+#: (``WHERE status = {queued}``): the moves' own states, so renaming a state renames it
+#: here and in the spec, and in no SQL (:mod:`ledgerq.lifecycle.naming`).
+QUERIED_STATES = {"queued": SUBMITTED.target, "running": CLAIM.target,
+                  "retry_wait": BACKOFF.target, "delayed": SUBMITTED_DELAYED.target,
+                  "waiting_dependency": SUBMITTED_WAITING.target}
+name_states(ENTITY, QUERIED_STATES)
+name_entity("runs", ENTITY)
 
 # The scheduler's moves of runs: required once the specs declare the schedule entity.
 FIRED = Move(None, "queued", "run.queued.scheduled", "a schedule's fire of one slot")

@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ledgerq.lifecycle.identifiers import quote
+from ledgerq.lifecycle.naming import named_entity, named_states
 from ledgerq.lifecycle.registry import ColumnPolicy, EntityPolicy, Registry, sql_literal
-
-#: The entity whose rows a worker leases: the ``workers`` table references its table.
-RUN_ENTITY = "schedule_run"
 
 _ON_DELETE = {"cascade": "CASCADE", "set_null": "SET NULL", "restrict": "RESTRICT"}
 
@@ -94,10 +92,16 @@ def runs_ddl(template: str, registry: Registry) -> str | None:
     """A dialect's DDL that names the run entity's table as ``{runs}`` (``workers``, the
     wake-up trigger) with the table the spec names, or None when the registry has no run
     entity (the engine alone)."""
-    runs = next((p for p in registry.policies() if p.name == RUN_ENTITY), None)
+    # The entity whose rows a worker leases (the queue names it): ``workers`` references it.
+    entity = named_entity("runs")
+    runs = next((p for p in registry.policies() if p.name == entity), None)
     if runs is None:
         return None
     # ``{terminal}``: the spec's terminal states as SQL string literals (identifier-safe
     # names: the registry checked them).
     terminal = ", ".join(f"'{s}'" for s in sorted(runs.terminal))
-    return template.replace("{runs}", quote(runs.table)).replace("{terminal}", terminal)
+    ddl = template.replace("{runs}", quote(runs.table)).replace("{terminal}", terminal)
+    # ``{queued}``, ...: the states the queue names (ledgerq.lifecycle.naming).
+    for name, state in named_states(runs.name).items():
+        ddl = ddl.replace("{" + name + "}", sql_literal(state))
+    return ddl

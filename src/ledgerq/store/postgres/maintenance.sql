@@ -6,23 +6,23 @@
 
 -- name: list_expired_leases
 SELECT {columns} FROM {table}
-WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at < %s
+WHERE status = {running} AND lease_expires_at IS NOT NULL AND lease_expires_at < %s
 LIMIT %s
 
 -- name: list_due_retries
 SELECT id, retry_due_at FROM {table}
-WHERE status = 'retry_wait' AND retry_due_at <= %s
+WHERE status = {retry_wait} AND retry_due_at <= %s
 LIMIT %s
 
 -- name: list_due_starts
 SELECT id, not_before FROM {table}
-WHERE status = 'delayed' AND not_before <= %s
+WHERE status = {delayed} AND not_before <= %s
 LIMIT %s
 
 -- name: list_settled_waiting
 -- CASE: jsonb_array_elements_text must never see a depends_on that is not an array.
 SELECT w.id FROM {table} AS w
-WHERE w.status = 'waiting_dependency'
+WHERE w.status = {waiting_dependency}
   AND CASE WHEN jsonb_typeof(w.depends_on) = 'array'
       THEN (EXISTS (SELECT 1 FROM jsonb_array_elements_text(w.depends_on) AS j(value)
                     JOIN {table} AS d ON d.id = j.value WHERE d.status IN ({bad}))

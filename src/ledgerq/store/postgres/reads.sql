@@ -48,34 +48,34 @@ SELECT id FROM {table} WHERE id LIKE %s ORDER BY id LIMIT %s
 SELECT status, COUNT(*) FROM {table} GROUP BY status
 
 -- name: list_queued_kinds
-SELECT DISTINCT action_kind FROM {table} WHERE status = 'queued'
+SELECT DISTINCT action_kind FROM {table} WHERE status = {queued}
 
 -- name: find_oldest_queued_at
 -- Specs without queues and priorities: one step into their (queued_at) index.
-SELECT MIN(queued_at) FROM {table} WHERE status = 'queued'
+SELECT MIN(queued_at) FROM {table} WHERE status = {queued}
 
 -- name: queued_level_first
 -- The oldest queued run, found without an index of its own: a loose scan of the claim
 -- order's index, one (queue, priority) level at a time (a handful of probes, each one
 -- step into the index), then each level's oldest row.
-SELECT queue, priority FROM {table} WHERE status = 'queued'
+SELECT queue, priority FROM {table} WHERE status = {queued}
 ORDER BY queue, priority DESC LIMIT 1
 
 -- name: queued_level_next_queue
-SELECT queue, priority FROM {table} WHERE status = 'queued' AND queue > %s
+SELECT queue, priority FROM {table} WHERE status = {queued} AND queue > %s
 ORDER BY queue, priority DESC LIMIT 1
 
 -- name: queued_level_below
 SELECT priority FROM {table}
-WHERE status = 'queued' AND queue = %s AND priority < %s
+WHERE status = {queued} AND queue = %s AND priority < %s
 ORDER BY priority DESC LIMIT 1
 
 -- name: queued_level_oldest
 SELECT queued_at FROM {table}
-WHERE status = 'queued' AND queue = %s AND priority = %s AND queued_at IS NOT NULL
+WHERE status = {queued} AND queue = %s AND priority = %s AND queued_at IS NOT NULL
 ORDER BY queued_at LIMIT 1
 
 -- name: count_running_by_worker
 SELECT leased_by, COUNT(*) FROM {table}
-WHERE status = 'running' AND leased_by IS NOT NULL
+WHERE status = {running} AND leased_by IS NOT NULL
 GROUP BY leased_by ORDER BY leased_by

@@ -134,7 +134,7 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER ledgerq_claimable
   AFTER INSERT OR UPDATE OF status ON {runs}
-  FOR EACH ROW WHEN (NEW.status = 'queued') EXECUTE FUNCTION ledgerq_notify_claimable();
+  FOR EACH ROW WHEN (NEW.status = {queued}) EXECUTE FUNCTION ledgerq_notify_claimable();
 -- A run's end (it entered a terminal state): whoever awaits its result, on any host,
 -- wakes at the commit instead of at its next poll.
 CREATE OR REPLACE FUNCTION ledgerq_notify_ended() RETURNS trigger

@@ -18,17 +18,17 @@ SELECT id, status FROM {table} WHERE id IN ({marks})
 INSERT INTO schedules (id, name, created_at) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING
 
 -- name: list_waiting_runs
-SELECT id, depends_on FROM {table} WHERE status = 'waiting_dependency' AND id IN ({marks})
+SELECT id, depends_on FROM {table} WHERE status = {waiting_dependency} AND id IN ({marks})
 
 -- name: list_dependents
 -- jsonb containment: a depends_on that is not an array contains no id.
 SELECT id, depends_on FROM {table}
-WHERE status = 'waiting_dependency' AND EXISTS (
+WHERE status = {waiting_dependency} AND EXISTS (
     SELECT 1 FROM unnest(ARRAY[{marks}]::text[]) AS ended (id)
     WHERE depends_on @> jsonb_build_array(ended.id))
 
 -- name: list_all_waiting
-SELECT id, depends_on FROM {table} WHERE {hint} AND status = 'waiting_dependency'
+SELECT id, depends_on FROM {table} WHERE {hint} AND status = {waiting_dependency}
 
 -- name: count_rows
 SELECT COUNT(*) FROM {table} {where}
@@ -44,20 +44,20 @@ FROM {table} WHERE status NOT IN ({marks})
 -- Parameters: now - grace, grace. Expired that long before a live worker's heartbeat.
 SELECT id, status, 'lease expired at ' || lease_expires_at || ' and was not reaped' AS why
 FROM {table}
-WHERE status = 'running' AND lease_expires_at < %s
+WHERE status = {running} AND lease_expires_at < %s
   AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - %s >
               GREATEST(lease_expires_at, COALESCE(w.started_at, lease_expires_at)))
 
 -- name: stuck_retry
 SELECT id, status, 'retry due at ' || retry_due_at || ' was not promoted' AS why
 FROM {table}
-WHERE status = 'retry_wait' AND retry_due_at < %s
+WHERE status = {retry_wait} AND retry_due_at < %s
   AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - %s >
               GREATEST(retry_due_at, COALESCE(w.started_at, retry_due_at)))
 
 -- name: stuck_waiting
 SELECT id, status, 'depends_on is not valid JSON' AS why FROM {table}
-WHERE status = 'waiting_dependency'
+WHERE status = {waiting_dependency}
   AND (depends_on IS NULL OR jsonb_typeof(depends_on) <> 'array')
 
 -- name: stuck_held
@@ -65,7 +65,7 @@ WHERE status = 'waiting_dependency'
 -- claim takes a row another worker holds.
 SELECT id, status, 'queued but still holds the lease of ' || leased_by
   || ': no claim takes it (the move that queued it kept the lease)' AS why
-FROM {table} WHERE status = 'queued' AND leased_by IS NOT NULL
+FROM {table} WHERE status = {queued} AND leased_by IS NOT NULL
 
 -- name: count_of
 SELECT COUNT(*) FROM ({inner}) AS inner_rows

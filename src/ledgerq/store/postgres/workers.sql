@@ -39,7 +39,7 @@ schedule_id IS NULL
 -- The rest of one priority level of one queue, after a (queued_at, id) cursor: one
 -- range of idx_schedule_runs_claim_order, read in order.
 SELECT {columns} FROM {table}
-WHERE status = 'queued' AND queue = %s AND priority = %s
+WHERE status = {queued} AND queue = %s AND priority = %s
   AND (queued_at, id) > (%s, %s) AND {scope} {kinds}
 ORDER BY queued_at, id LIMIT %s
 
@@ -47,7 +47,7 @@ ORDER BY queued_at, id LIMIT %s
 -- One queue's levels below a priority (none given: from the top), in claim order:
 -- the index's own order, so no sort and no row past the LIMIT is read.
 SELECT {columns} FROM {table}
-WHERE status = 'queued' AND queue = %s {bound}
+WHERE status = {queued} AND queue = %s {bound}
   AND queued_at IS NOT NULL AND {scope} {kinds}
 ORDER BY priority DESC, queued_at, id LIMIT %s
 
@@ -57,15 +57,15 @@ AND priority < %s
 -- name: claim_unqueued
 -- Specs without queues or priorities: (queued_at, id) order.
 SELECT {columns} FROM {table}
-WHERE status = 'queued' AND (queued_at, id) > (%s, %s) AND {scope} {kinds}
+WHERE status = {queued} AND (queued_at, id) > (%s, %s) AND {scope} {kinds}
 ORDER BY queued_at, id LIMIT %s
 
 -- name: list_running_keys
 SELECT DISTINCT concurrency_key FROM {table}
-WHERE status = 'running' AND concurrency_key IS NOT NULL
+WHERE status = {running} AND concurrency_key IS NOT NULL
 
 -- name: is_key_running
-SELECT 1 FROM {table} WHERE concurrency_key = %s AND status = 'running' LIMIT 1
+SELECT 1 FROM {table} WHERE concurrency_key = %s AND status = {running} LIMIT 1
 
 -- name: read_leases
 SELECT {columns} FROM {table} WHERE id IN ({marks})

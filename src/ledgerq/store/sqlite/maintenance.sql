@@ -6,18 +6,18 @@
 
 -- name: list_expired_leases
 SELECT {columns} FROM {table}
-WHERE {hint} AND status = 'running' AND lease_expires_at IS NOT NULL
+WHERE {hint} AND status = {running} AND lease_expires_at IS NOT NULL
   AND lease_expires_at < ?
 LIMIT ?
 
 -- name: list_due_retries
 SELECT id, retry_due_at FROM {table}
-WHERE {hint} AND status = 'retry_wait' AND retry_due_at <= ?
+WHERE {hint} AND status = {retry_wait} AND retry_due_at <= ?
 LIMIT ?
 
 -- name: list_due_starts
 SELECT id, not_before FROM {table}
-WHERE {hint} AND status = 'delayed' AND not_before <= ?
+WHERE {hint} AND status = {delayed} AND not_before <= ?
 LIMIT ?
 
 -- name: list_settled_waiting
@@ -25,7 +25,7 @@ LIMIT ?
 -- outcome is not succeeded) or every dependency is met ({met}: those whose outcome is;
 -- a missing dependency is not); text that is not JSON never does.
 SELECT id FROM {table}
-WHERE {hint} AND status = 'waiting_dependency'
+WHERE {hint} AND status = {waiting_dependency}
   AND CASE WHEN json_valid({table}.depends_on)
       THEN (EXISTS (SELECT 1 FROM json_each({table}.depends_on) AS j
                     JOIN {table} AS d ON d.id = j.value WHERE d.status IN ({bad}))

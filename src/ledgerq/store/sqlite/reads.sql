@@ -48,34 +48,34 @@ SELECT id FROM {table} WHERE id LIKE ? ORDER BY id LIMIT ?
 SELECT status, COUNT(*) FROM {table} GROUP BY status
 
 -- name: list_queued_kinds
-SELECT DISTINCT action_kind FROM {table} WHERE status = 'queued'
+SELECT DISTINCT action_kind FROM {table} WHERE status = {queued}
 
 -- name: find_oldest_queued_at
 -- Specs without queues and priorities: one step into their (queued_at) index.
-SELECT MIN(queued_at) FROM {table} WHERE {hint} AND status = 'queued'
+SELECT MIN(queued_at) FROM {table} WHERE {hint} AND status = {queued}
 
 -- name: queued_level_first
 -- The oldest queued run, found without an index of its own: a loose scan of the claim
 -- order's index, one (queue, priority) level at a time (a handful of probes, each one
 -- step into the index), then each level's oldest row.
-SELECT queue, priority FROM {table} WHERE {hint} AND status = 'queued'
+SELECT queue, priority FROM {table} WHERE {hint} AND status = {queued}
 ORDER BY queue, priority DESC LIMIT 1
 
 -- name: queued_level_next_queue
-SELECT queue, priority FROM {table} WHERE {hint} AND status = 'queued' AND queue > ?
+SELECT queue, priority FROM {table} WHERE {hint} AND status = {queued} AND queue > ?
 ORDER BY queue, priority DESC LIMIT 1
 
 -- name: queued_level_below
 SELECT priority FROM {table}
-WHERE {hint} AND status = 'queued' AND queue = ? AND priority < ?
+WHERE {hint} AND status = {queued} AND queue = ? AND priority < ?
 ORDER BY priority DESC LIMIT 1
 
 -- name: queued_level_oldest
 SELECT queued_at FROM {table}
-WHERE {hint} AND status = 'queued' AND queue = ? AND priority = ? AND queued_at IS NOT NULL
+WHERE {hint} AND status = {queued} AND queue = ? AND priority = ? AND queued_at IS NOT NULL
 ORDER BY queued_at LIMIT 1
 
 -- name: count_running_by_worker
 SELECT leased_by, COUNT(*) FROM {table}
-WHERE {hint} AND status = 'running' AND leased_by IS NOT NULL
+WHERE {hint} AND status = {running} AND leased_by IS NOT NULL
 GROUP BY leased_by ORDER BY leased_by

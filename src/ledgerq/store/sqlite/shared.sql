@@ -18,18 +18,18 @@ SELECT id, status FROM {table} WHERE id IN ({marks})
 INSERT INTO schedules (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING
 
 -- name: list_waiting_runs
-SELECT id, depends_on FROM {table} WHERE status = 'waiting_dependency' AND id IN ({marks})
+SELECT id, depends_on FROM {table} WHERE status = {waiting_dependency} AND id IN ({marks})
 
 -- name: list_dependents
 -- CASE: json_each must never see text that is not JSON (it would fail the statement).
 SELECT id, depends_on FROM {table}
-WHERE {hint} AND status = 'waiting_dependency'
+WHERE {hint} AND status = {waiting_dependency}
   AND CASE WHEN json_valid(depends_on)
       THEN EXISTS (SELECT 1 FROM json_each({table}.depends_on) WHERE value IN ({marks}))
       ELSE 0 END
 
 -- name: list_all_waiting
-SELECT id, depends_on FROM {table} WHERE {hint} AND status = 'waiting_dependency'
+SELECT id, depends_on FROM {table} WHERE {hint} AND status = {waiting_dependency}
 
 -- name: count_rows
 SELECT COUNT(*) FROM {table} {where}
@@ -45,27 +45,27 @@ FROM {table} WHERE status NOT IN ({marks})
 -- Parameters: now - grace, grace. Expired that long before a live worker's heartbeat.
 SELECT id, status, 'lease expired at ' || lease_expires_at || ' and was not reaped' AS why
 FROM {table}
-WHERE {hint} AND status = 'running' AND lease_expires_at < ?
+WHERE {hint} AND status = {running} AND lease_expires_at < ?
   AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - ? >
               max(lease_expires_at, COALESCE(w.started_at, lease_expires_at)))
 
 -- name: stuck_retry
 SELECT id, status, 'retry due at ' || retry_due_at || ' was not promoted' AS why
 FROM {table}
-WHERE {hint} AND status = 'retry_wait' AND retry_due_at < ?
+WHERE {hint} AND status = {retry_wait} AND retry_due_at < ?
   AND EXISTS (SELECT 1 FROM workers AS w WHERE w.last_heartbeat_at - ? >
               max(retry_due_at, COALESCE(w.started_at, retry_due_at)))
 
 -- name: stuck_waiting
 SELECT id, status, 'depends_on is not valid JSON' AS why FROM {table}
-WHERE {hint} AND status = 'waiting_dependency' AND NOT COALESCE(json_valid(depends_on), 0)
+WHERE {hint} AND status = {waiting_dependency} AND NOT COALESCE(json_valid(depends_on), 0)
 
 -- name: stuck_held
 -- Queued, yet holding a lease: the move that queued it kept the lease columns, and no
 -- claim takes a row another worker holds.
 SELECT id, status, 'queued but still holds the lease of ' || leased_by
   || ': no claim takes it (the move that queued it kept the lease)' AS why
-FROM {table} WHERE status = 'queued' AND leased_by IS NOT NULL
+FROM {table} WHERE status = {queued} AND leased_by IS NOT NULL
 
 -- name: count_of
 SELECT COUNT(*) FROM ({inner})

@@ -8,6 +8,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from ledgerq.lifecycle.naming import named_states
 from ledgerq.lifecycle.registry import EntityPolicy, IndexPolicy, sql_literal
 from ledgerq.store.queries import Queries
 from ledgerq.store.sqltx import SqlTx
@@ -54,7 +55,8 @@ class SqliteTx(SqlTx):
         key = (id(policy), state, column)
         hit = self._hints.get(key)
         if hit is None or hit[0] is not policy:
-            hit = self._hints[key] = (policy, _hint(policy.indexes, state, column))
+            hit = self._hints[key] = (policy, _hint(
+                policy.indexes, named_states(policy.name)[state], column))
         return hit[1]
 
     def is_database_failure(self, exc: BaseException) -> bool:

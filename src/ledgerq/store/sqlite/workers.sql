@@ -39,7 +39,7 @@ schedule_id IS NULL
 -- The rest of one priority level of one queue, after a (queued_at, id) cursor: one
 -- range of idx_schedule_runs_claim_order, read in order.
 SELECT {columns} FROM {table}
-WHERE {hint} AND status = 'queued' AND queue = ? AND priority = ?
+WHERE {hint} AND status = {queued} AND queue = ? AND priority = ?
   AND (queued_at, id) > (?, ?) AND {scope} {kinds}
 ORDER BY queued_at, id LIMIT ?
 
@@ -47,7 +47,7 @@ ORDER BY queued_at, id LIMIT ?
 -- One queue's levels below a priority (none given: from the top), in claim order:
 -- the index's own order, so no sort and no row past the LIMIT is read.
 SELECT {columns} FROM {table}
-WHERE {hint} AND status = 'queued' AND queue = ? {bound}
+WHERE {hint} AND status = {queued} AND queue = ? {bound}
   AND queued_at IS NOT NULL AND {scope} {kinds}
 ORDER BY priority DESC, queued_at, id LIMIT ?
 
@@ -57,16 +57,16 @@ AND priority < ?
 -- name: claim_unqueued
 -- Specs without queues or priorities: (queued_at, id) order.
 SELECT {columns} FROM {table}
-WHERE {hint} AND status = 'queued' AND (queued_at, id) > (?, ?) AND {scope} {kinds}
+WHERE {hint} AND status = {queued} AND (queued_at, id) > (?, ?) AND {scope} {kinds}
 ORDER BY queued_at, id LIMIT ?
 
 -- name: list_running_keys
 SELECT DISTINCT concurrency_key FROM {table}
-WHERE {hint} AND status = 'running' AND concurrency_key IS NOT NULL
+WHERE {hint} AND status = {running} AND concurrency_key IS NOT NULL
 
 -- name: is_key_running
 SELECT 1 FROM {table}
-WHERE {hint} AND concurrency_key = ? AND status = 'running' LIMIT 1
+WHERE {hint} AND concurrency_key = ? AND status = {running} LIMIT 1
 
 -- name: read_leases
 SELECT {columns} FROM {table} WHERE id IN ({marks})

@@ -7,11 +7,12 @@ SQL text.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from ledgerq.lifecycle.identifiers import quote
-from ledgerq.lifecycle.registry import EntityPolicy
+from ledgerq.lifecycle.naming import named_states
+from ledgerq.lifecycle.registry import EntityPolicy, sql_literal
 from ledgerq.lifecycle.store import Row
 from ledgerq.store.queries import Queries
 
@@ -74,20 +75,26 @@ class SqlBase:
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
     def hint(self, policy: EntityPolicy, state: str, column: str) -> str:
-        """A term implied by ``status = state`` that lets the planner pick the partial
-        index on ``column`` (SQLite needs it; PostgreSQL proves implication itself)."""
+        """A term implied by ``status = {state}`` (``state``: a name code gives a state,
+        :mod:`ledgerq.lifecycle.naming`) that lets the planner pick the partial index on
+        ``column`` (SQLite needs it; PostgreSQL proves implication itself)."""
         return self.q("true")
 
     def table(self, policy: EntityPolicy) -> str:
         return quote(policy.table)
+
+    def of(self, name: str, policy: EntityPolicy, **fields: Any) -> str:
+        """Query ``name`` about ``policy``'s rows: its ``{table}``, and each state the
+        code acting on them names (``{queued}``, ...) as a literal of the state the name
+        stands for (:mod:`ledgerq.lifecycle.naming`)."""
+        return self.q(name, table=self.table(policy), **_literals(policy.name), **fields)
 
     def _chunked_rows(self, name: str, policy: EntityPolicy, ids: Sequence[str],
                       **fields: Any) -> list[Row]:
         out: list[Row] = []
         for i in range(0, len(ids), CHUNK):
             part = list(ids[i:i + CHUNK])
-            sql = self.q(name, table=self.table(policy), marks=self.marks(len(part)),
-                         **fields)
+            sql = self.of(name, policy, marks=self.marks(len(part)), **fields)
             out += self.dicts(self.execute(sql, part))
         return out
 
@@ -100,3 +107,17 @@ class SqlBase:
         terms = [self.q("and_in_list", column=quote(c), marks=self.marks(len(v)))
                  for c, v in filters.items() if v]
         return terms, [x for v in filters.values() if v for x in v]
+
+
+#: Entity -> (its named states, as :func:`_literals` rendered them).
+_LITERALS: dict[str, tuple[Mapping[str, str], dict[str, str]]] = {}
+
+
+def _literals(entity: str) -> dict[str, str]:
+    """The states code names for ``entity``, as SQL string literals (the registry checked
+    each state is an identifier; quoted all the same), by name."""
+    named = named_states(entity)
+    hit = _LITERALS.get(entity)
+    if hit is None or hit[0] is not named:
+        hit = _LITERALS[entity] = (named, {n: sql_literal(s) for n, s in named.items()})
+    return hit[1]

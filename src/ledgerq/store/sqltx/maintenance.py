@@ -23,21 +23,21 @@ class MaintenanceOps(SqlBase):
     def list_expired_leases(self, policy: EntityPolicy, now: float,
                             limit: int | None = None, *, columns: tuple[str, ...]
                             ) -> list[Row]:
-        sql = self.q("list_expired_leases", table=self.table(policy),
-                     columns=", ".join(quote(c) for c in columns),
-                     hint=self.hint(policy, "running", "lease_expires_at"))
+        sql = self.of("list_expired_leases", policy,
+                      columns=", ".join(quote(c) for c in columns),
+                      hint=self.hint(policy, "running", "lease_expires_at"))
         return self.dicts(self.execute(sql, (now, self._limit(limit))))
 
     def list_due_retries(self, policy: EntityPolicy, now: float,
                          limit: int | None = None) -> list[Row]:
-        sql = self.q("list_due_retries", table=self.table(policy),
-                     hint=self.hint(policy, "retry_wait", "retry_due_at"))
+        sql = self.of("list_due_retries", policy,
+                      hint=self.hint(policy, "retry_wait", "retry_due_at"))
         return self.dicts(self.execute(sql, (now, self._limit(limit))))
 
     def list_due_starts(self, policy: EntityPolicy, now: float,
                         limit: int | None = None) -> list[Row]:
-        sql = self.q("list_due_starts", table=self.table(policy),
-                     hint=self.hint(policy, "delayed", "not_before"))
+        sql = self.of("list_due_starts", policy,
+                      hint=self.hint(policy, "delayed", "not_before"))
         return self.dicts(self.execute(sql, (now, self._limit(limit))))
 
     def list_settled_waiting(self, policy: EntityPolicy, limit: int | None = None) -> list[str]:
@@ -45,9 +45,9 @@ class MaintenanceOps(SqlBase):
         met = policy.states_with_outcome(SUCCEEDED)
         bad: list[str | None] = [*sorted(policy.terminal - met)] or [None]
         good: list[str | None] = [*sorted(met)] or [None]
-        sql = self.q("list_settled_waiting", table=self.table(policy),
-                     hint=self.hint(policy, "waiting_dependency", "created_at"),
-                     bad=self.marks(len(bad)), met=self.marks(len(good)))
+        sql = self.of("list_settled_waiting", policy,
+                      hint=self.hint(policy, "waiting_dependency", "created_at"),
+                      bad=self.marks(len(bad)), met=self.marks(len(good)))
         return [r[0] for r in self.execute(sql, (*bad, *good, self._limit(limit))).fetchall()]
 
     # ------------------------------------------------------------ the archive

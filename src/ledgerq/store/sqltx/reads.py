@@ -61,14 +61,13 @@ class ReadOps(SqlBase):
         return {r[0]: int(r[1]) for r in rows}
 
     def list_queued_kinds(self, policy: EntityPolicy) -> list[str]:
-        rows = self.execute(self.q("list_queued_kinds", table=self.table(policy))).fetchall()
+        rows = self.execute(self.of("list_queued_kinds", policy)).fetchall()
         return sorted(r[0] for r in rows)
 
     def find_oldest_queued_at(self, policy: EntityPolicy) -> float | None:
-        table = self.table(policy)
         if QUEUE_COLUMN not in policy.columns or PRIORITY_COLUMN not in policy.columns:
-            sql = self.q("find_oldest_queued_at", table=table,
-                         hint=self.hint(policy, "queued", "queued_at"))
+            sql = self.of("find_oldest_queued_at", policy,
+                          hint=self.hint(policy, "queued", "queued_at"))
             value = self.execute(sql).fetchone()[0]
             return None if value is None else float(value)
         # No (queued_at) index: every submit and claim would maintain it for this query
@@ -76,7 +75,7 @@ class ReadOps(SqlBase):
         hint = self.hint(policy, "queued", QUEUE_COLUMN)
 
         def one(name: str, *params: Any) -> Any:
-            return self.execute(self.q(name, table=table, hint=hint), params).fetchone()
+            return self.execute(self.of(name, policy, hint=hint), params).fetchone()
 
         oldest: float | None = None
         level = one("queued_level_first")
@@ -91,6 +90,6 @@ class ReadOps(SqlBase):
         return oldest
 
     def count_running_by_worker(self, policy: EntityPolicy) -> dict[str, int]:
-        sql = self.q("count_running_by_worker", table=self.table(policy),
-                     hint=self.hint(policy, "running", "lease_expires_at"))
+        sql = self.of("count_running_by_worker", policy,
+                      hint=self.hint(policy, "running", "lease_expires_at"))
         return {r[0]: int(r[1]) for r in self.execute(sql).fetchall()}

@@ -35,8 +35,8 @@ class SharedOps(SqlBase):
         return list({r["id"]: (r["id"], r["depends_on"]) for r in rows}.values())
 
     def list_all_waiting(self, policy: EntityPolicy) -> list[tuple[str, Any]]:
-        sql = self.q("list_all_waiting", table=self.table(policy),
-                     hint=self.hint(policy, "waiting_dependency", "created_at"))
+        sql = self.of("list_all_waiting", policy,
+                      hint=self.hint(policy, "waiting_dependency", "created_at"))
         return [(r[0], r[1]) for r in self.execute(sql, ()).fetchall()]
 
     def ensure_schedule(self, schedule_id: str, name: str | None, created_at: float) -> None:
@@ -66,19 +66,19 @@ class SharedOps(SqlBase):
             inner = self.q("stuck_undeclared", table=table, marks=self.marks(len(declared)))
             params = list(declared)
         elif kind == "lease":
-            inner = self.q("stuck_lease", table=table,
-                           hint=self.hint(policy, "running", "lease_expires_at"))
+            inner = self.of("stuck_lease", policy,
+                            hint=self.hint(policy, "running", "lease_expires_at"))
             params = [now - grace, grace]
         elif kind == "retry":
-            inner = self.q("stuck_retry", table=table,
-                           hint=self.hint(policy, "retry_wait", "retry_due_at"))
+            inner = self.of("stuck_retry", policy,
+                            hint=self.hint(policy, "retry_wait", "retry_due_at"))
             params = [now - grace, grace]
         elif kind == "held":
-            inner = self.q("stuck_held", table=table)
+            inner = self.of("stuck_held", policy)
             params = []
         elif kind == "waiting":
-            inner = self.q("stuck_waiting", table=table,
-                           hint=self.hint(policy, "waiting_dependency", "created_at"))
+            inner = self.of("stuck_waiting", policy,
+                            hint=self.hint(policy, "waiting_dependency", "created_at"))
             params = []
         else:
             raise ValueError(f"unknown kind of stuck run {kind!r}")

@@ -73,8 +73,8 @@ class WorkerOps(SqlBase):
             # without the slot column predate the scheduler: every scheduled row is external.
             scope = self.q("claimable_scheduled" if SLOT_COLUMN in policy.columns
                            else "claimable_unscheduled")
-            sql = self._texts[key] = self.q(
-                name, table=self.table(policy),
+            sql = self._texts[key] = self.of(
+                name, policy,
                 columns=", ".join(quote(c) for c in columns if c in policy.columns),
                 hint=self.hint(policy, "queued", QUEUE_COLUMN if name != "claim_unqueued"
                                else "queued_at"),
@@ -83,13 +83,13 @@ class WorkerOps(SqlBase):
         return self.dicts(self.execute(sql, (*keys, *names, limit)))
 
     def list_running_keys(self, policy: EntityPolicy) -> set[str]:
-        sql = self.q("list_running_keys", table=self.table(policy),
-                     hint=self.hint(policy, "running", "lease_expires_at"))
+        sql = self.of("list_running_keys", policy,
+                      hint=self.hint(policy, "running", "lease_expires_at"))
         return {r[0] for r in self.execute(sql).fetchall()}
 
     def is_key_running(self, policy: EntityPolicy, key: str) -> bool:
-        sql = self.q("is_key_running", table=self.table(policy),
-                     hint=self.hint(policy, "running", "concurrency_key"))
+        sql = self.of("is_key_running", policy,
+                      hint=self.hint(policy, "running", "concurrency_key"))
         return self.execute(sql, (key,)).fetchone() is not None
 
     def read_leases(self, policy: EntityPolicy, ids: Sequence[str], *,
