@@ -127,8 +127,8 @@ async def _execute(task: Task[Any], run: dict[str, Any], pool: Executor | None) 
 class Watched:
     """An async task's coroutine, each step timed: a step that holds the event loop longer
     than :data:`BLOCKING_STEP_SECONDS` (a blocking call in async code) is logged by the
-    task's name with how long it held it, since every other run and every lease renewal
-    of the worker waited that long."""
+    task's name with how long it held it, since every other run of the worker waited
+    that long (a ``Worker`` renews its leases from a thread of its own meanwhile)."""
 
     def __init__(self, coro: Coroutine[Any, Any, Any], name: str, run_id: object) -> None:
         self.coro, self.name, self.run_id = coro, name, run_id
@@ -155,9 +155,9 @@ class Watched:
         held = time.perf_counter() - started
         if held > BLOCKING_STEP_SECONDS:
             log.warning("task %s (run %s) blocked the event loop for %.2fs without "
-                        "awaiting: every other run and lease renewal of this worker "
-                        "waited; await non-blocking calls, or declare the task sync (it "
-                        "then runs on a thread)", self.name, self.run_id, held)
+                        "awaiting: every other run of this worker waited; await "
+                        "non-blocking calls, or declare the task sync (it then runs on a "
+                        "thread)", self.name, self.run_id, held)
 
 
 async def _on_thread(task: Task[Any], kwargs: dict[str, Any], pool: Executor | None) -> Any:

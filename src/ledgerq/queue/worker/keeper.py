@@ -8,10 +8,8 @@ again while the first still does. The keeper renews from a thread with an event 
 and a database handle of its own (:meth:`~ledgerq.lifecycle.store.Database.twin`), so
 a lease lasts as long as its run does, whatever the loop is doing.
 
-It also watches the loop: when the loop has not turned for a second or more, it looks
-at what the loop's thread is running, and says so by name once the loop turns again
-("the event loop was blocked for 12.3 s by tasks.crunch (tasks.py:8)"), so the task that
-should have been a sync function (run on the worker's threads) is found.
+(Which task blocked the loop, and for how long, the task face says as each step of it
+ends: ``ledgerq.tasks.execution.Watched``.)
 
 The worker's loop still checks each row (a cancel, a reap) and writes each outcome;
 an outcome's write first waits out a renewal of its run in flight
@@ -22,14 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ledgerq.queue import moves
@@ -46,12 +41,6 @@ log = logging.getLogger("ledgerq.worker")
 EXPIRY = "lease_expires_at"
 #: A lease is renewed once this fraction of its TTL has passed.
 RENEW_FRACTION = 1 / 3
-#: How long the loop may go without turning before the keeper looks at what blocks it.
-BLOCKED_AFTER = 1.0
-#: Where ledgerq's code and the standard library's are: what a blocking task is not.
-_LEDGERQ = str(Path(__file__).resolve().parents[2]) + "/"
-_STDLIB = tuple(str(Path(sysconfig.get_paths()[k]).resolve()) + "/"
-                for k in ("stdlib", "platstdlib"))
 
 
 @dataclass
@@ -76,27 +65,19 @@ class LeaseKeeper:
         self.policy = policy
         self.worker_id = worker_id
         self.lease_ttl = lease_ttl
-        self.interval = min(interval, BLOCKED_AFTER / 2)
+        self.interval = interval
         self.clock = clock
         self._held: dict[str, _Held] = {}
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        #: When the loop was asked to turn and has not yet (monotonic), and what was
-        #: found blocking it.
-        self._asked: float | None = None
-        self._blocker: str | None = None
         #: Renewals written (observability, tests).
         self.renewals = 0
 
     # ------------------------------------------------------------ the worker's side
 
     def start(self) -> None:
-        """Start the thread (from the worker's loop, whose thread it watches)."""
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
+        """Start the thread."""
         self._thread = threading.Thread(target=self._main, daemon=True,
                                         name=f"ledgerq-lease-keeper-{self.worker_id}")
         self._thread.start()
@@ -146,7 +127,6 @@ class LeaseKeeper:
         # second connection.
         try:
             while not self._stop.wait(self.interval):
-                self._watch()
                 if not self._held:
                     continue
                 try:
@@ -194,55 +174,5 @@ class LeaseKeeper:
                 if done is not None:
                     done.set()
 
-    def _watch(self) -> None:
-        """Ask the loop to turn; when it has not since the last ask, a second or more ago,
-        find what its thread is running."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        if self._asked is None:
-            self._asked = time.monotonic()
-            try:
-                loop.call_soon_threadsafe(self._turned, self._asked)
-            except RuntimeError:  # the loop closed meanwhile
-                self._asked = None
-            return
-        if self._blocker is None and time.monotonic() - self._asked >= BLOCKED_AFTER:
-            frame = sys._current_frames().get(self._loop_thread)
-            self._blocker = blocking_code(frame) if frame is not None else "unknown code"
 
-    def _turned(self, asked: float) -> None:
-        """On the loop: it turned. Say what blocked it, if something did."""
-        blocked = time.monotonic() - asked
-        blocker, self._blocker, self._asked = self._blocker, None, None
-        if blocker is not None:
-            log.warning("worker %s: the event loop was blocked for %.1fs by %s; an async "
-                        "task must not block (make it a sync function: it then runs on the "
-                        "worker's threads). Its leases were renewed meanwhile.",
-                        self.worker_id, blocked, blocker)
-
-
-def blocking_code(frame: FrameType) -> str:
-    """What blocks the loop, as ``module.function (file:line)``: the function ledgerq
-    called (the task) on ``frame``'s stack, or, outside any task, the innermost frame."""
-    found = frame
-    walker: FrameType | None = frame
-    while walker is not None:  # innermost first, out to the first frame of ledgerq's
-        path = _path(walker)
-        if path.startswith(_LEDGERQ):
-            break
-        if not path.startswith(_STDLIB):
-            found = walker  # the task's own code, or a library it called
-        walker = walker.f_back
-    code = found.f_code
-    module = found.f_globals.get("__name__", "?")
-    name = getattr(code, "co_qualname", code.co_name)
-    return f"{module}.{name} ({Path(code.co_filename).name}:{found.f_lineno})"
-
-
-def _path(frame: FrameType) -> str:
-    name = frame.f_code.co_filename
-    return name if name.startswith("<") else str(Path(name).resolve())
-
-
-__all__ = ["EXPIRY", "RENEW_FRACTION", "LeaseKeeper", "blocking_code"]
+__all__ = ["EXPIRY", "RENEW_FRACTION", "LeaseKeeper"]
