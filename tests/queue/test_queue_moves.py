@@ -271,8 +271,8 @@ async def test_a_dependency_is_met_by_its_states_outcome(tmp_path: Path,
 
 def test_the_store_names_the_queues_run_entity_as_the_queue_does() -> None:
     """The store renders the workers table's reference to the runs' table and cannot
-    import the queue: its one name for the run entity must be the queue's."""
+    import the queue: the entity it is told is the runs' is the queue's."""
+    from ledgerq.lifecycle.naming import named_entity
     from ledgerq.queue import moves
-    from ledgerq.store import ddl
 
-    assert ddl.RUN_ENTITY == moves.ENTITY
+    assert named_entity("runs") == moves.ENTITY

@@ -87,7 +87,11 @@ class SqlBase:
         """Query ``name`` about ``policy``'s rows: its ``{table}``, and each state the
         code acting on them names (``{queued}``, ...) as a literal of the state the name
         stands for (:mod:`ledgerq.lifecycle.naming`)."""
-        return self.q(name, table=self.table(policy), **_literals(policy.name), **fields)
+        return self.q(name, table=self.table(policy), **self.states(policy), **fields)
+
+    def states(self, policy: EntityPolicy) -> dict[str, str]:
+        """The states code names for ``policy``'s entity, as SQL literals, by name."""
+        return _literals(policy.name)
 
     def _chunked_rows(self, name: str, policy: EntityPolicy, ids: Sequence[str],
                       **fields: Any) -> list[Row]:

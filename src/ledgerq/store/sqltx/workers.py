@@ -62,7 +62,9 @@ class WorkerOps(SqlBase):
         names, only = kinds
         if only and not names:
             return []
-        key = (name, policy.table, len(names), only, columns, bounded)
+        # (The claimable state's name too: a text rendered for other names is not this.)
+        key = (name, policy.table, len(names), only, columns, bounded,
+               self.states(policy)["queued"])
         sql = self._texts.get(key)
         if sql is None:
             kind_filter = (self.q("kinds_only" if only else "kinds_excluded",
