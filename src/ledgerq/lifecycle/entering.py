@@ -57,14 +57,13 @@ def defer_with(deferral: Deferral) -> None:
     _deferral[:] = [deferral]
 
 
-def entry(fact: Fact, version: int | None = None) -> Entry:
-    """The fact as its ``on_enter`` tasks are given it; ``version``: the row's version
-    after the move, where the fact was made before the database numbered it."""
+def entry(fact: Fact) -> Entry:
+    """The fact as its ``on_enter`` tasks are given it."""
     return Entry(id=fact.id, entity_type=fact.entity_type, entity_id=fact.entity_id,
                  previous_status=fact.previous_status, status=fact.status,
                  reason_code=fact.reason_code, reason_summary=fact.reason_summary,
                  source=fact.source, actor=fact.actor, created_at=fact.created_at,
-                 entity_version=fact.entity_version if version is None else version)
+                 entity_version=fact.entity_version)
 
 
 def entered(tx: EventStore, policy: EntityPolicy, facts: Iterable[Fact]) -> None:
@@ -80,10 +79,4 @@ def entered(tx: EventStore, policy: EntityPolicy, facts: Iterable[Fact]) -> None
     _deferral[0](tx, policy, due)
 
 
-def defers(policy: EntityPolicy) -> bool:
-    """Whether any state of ``policy`` defers tasks (most entities: no, and the engine's
-    paths skip building the facts' list)."""
-    return bool(policy.on_enter)
-
-
-__all__ = ["Deferral", "Entry", "defer_with", "defers", "entered", "entry"]
+__all__ = ["Deferral", "Entry", "defer_with", "entered", "entry"]
