@@ -85,3 +85,48 @@ async def test_a_task_blocking_the_loop_keeps_its_lease_and_is_named(db_target: 
     assert (tmp_path / "ran.log").read_text().count("ran") == 1  # run once, not again
     assert re.search(r"task blocking\.crunch \(run \S+\) blocked the event loop for "
                      r"[56]\.\d\ds", errors), errors
+
+
+async def test_the_keeper_renews_a_held_lease_and_reports_one_taken_from_it(
+        db_target: str) -> None:
+    """In-process: the keeper renews a held run's lease (the supervisor's own lease dict
+    moves with it); once another worker's claim has replaced the lease, its renewal is
+    refused and the run is reported lost; a released run is renewed no more."""
+    import asyncio
+
+    from ledgerq.queue.runs import run_policy
+    from ledgerq.queue.worker.keeper import LeaseKeeper
+    from lifecycle_support import new_run
+
+    async with StateDB(db_target) as db:
+        policy = run_policy(db)
+        now = time.time()
+        lease = {"leased_by": "w1", "lease_token": "t1", "lease_expires_at": now + 0.3}
+        rid = await new_run(db, "queued")
+        await db.write(lambda tx: tx.update_entity(
+            policy, rid, observed="queued", version=None, to_state="running",
+            changes=dict(lease), guards={}, returning=None))
+        twin = db.twin()
+        assert twin is not None
+        keeper = LeaseKeeper(twin, policy, worker_id="w1", lease_ttl=0.9, interval=0.05)
+        keeper.start()
+        try:
+            held = dict(lease)
+            keeper.hold(rid, held)
+            deadline = time.monotonic() + 20
+            while keeper.renewals < 2:
+                assert time.monotonic() < deadline, "no renewal"
+                await asyncio.sleep(0.05)
+            row = await get_run(db, rid)
+            assert row["lease_expires_at"] >= held["lease_expires_at"] > now + 0.3
+            await db.write(lambda tx: tx.update_entity(  # another worker's claim
+                policy, rid, observed="running", version=None, to_state=None,
+                changes={"leased_by": "w2", "lease_token": "t2"}, guards={}, returning=None))
+            while keeper.lost(rid) is None:
+                assert time.monotonic() < deadline, "the taken lease was never noticed"
+                await asyncio.sleep(0.05)
+            assert keeper.lost(rid) == "renewal conflicted"
+            await keeper.release([rid])
+            assert keeper.lost(rid) is None
+        finally:
+            await keeper.stop()

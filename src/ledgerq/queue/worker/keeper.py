@@ -73,6 +73,9 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         #: Renewals written (observability, tests).
         self.renewals = 0
+        #: The failure last logged (a database that stays down is said once, not twice
+        #: a second).
+        self._failing: str | None = None
 
     # ------------------------------------------------------------ the worker's side
 
@@ -134,15 +137,23 @@ class LeaseKeeper:
                         if self.twin.file is not None and not Path(self.twin.file).exists():
                             continue  # gone: the worker stops (opening would create one)
                         await self.twin.open()
-                    await self._renew_due()
+                    if await self._renew_due():
+                        self._failing = None
                 except Exception as exc:  # a busy database: the next pass tries again
-                    log.warning("worker %s: lease renewal failed (%s); retrying",
-                                self.worker_id, exc)
+                    self._failed(f"worker {self.worker_id}: lease renewal failed ({exc}); "
+                                 "retrying")
         finally:
             if self.twin.is_open:
                 await self.twin.close()
 
-    async def _renew_due(self) -> None:
+    def _failed(self, message: str) -> None:
+        if message != self._failing:
+            log.warning("%s", message)
+            self._failing = message
+
+    async def _renew_due(self) -> bool:
+        """Renew the leases due; whether every renewal was written or refused (none
+        failed)."""
         now = self.clock()
         due_at = self.lease_ttl * (1 - RENEW_FRACTION)
         with self._mutex:
@@ -152,6 +163,7 @@ class LeaseKeeper:
                 held.renewing = threading.Event()
         expiry = now + self.lease_ttl
         actor = worker_actor(self.worker_id)
+        clean = True
         for run_id, held, guard in due:
             def renew(tx: WorkerTx, run_id: str = run_id, guard: dict[str, Any] = guard
                       ) -> bool:
@@ -162,7 +174,8 @@ class LeaseKeeper:
             try:
                 applied = await self.twin.write(renew)
             except Exception as exc:
-                log.warning("run %s: lease renewal failed (%s); retrying", run_id, exc)
+                clean = False
+                self._failed(f"run {run_id}: lease renewal failed ({exc}); retrying")
             finally:
                 with self._mutex:
                     if applied:
@@ -173,6 +186,7 @@ class LeaseKeeper:
                     done, held.renewing = held.renewing, None
                 if done is not None:
                     done.set()
+        return clean
 
 
 __all__ = ["EXPIRY", "RENEW_FRACTION", "LeaseKeeper"]
