@@ -129,8 +129,8 @@ async def resolve_run(handle: StateDB, run_id: str) -> str:
 @asynccontextmanager
 async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
                   readonly: bool = False, registry: Registry | None = None,
-                  migrate_on_open: bool = True, by_record: bool = True
-                  ) -> AsyncIterator[StateDB]:
+                  migrate_on_open: bool = True, by_record: bool = True,
+                  pool_size: int | None = None) -> AsyncIterator[StateDB]:
     """Open the database with the root options: the spec directory and ``--synchronous``.
 
     Read commands pass ``readonly=True``: the file is opened read-only and never written
@@ -158,7 +158,8 @@ async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
         die(f"--synchronous: {synchronous!r} is not one of {', '.join(SYNCHRONOUS_LEVELS)}")
     try:
         db = StateDB(path, registry=registry, synchronous=cast("Synchronous", synchronous),
-                     readonly=readonly, migrate_on_open=migrate_on_open)
+                     readonly=readonly, migrate_on_open=migrate_on_open,
+                     pool_size=pool_size)
     except MissingExtra as exc:
         die(str(exc))
     except ValueError as exc:  # the synchronous level, a path or URL refused: each says so

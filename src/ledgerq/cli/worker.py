@@ -22,6 +22,11 @@ from ledgerq.queue import DEFAULT_HEARTBEAT_TTL_SECONDS
 from ledgerq.queue.worker import service as runtime
 from ledgerq.queue.worker.launcher import MAX_OUTPUT_TAIL_BYTES, OUTPUT_TAIL_BYTES
 
+#: PostgreSQL connections a ``ledgerq worker`` pools (its LISTEN one besides, and its lease
+#: keeper shares them): one measured as fast as eight for a drain (docs/scaling.md), and
+#: forty workers then fit in a server's default 100 connections.
+WORKER_POOL_SIZE = 1
+
 #: ``ledgerq worker`` runs a worker; ``ledgerq worker stop ID`` (cli/workers.py) asks one
 #: to drain. A group whose callback is the worker itself, so both spellings work.
 worker_app = typer.Typer(no_args_is_help=False, add_completion=False)
@@ -72,6 +77,11 @@ def worker(
     max_runtime: Annotated[str | None, typer.Option(
         "--max-runtime", metavar="DURATION", help="Recycle: after this long (e.g. 1h), "
         "stop claiming and exit once idle.", show_default=False)] = None,
+    pool_size: Annotated[int, typer.Option(
+        "--pool-size", min=1, metavar="N",
+        help="PostgreSQL: pooled connections of this worker (its LISTEN one besides), "
+             "whatever its capacity; its writes are short and take turns on them.")
+    ] = WORKER_POOL_SIZE,
     quiet: Annotated[bool, typer.Option("--quiet", "-q",
                                         help="No per-run lines on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
@@ -153,7 +163,7 @@ def worker(
         specs = task_app.registry if task_app is not None and root_specs(ctx) is None \
             else None
         async with open_db(ctx, path, must_exist=False, by_record=False,
-                           registry=specs) as handle:
+                           registry=specs, pool_size=pool_size) as handle:
             if task_app is not None:
                 # What its tasks are, for submissions by name and for the runs a state's
                 # on_enter defers (their queue, retry policy, timeout).

@@ -102,7 +102,8 @@ class StateDB:
 
     def __init__(self, path: str | Path, *, registry: Registry | None = None,
                  synchronous: Synchronous = "NORMAL", readonly: bool = False,
-                 busy_timeout_ms: int = BUSY_TIMEOUT_MS, migrate_on_open: bool = True) -> None:
+                 busy_timeout_ms: int = BUSY_TIMEOUT_MS, migrate_on_open: bool = True,
+                 pool_size: int | None = None) -> None:
         if str(synchronous).upper() not in SYNCHRONOUS_LEVELS:
             # Checked for either backend: a typo must not pass because the target is a URL.
             raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not "
@@ -110,6 +111,9 @@ class StateDB:
         problem = conninfo_problem(path)
         if problem is not None:
             raise InvalidInput(problem)
+        if pool_size is not None and (isinstance(pool_size, bool) or
+                                      not isinstance(pool_size, int) or pool_size < 1):
+            raise InvalidInput(f"pool_size must be an int >= 1, got {pool_size!r}")
         #: The target as given: a SQLite path, or a PostgreSQL URL.
         self.path = str(path)
         self.registry = registry if registry is not None else default_registry()
@@ -119,12 +123,13 @@ class StateDB:
         self._backend: Backend
         if is_postgres(path):
             require("postgres")
-            from ledgerq.store.postgres.backend import PostgresBackend
+            from ledgerq.store.postgres.backend import POOL_SIZE, PostgresBackend
 
             self._backend = PostgresBackend(self.path, registry=self.registry,
                                             readonly=self.readonly,
                                             migrate_on_open=migrate_on_open,
-                                            lock_timeout_ms=busy_timeout_ms)
+                                            lock_timeout_ms=busy_timeout_ms,
+                                            pool_size=pool_size or POOL_SIZE)
             self.synchronous = "FULL"
         else:
             from ledgerq.store.sqlite.backend import SqliteBackend
@@ -137,10 +142,14 @@ class StateDB:
             self._backend = backend
 
     def twin(self) -> StateDB | None:
-        """Another handle on the same database, not yet open, with this one's specs and
-        settings, that never migrates: for a thread with an event loop of its own (a
-        worker's lease keeper). None for ``:memory:``, which a second handle cannot
-        reach."""
+        """A handle a thread with an event loop of its own can use (a worker's lease
+        keeper). On PostgreSQL, this one: its units run on its pool's threads whatever
+        loop awaits them, so the thread costs no connection more. On SQLite, whose
+        handle serves one loop, another on the same file, not yet open, with this one's
+        specs and settings, that never migrates. None for ``:memory:``, which a second
+        handle cannot reach."""
+        if self.dialect == "postgresql":
+            return self
         if self.path == ":memory:":
             return None
         return StateDB(self.path, registry=self.registry,

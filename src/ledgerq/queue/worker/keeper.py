@@ -5,8 +5,10 @@ from the worker's event loop, it depends on that loop turning: an ``async def`` 
 that blocks it (a ``time.sleep``, a synchronous HTTP call, a long computation) would
 stop every renewal, the reaper would requeue its run, and another worker would run it
 again while the first still does. The keeper renews from a thread with an event loop
-and a database handle of its own (:meth:`~ledgerq.lifecycle.store.Database.twin`), so
-a lease lasts as long as its run does, whatever the loop is doing.
+and a database handle it may use from there (:meth:`~ledgerq.lifecycle.store.Database.twin`:
+on PostgreSQL the worker's own, whose units run on pool threads, so it costs no
+connection; on SQLite a second handle), so a lease lasts as long as its run does,
+whatever the loop is doing.
 
 (Which task blocked the loop, and for how long, the task face says as each step of it
 ends: ``ledgerq.tasks.execution.Watched``.)
@@ -59,9 +61,12 @@ class LeaseKeeper:
     """Renews the leases of one worker's runs, from its own thread (see the module)."""
 
     def __init__(self, twin: Database[WorkerTx], policy: EntityPolicy, *, worker_id: str,
-                 lease_ttl: float, interval: float, clock: Callable[[], float] = time.time
-                 ) -> None:
+                 lease_ttl: float, interval: float, clock: Callable[[], float] = time.time,
+                 owned: bool = True) -> None:
         self.twin = twin
+        #: Whether the keeper opens and closes ``twin`` (a handle of its own), or uses the
+        #: worker's, which a thread may (PostgreSQL's: see ``Database.twin``).
+        self.owned = owned
         self.policy = policy
         self.worker_id = worker_id
         self.lease_ttl = lease_ttl
@@ -133,7 +138,7 @@ class LeaseKeeper:
                 if not self._held:
                     continue
                 try:
-                    if not self.twin.is_open:
+                    if self.owned and not self.twin.is_open:
                         if self.twin.file is not None and not Path(self.twin.file).exists():
                             continue  # gone: the worker stops (opening would create one)
                         await self.twin.open()
@@ -143,7 +148,7 @@ class LeaseKeeper:
                     self._failed(f"worker {self.worker_id}: lease renewal failed ({exc}); "
                                  "retrying")
         finally:
-            if self.twin.is_open:
+            if self.owned and self.twin.is_open:
                 await self.twin.close()
 
     def _failed(self, message: str) -> None:

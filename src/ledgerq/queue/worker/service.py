@@ -453,7 +453,8 @@ class Worker:
             return None
         keeper = LeaseKeeper(twin, run_policy(self.db), worker_id=self.worker_id,
                              lease_ttl=self.config.lease_ttl,
-                             interval=self.config.check_interval, clock=self.context.clock)
+                             interval=self.config.check_interval, clock=self.context.clock,
+                             owned=twin is not self.db)
         keeper.start()
         self.context.keeper = keeper
         return keeper

@@ -134,6 +134,9 @@ class PostgresBackend:
         self.registry = registry
         self.readonly = readonly
         self.pool_size = pool_size
+        #: Connections for units sent alone, at most: never more than the pool's, so a
+        #: handle of ``pool_size`` 1 holds at most two connections (LISTEN aside).
+        self.alone_size = min(ALONE_POOL_SIZE, pool_size)
         self.damaged: str | None = None
         #: What opening migrated (None: the database was already at these specs).
         self.migration: Plan | None = None
@@ -143,7 +146,7 @@ class PostgresBackend:
         #: The asyncio connections units sent alone use (none on a read-only handle).
         self._alone_pool: psycopg_pool.AsyncConnectionPool[
             psycopg.AsyncConnection[tuple[Any, ...]]] | None = None
-        #: Units being sent alone now (at most ALONE_POOL_SIZE).
+        #: Units being sent alone now (at most ``alone_size``).
         self._alone_sending = 0
         #: The alone pool's connection kept out of it between units sent alone, with the
         #: cursor that sends them, and when it was taken (see :meth:`_send_alone`).
@@ -194,7 +197,7 @@ class PostgresBackend:
             await loop.run_in_executor(executor, self._open_sync, pool)
             if not self.readonly:
                 alone = psycopg_pool.AsyncConnectionPool(
-                    self.url, open=False, min_size=0, max_size=ALONE_POOL_SIZE,
+                    self.url, open=False, min_size=0, max_size=self.alone_size,
                     kwargs={"autocommit": True}, timeout=self.connect_timeout,
                     configure=self._configure_alone, name="ledgerq-alone")
                 await alone.open()  # (it connects when a unit is first sent alone)
@@ -372,7 +375,7 @@ class PostgresBackend:
             raise DatabaseError(f"{_redacted(self.url)} is open read-only (readonly=True): "
                                 "writes refused")
         if alone and not bulk and self._alone_pool is not None and not self._closing \
-                and self._alone_sending < ALONE_POOL_SIZE:
+                and self._alone_sending < self.alone_size:
             tx = PostgresTx(_NO_CONNECTION, hold_first=True)
             try:
                 value = fn(tx)
