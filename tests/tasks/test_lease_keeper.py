@@ -108,7 +108,8 @@ async def test_the_keeper_renews_a_held_lease_and_reports_one_taken_from_it(
             changes=dict(lease), guards={}, returning=None))
         twin = db.twin()
         assert twin is not None
-        keeper = LeaseKeeper(twin, policy, worker_id="w1", lease_ttl=0.9, interval=0.05)
+        keeper = LeaseKeeper(twin, policy, worker_id="w1", lease_ttl=0.9, interval=0.05,
+                             owned=twin is not db)
         keeper.start()
         try:
             held = dict(lease)

@@ -61,8 +61,8 @@ class LeaseKeeper:
     """Renews the leases of one worker's runs, from its own thread (see the module)."""
 
     def __init__(self, twin: Database[WorkerTx], policy: EntityPolicy, *, worker_id: str,
-                 lease_ttl: float, interval: float, clock: Callable[[], float] = time.time,
-                 owned: bool = True) -> None:
+                 lease_ttl: float, interval: float, owned: bool,
+                 clock: Callable[[], float] = time.time) -> None:
         self.twin = twin
         #: Whether the keeper opens and closes ``twin`` (a handle of its own), or uses the
         #: worker's, which a thread may (PostgreSQL's: see ``Database.twin``).
