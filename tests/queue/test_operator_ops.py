@@ -224,6 +224,7 @@ async def test_a_schema_2_database_gains_the_columns_added_since(db_target: str)
         conn.close()
     async with StateDB(db_target, readonly=True) as ro:  # a reader cannot upgrade it
         assert await worker_statuses(ro) == []
+        assert await task_kinds.recorded(ro) == {}  # read without the columns added since
     async with StateDB(db_target) as db:
         version = await db.fetch_one("SELECT value FROM ledgerq_schema WHERE key = "
                                      "'schema_version'")

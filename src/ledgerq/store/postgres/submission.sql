@@ -11,11 +11,11 @@ SELECT id, application_digest FROM {table} WHERE idempotency_key = %s
 SELECT pg_notify('ledgerq_claimable', '')
 
 -- name: read_task_kinds
-SELECT name, parameters, returns, queue, recorded_at, defaults FROM task_kinds
+SELECT * FROM task_kinds
 WHERE name IN ({marks}) ORDER BY name
 
 -- name: read_all_task_kinds
-SELECT name, parameters, returns, queue, recorded_at, defaults FROM task_kinds ORDER BY name
+SELECT * FROM task_kinds ORDER BY name
 
 -- name: record_task_kind
 INSERT INTO task_kinds (name, parameters, returns, queue, recorded_at, defaults)
