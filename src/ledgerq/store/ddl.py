@@ -99,7 +99,7 @@ def runs_ddl(template: str, registry: Registry) -> str | None:
         return None
     # ``{terminal}``: the spec's terminal states as SQL string literals (identifier-safe
     # names: the registry checked them).
-    terminal = ", ".join(f"'{s}'" for s in sorted(runs.terminal))
+    terminal = ", ".join(sql_literal(s) for s in sorted(runs.terminal))
     ddl = template.replace("{runs}", quote(runs.table)).replace("{terminal}", terminal)
     # ``{queued}``, ...: the states the queue names (ledgerq.lifecycle.naming).
     for name, state in named_states(runs.name).items():

@@ -161,8 +161,8 @@ _reasons = {m: StateReason(code=m.code) for m in (moves.SUBMITTED, moves.SUBMITT
 
 
 def insert_all(tx: SubmissionTx, policy: EntityPolicy, apps: list[TaskApplication],
-                now: float, host: str, actor: Actor,
-                args_json: Sequence[str | None] | None = None) -> list[str]:
+               now: float, host: str, actor: Actor,
+               args_json: Sequence[str | None] | None = None) -> list[str]:
     """Insert ``apps`` in order (in-transaction); ids in the same order. ``args_json``:
     each application's args as JSON text, where the caller has them.
 
@@ -308,7 +308,7 @@ async def submit_in(tx: Transaction, app: TaskApplication, *, host: str | None =
     hostname = socket.gethostname() if not host and valid.required_capabilities \
         else host or ""
     pending = tx.add(lambda t: insert_all(t, policy, [valid], time.time(), hostname, actor,
-                                           [text])[0], what="the run's id")
+                                          [text])[0], what="the run's id")
     tx.after_commit(lambda: wakeup.notify(db.path))
     return pending
 
@@ -326,7 +326,7 @@ def _insert_joined(tx: SubmissionTx, items: Sequence[tuple[TaskApplication, str]
     """:func:`insert_all` of submits joined in one turn (see
     :mod:`ledgerq.queue.submission.joined`)."""
     return insert_all(tx, policy, [app for app, _ in items], now, host, actor,
-                       [text for _, text in items])
+                      [text for _, text in items])
 
 
 async def cancel_task(db: Database[SubmissionTx], run_id: str, *, actor: Actor, summary: str = "",

@@ -119,18 +119,11 @@ WORKERS_ADDED = {"stop_requested_at": "ALTER TABLE workers ADD COLUMN stop_reque
 TASK_KINDS_ADDED = {"defaults": "ALTER TABLE task_kinds ADD COLUMN defaults JSON"}
 
 
-def upgrade_workers(conn: sqlite3.Connection) -> None:
-    """Add what :data:`WORKERS_ADDED` names and the table lacks (idempotent)."""
-    have = {r[1] for r in conn.execute("PRAGMA table_info(workers)")}
-    for column, statement in WORKERS_ADDED.items():
-        if column not in have:
-            conn.execute(statement)
-
-
-def upgrade_task_kinds(conn: sqlite3.Connection) -> None:
-    """Add what :data:`TASK_KINDS_ADDED` names and the table lacks (idempotent)."""
-    have = {r[1] for r in conn.execute("PRAGMA table_info(task_kinds)")}
-    for column, statement in TASK_KINDS_ADDED.items():
+def add_columns(conn: sqlite3.Connection, table: str, added: dict[str, str]) -> None:
+    """Run each of ``added`` (column -> its ``ALTER TABLE``) whose column ``table``
+    lacks (idempotent): :data:`WORKERS_ADDED`, :data:`TASK_KINDS_ADDED`."""
+    have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+    for column, statement in added.items():
         if column not in have:
             conn.execute(statement)
 
@@ -210,14 +203,14 @@ def _in_migration(conn: sqlite3.Connection, registry: Registry,
         try:
             for statement in statements(BASE_DDL + DELETE_GUARD + META_DDL):
                 conn.execute(statement)
-            upgrade_task_kinds(conn)
+            add_columns(conn, "task_kinds", TASK_KINDS_ADDED)
             catalog = SqliteCatalog(SqliteTx(conn), column_ddl)
             plan = step(catalog)
             workers = ddl.runs_ddl(WORKERS_DDL, registry)
             if workers is not None:
                 for statement in statements(workers):
                     conn.execute(statement)
-                upgrade_workers(conn)
+                add_columns(conn, "workers", WORKERS_ADDED)
             check_foreign_keys(catalog)
             # Never lowered: a newer release's tables stay recorded as the newer version
             # when this one opens them (its upgrades only add).
