@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from helpers import pg
+from helpers import pg, pgbouncer
 from ledgerq import StateDB
 from lifecycle_support import with_dispatch
 
@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep, drop = [], []
     for item in items:
         spec = getattr(item, "callspec", None)
-        on_pg = spec is not None and spec.params.get("backend") == "postgresql"
+        on_pg = spec is not None and spec.params.get("backend") in ("postgresql", "pgbouncer")
         (drop if on_pg and item.get_closest_marker("sqlite_only") else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -103,10 +103,41 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def db_target(backend: str, request: pytest.FixtureRequest,
               tmp_path: Path) -> str:
-    """Where a test's database lives: a fresh SQLite file, or a fresh PostgreSQL schema."""
+    """Where a test's database lives: a fresh SQLite file, or a fresh PostgreSQL schema
+    (``pgbouncer``, which a module asks for by its own ``backend`` fixture: a fresh
+    database reached through PgBouncer in transaction mode)."""
     if backend == "sqlite":
         return str(tmp_path / "state.db")
+    if backend == "pgbouncer":
+        return str(request.getfixturevalue("bouncer_target"))
     return str(request.getfixturevalue("pg_target"))
+
+
+@pytest.fixture(scope="session")
+def pg_bouncer(pg_database: str) -> Iterator[pgbouncer.Bouncer]:
+    """PgBouncer in transaction mode before the test server (one per test process)."""
+    problem = pgbouncer.missing()
+    if problem is not None:
+        if os.environ.get("LEDGERQ_REQUIRE_PGBOUNCER") == "1":
+            pytest.fail(f"PgBouncer is required (LEDGERQ_REQUIRE_PGBOUNCER=1): {problem}")
+        pytest.skip(problem)
+    bouncer = pgbouncer.Bouncer()
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+@pytest.fixture
+def bouncer_target(pg_bouncer: pgbouncer.Bouncer) -> Iterator[str]:
+    """A fresh database reached through PgBouncer: a schema would need ``search_path``
+    as a startup option, which PgBouncer does not pass on."""
+    name = f"ledgerq_bouncer_{os.getpid()}_{next(_schemas)}"
+    direct = pg.create_database(name)
+    try:
+        yield pg_bouncer.url(name)
+    finally:
+        pg.drop_database(direct)
 
 
 @pytest.fixture
@@ -125,5 +156,6 @@ async def db(db_target: str) -> AsyncIterator[StateDB]:
     """An open StateDB on a fresh database of each backend: the packaged specs and the
     docs' example outbox entity (``dispatch``, docs/examples/dispatch.toml), which many
     engine tests use as a second entity."""
-    async with StateDB(db_target, registry=with_dispatch()) as handle:
+    async with StateDB(db_target, registry=with_dispatch(),
+                       **pgbouncer.options(db_target)) as handle:
         yield handle

@@ -50,7 +50,7 @@ def marker_executor(path: str, worker_id: str, hold: float, keyed_hold: float) -
 
 
 async def main(args: argparse.Namespace) -> None:
-    async with StateDB(args.db) as db:
+    async with StateDB(args.db, listen_url=args.listen_url) as db:
         execute = (marker_executor(args.markers, args.worker_id, args.hold, args.keyed_hold)
                    if args.markers else None)
         worker = Worker(
@@ -67,6 +67,7 @@ async def main(args: argparse.Namespace) -> None:
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--db", required=True)
+    p.add_argument("--listen-url", help="the server's own URL when --db is a pooler's")
     p.add_argument("--worker-id", required=True)
     p.add_argument("--lock-dir", required=True)
     p.add_argument("--markers")

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from helpers import pgbouncer
 from helpers.raw import RAW_ERRORS
 from ledgerq import StateDB
 from ledgerq.codec import dumps, loads
@@ -45,7 +46,7 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "sche
                  "tables_present",
                  "durability", "record_schema_version", "forget_prepared", "lock_archives",
                  # SQLite sets its busy timeout by pragma on connecting.
-                 "set_lock_timeout",
+                 "set_lock_timeout", "set_local_lock_timeout",
                  # A pass's claims in one statement (SQLite: one swap per row), and
                  # their facts in it too (SQLite: an executemany after).
                  "claim_entities", "claim_pick", "claim_swap", "claim_entities_with_facts",
@@ -59,6 +60,14 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "sche
                  "stored_json_text",
                  # Many facts in one statement (SQLite: one executemany).
                  "append_facts", "fact_fields"}
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each dialect, and PostgreSQL once more through PgBouncer in transaction mode
+    (every transaction maybe on another server connection): the operations must hold
+    there too."""
+    return str(request.param)
 
 
 def test_both_dialects_define_the_same_query_names() -> None:
@@ -662,7 +671,8 @@ async def test_two_connections_race_one_compare_and_swap(db_target: str) -> None
     from the same version at once: exactly one applies, on either backend."""
     from ledgerq.lifecycle import Actor, StateReason, TransitionRequest, transition
 
-    async with StateDB(db_target) as a, StateDB(db_target) as b:
+    async with StateDB(db_target, **pgbouncer.options(db_target)) as a, \
+            StateDB(db_target, **pgbouncer.options(db_target)) as b:
         rid = await new_run(a)
         for attempt in range(20):
             to = "running" if attempt % 2 == 0 else "queued"

@@ -28,6 +28,8 @@ from ledgerq.errors import DatabaseError
 SPECS_ENV = "LEDGERQ_SPECS"
 SPECS_ONLY_ENV = "LEDGERQ_SPECS_ONLY"
 SYNC_ENV = "LEDGERQ_SYNCHRONOUS"
+POOLED_ENV = "LEDGERQ_POOLED"
+LISTEN_URL_ENV = "LEDGERQ_LISTEN_URL"
 
 app = typer.Typer(
     name="ledgerq",
@@ -74,6 +76,15 @@ def root(
         help=f"SQLite durability of every commit (env {SYNC_ENV}; default NORMAL). NORMAL "
              "survives a killed process; FULL also survives power loss, one fsync per "
              "commit. EXTRA and OFF are accepted too.", show_default=False)] = None,
+    pooled: Annotated[bool, typer.Option(
+        "--pooled", envvar=POOLED_ENV,
+        help=f"The PostgreSQL URL goes through a pooler in transaction mode, such as "
+             f"PgBouncer (env {POOLED_ENV}=1): nothing is kept on a server connection "
+             "between transactions, and workers poll unless --listen-url is given.")] = False,
+    listen_url: Annotated[str | None, typer.Option(
+        "--listen-url", envvar=LISTEN_URL_ENV, metavar="URL",
+        help=f"The PostgreSQL server's own URL, for LISTEN, when --db goes through a "
+             f"pooler (env {LISTEN_URL_ENV}; implies --pooled).", show_default=False)] = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.",
                                           is_eager=True, callback=_print_version)] = False,
 ) -> None:
@@ -81,7 +92,7 @@ def root(
     if specs_only and specs is None:
         die("--specs-only needs --specs DIR")
     ctx.obj = {"db": db, "specs": specs, "synchronous": synchronous,
-               "specs_only": specs_only}
+               "specs_only": specs_only, "pooled": pooled, "listen_url": listen_url}
 
 
 def _click_exceptions() -> Any:

@@ -126,6 +126,18 @@ async def resolve_run(handle: StateDB, run_id: str) -> str:
         die(str(exc))
 
 
+def pooler_options(ctx: typer.Context, path: str) -> dict[str, Any]:
+    """The root ``--pooled`` and ``--listen-url``, as StateDB takes them: for a
+    PostgreSQL URL only (a SQLite file has no pooler; a command given one ignores them,
+    so that one environment serves both)."""
+    from ledgerq.store.db import is_postgres
+
+    root = ctx.find_root().obj
+    if not isinstance(root, dict) or not is_postgres(path):
+        return {}
+    return {"pooled": bool(root.get("pooled")), "listen_url": root.get("listen_url")}
+
+
 @asynccontextmanager
 async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
                   readonly: bool = False, registry: Registry | None = None,
@@ -156,10 +168,11 @@ async def open_db(ctx: typer.Context, path: str, *, must_exist: bool = True,
     synchronous = (root.get("synchronous") if isinstance(root, dict) else None) or "NORMAL"
     if str(synchronous).upper() not in SYNCHRONOUS_LEVELS:
         die(f"--synchronous: {synchronous!r} is not one of {', '.join(SYNCHRONOUS_LEVELS)}")
+    pooling = pooler_options(ctx, path)
     try:
         db = StateDB(path, registry=registry, synchronous=cast("Synchronous", synchronous),
                      readonly=readonly, migrate_on_open=migrate_on_open,
-                     pool_size=pool_size)
+                     pool_size=pool_size, **pooling)
     except MissingExtra as exc:
         die(str(exc))
     except ValueError as exc:  # the synchronous level, a path or URL refused: each says so

@@ -98,12 +98,18 @@ class StateDB:
     its specs add (see docs/specs.md, "Changing a spec on a live database"); with
     ``migrate_on_open=False`` it changes no schema (``ledgerq migrate`` plans first) and
     requires the schema to exist.
+
+    Behind a pooler in transaction mode (PgBouncer), ``pooled=True`` keeps nothing on a
+    server connection between transactions, and ``listen_url`` (the server's own URL,
+    which implies ``pooled``) is where the one ``LISTEN`` connection goes; pooled without
+    it, waits poll.
     """
 
     def __init__(self, path: str | Path, *, registry: Registry | None = None,
                  synchronous: Synchronous = "NORMAL", readonly: bool = False,
                  busy_timeout_ms: int = BUSY_TIMEOUT_MS, migrate_on_open: bool = True,
-                 pool_size: int | None = None) -> None:
+                 pool_size: int | None = None, pooled: bool = False,
+                 listen_url: str | None = None) -> None:
         if str(synchronous).upper() not in SYNCHRONOUS_LEVELS:
             # Checked for either backend: a typo must not pass because the target is a URL.
             raise ValueError(f"synchronous must be NORMAL, FULL, EXTRA or OFF, not "
@@ -119,6 +125,15 @@ class StateDB:
         self.registry = registry if registry is not None else default_registry()
         self.readonly = bool(readonly)
         self.busy_timeout_ms = busy_timeout_ms
+        if (pooled or listen_url is not None) and not is_postgres(path):
+            raise InvalidInput("pooled and listen_url are PostgreSQL's (a pooler in front "
+                               f"of the server); {self.path!r} is a SQLite database")
+        if listen_url is not None and not is_postgres(listen_url):
+            raise InvalidInput(f"listen_url must be a postgresql:// URL, not {listen_url!r}")
+        #: Whether ``path`` goes through a pooler in transaction mode, and where LISTEN
+        #: connects instead (the server itself): see docs/scaling.md, "A pooler".
+        self.pooled = bool(pooled) or listen_url is not None
+        self.listen_url = listen_url
         self._log_policies: tuple[tuple[str, ...], list[EntityPolicy]] | None = None
         self._backend: Backend
         if is_postgres(path):
@@ -129,7 +144,8 @@ class StateDB:
                                             readonly=self.readonly,
                                             migrate_on_open=migrate_on_open,
                                             lock_timeout_ms=busy_timeout_ms,
-                                            pool_size=pool_size or POOL_SIZE)
+                                            pool_size=pool_size or POOL_SIZE,
+                                            pooled=self.pooled, listen_url=listen_url)
             self.synchronous = "FULL"
         else:
             from ledgerq.store.sqlite.backend import SqliteBackend

@@ -12,6 +12,9 @@ reapers return its runs to the queue within the test. Afterwards:
 * runs with the same concurrency key never executed at the same time, across processes;
 * ``verify()`` finds no drift.
 
+It runs on a SQLite file, on PostgreSQL, and on PostgreSQL through PgBouncer in
+transaction mode (the workers' LISTEN on the server itself).
+
 Size: LEDGERQ_CHAOS_TASKS (default 2000); LEDGERQ_CHAOS_TIMEOUT seconds (default 90)
 bounds the run. CI runs the default size in well under two minutes.
 """
@@ -33,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from helpers import pgbouncer
 from ledgerq import StateDB
 from ledgerq.projections import verify
 from ledgerq.queue import TaskApplication, submit_many
@@ -54,8 +58,13 @@ TERMINAL = ("completed", "failed", "timed_out", "skipped", "cancelled")
 REQUEUES = ("run.queued.lease_expired", "run.queued.worker_shutdown")
 
 
+@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 class Fleet:
-    def __init__(self, db: Path, lock_dir: Path, markers: Path, log_dir: Path) -> None:
+    def __init__(self, db: str, lock_dir: Path, markers: Path, log_dir: Path) -> None:
         self.db, self.lock_dir, self.markers, self.log_dir = db, lock_dir, markers, log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
         self.ids: list[str] = []
@@ -70,7 +79,8 @@ class Fleet:
              "--lock-dir", str(self.lock_dir), "--markers", str(self.markers),
              "--hold", str(HOLD), "--keyed-hold", "0.01", "--capacity", "8",
              "--poll-interval", "0.05", "--lease-ttl", str(LEASE_TTL), "--check-interval", "0.25",
-             "--shutdown-grace", "2", "--advertise", "gpu-exclusive"],
+             "--shutdown-grace", "2", "--advertise", "gpu-exclusive",
+             *(f"--{k.replace('_', '-')}={v}" for k, v in pgbouncer.options(self.db).items())],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.ids.append(wid)
@@ -130,7 +140,7 @@ async def test_workers_killed_at_random_lose_and_duplicate_nothing(tmp_path: Pat
     rng = random.Random(int(os.environ.get("LEDGERQ_CHAOS_SEED", str(time.time_ns()))))
     fleet = Fleet(db_path, tmp_path / "locks", markers, logs)
     t0 = time.monotonic()
-    async with StateDB(db_path) as db:
+    async with StateDB(db_path, **pgbouncer.options(db_path)) as db:
         apps = []
         for i in range(TASKS):
             caps = ["gpu-exclusive"] if i % KEYED_EVERY == 0 else []

@@ -122,8 +122,20 @@ class PostgresBackend:
 
     def __init__(self, url: str, *, registry: Registry, readonly: bool = False,
                  pool_size: int = POOL_SIZE, migrate_on_open: bool = True,
-                 lock_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+                 lock_timeout_ms: int = BUSY_TIMEOUT_MS, pooled: bool = False,
+                 listen_url: str | None = None) -> None:
         self.migrate_on_open = migrate_on_open
+        #: Where LISTEN connects: the server itself, when ``url`` goes through a pooler.
+        self.listen_url = listen_url
+        if listen_url is not None:
+            url_connect_timeout(listen_url)  # (refused now, not by the listener's thread)
+        #: Whether ``url`` goes through a pooler in transaction mode (PgBouncer's
+        #: ``pool_mode = transaction``): each transaction may run on another server
+        #: connection, so nothing is kept on one between transactions (see
+        #: ``_connect_kwargs``). A ``listen_url`` says so too.
+        self.pooled = pooled or listen_url is not None
+        #: Whether the fallback to polling (pooled, no ``listen_url``) was logged yet.
+        self._said_polling = False
         #: How long a statement waits for a lock (a row another writer holds, a table a
         #: migration or an operator locked) before it fails: SQLite's busy timeout, with
         #: the same meaning and default. Without it a wait behind a lock never ends.
@@ -137,6 +149,11 @@ class PostgresBackend:
         #: Connections for units sent alone, at most: never more than the pool's, so a
         #: handle of ``pool_size`` 1 holds at most two connections (LISTEN aside).
         self.alone_size = min(ALONE_POOL_SIZE, pool_size)
+        #: psycopg's options of every connection: behind a transaction pooler, no
+        #: prepared statements (a statement prepared on one server connection is unknown
+        #: to the next; PgBouncer before 1.21 does not track them).
+        self._connect_kwargs: dict[str, Any] = {"prepare_threshold": None} \
+            if self.pooled else {}
         self.damaged: str | None = None
         #: What opening migrated (None: the database was already at these specs).
         self.migration: Plan | None = None
@@ -175,8 +192,9 @@ class PostgresBackend:
         conn.adapters.register_loader("jsonb", TextLoader)
         conn.adapters.register_loader("json", TextLoader)
         conn.read_only = self.readonly
-        conn.execute(QUERIES("set_lock_timeout"), (f"{self.lock_timeout_ms}ms",))
-        conn.commit()
+        if not self.pooled:  # (pooled: set in each transaction, see _in_transaction)
+            conn.execute(QUERIES("set_lock_timeout"), (f"{self.lock_timeout_ms}ms",))
+            conn.commit()
 
     async def _configure_alone(self, conn: psycopg.AsyncConnection[tuple[Any, ...]]) -> None:
         await conn.execute(QUERIES("set_lock_timeout"), (f"{self.lock_timeout_ms}ms",))
@@ -187,6 +205,7 @@ class PostgresBackend:
         pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = \
             psycopg_pool.ConnectionPool(self.url, open=False, min_size=1,
                                         max_size=self.pool_size, configure=self._configure,
+                                        kwargs=self._connect_kwargs,
                                         timeout=self.connect_timeout, name="ledgerq")
         executor = ThreadPoolExecutor(max_workers=self.pool_size,
                                       thread_name_prefix="ledgerq-pg")
@@ -195,7 +214,9 @@ class PostgresBackend:
             None = None
         try:
             await loop.run_in_executor(executor, self._open_sync, pool)
-            if not self.readonly:
+            # Units sent alone run in autocommit, where a pooled connection could not
+            # have its lock timeout: behind a pooler every unit is a transaction.
+            if not self.readonly and not self.pooled:
                 alone = psycopg_pool.AsyncConnectionPool(
                     self.url, open=False, min_size=0, max_size=self.alone_size,
                     kwargs={"autocommit": True}, timeout=self.connect_timeout,
@@ -214,8 +235,8 @@ class PostgresBackend:
         # libpq's own reason (the pool would retry quietly until its timeout), and the
         # schema is checked or created on it before any pooled connection exists.
         try:
-            with psycopg.connect(self.url, connect_timeout=_libpq_seconds(self.connect_timeout)
-                                 ) as conn:
+            with psycopg.connect(self.url, connect_timeout=_libpq_seconds(self.connect_timeout),
+                                 **self._connect_kwargs) as conn:
                 self._configure(conn)
                 if self.readonly or not self.migrate_on_open:
                     self._require_schema(conn)
@@ -309,11 +330,14 @@ class PostgresBackend:
             committing = False
             try:
                 with pool.connection() as conn:
-                    tx = PostgresTx(conn, hold_first=alone)
+                    tx = PostgresTx(conn, hold_first=alone and not self.pooled)
                     # Sent with the BEGIN psycopg issues before the first statement: a
                     # read is one snapshot, and costs no round trip of its own to say so.
                     conn.isolation_level = SNAPSHOT if readonly else None
                     conn.read_only = readonly or self.readonly
+                    if self.pooled:  # for this transaction: the next may be elsewhere
+                        conn.execute(QUERIES("set_local_lock_timeout"),
+                                     (f"{self.lock_timeout_ms}ms",))
                     try:
                         value = fn(tx)
                         held = tx.take_alone()
@@ -552,6 +576,14 @@ class PostgresBackend:
     async def listen(self, key: str, on_wake: Callable[[], None],
                      channel: str = "claimable") -> None:
         self._wakers.setdefault(channel, []).append(on_wake)
+        if self.pooled and self.listen_url is None:
+            # A LISTEN through a transaction pooler holds no server connection: its
+            # notifications would go to whichever client has that connection next.
+            if not self._said_polling:
+                self._said_polling = True
+                log.warning("%s goes through a pooler and no listen_url names the server "
+                            "itself: no LISTEN, waits poll instead", _redacted(self.url))
+            return
         if self._listen_thread is None:
             self._listen_stop.clear()
             self._listen_thread = threading.Thread(
@@ -588,7 +620,7 @@ class PostgresBackend:
         delay = LISTEN_BACKOFF[0]
         while not self._listen_stop.is_set():
             try:
-                with psycopg.connect(self.url, autocommit=True,
+                with psycopg.connect(self.listen_url or self.url, autocommit=True,
                                      connect_timeout=_libpq_seconds(self.connect_timeout)) as conn:
                     conn.execute(QUERIES("listen"))
                     conn.execute(QUERIES("listen_ended"))

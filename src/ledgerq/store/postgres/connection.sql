@@ -36,6 +36,11 @@ WHERE table_schema = current_schema() AND table_name = ANY(%s)
 -- How long a statement waits for a lock before it fails (SQLite's busy timeout).
 SELECT set_config('lock_timeout', %s, false)
 
+-- name: set_local_lock_timeout
+-- The same for one transaction: behind a pooler in transaction mode, where a session's
+-- settings stay on a server connection the next transaction may not get.
+SELECT set_config('lock_timeout', %s, true)
+
 -- name: durability
 SHOW synchronous_commit
 
