@@ -81,3 +81,22 @@ def test_a_worker_behind_the_pooler_runs_what_another_process_submits(
                             capture_output=True, text=True, timeout=60, check=False)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.count('"completed"') >= 3
+
+
+def test_an_app_behind_the_pooler_defers_and_waits_for_a_result(bouncer_target: str) -> None:
+    """The task face takes the same two options."""
+    from ledgerq import App
+
+    app = App(bouncer_target, listen_url=pgbouncer.direct_url(bouncer_target))
+
+    @app.task
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    try:
+        run = add.defer(2, 3)
+        app.drain_sync()
+        assert run.result(timeout=10) == 5
+        assert app.db.pooled
+    finally:
+        app.close_sync()

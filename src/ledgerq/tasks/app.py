@@ -54,12 +54,14 @@ DRAIN_BATCH = 100
 
 class App:
     """A task queue for Python functions, on one database (SQLite file, ``:memory:`` or
-    PostgreSQL URL, as :class:`~ledgerq.StateDB` takes)."""
+    PostgreSQL URL, as :class:`~ledgerq.StateDB` takes; ``pooled`` and ``listen_url`` as
+    it takes them behind a pooler)."""
 
     def __init__(self, target: str | Path, *, registry: Registry | None = None,
                  specs: str | Path | None = None, synchronous: Synchronous = "NORMAL",
                  targets: Iterable[str] | None = None,
-                 default_queue: str = DEFAULT_QUEUE) -> None:
+                 default_queue: str = DEFAULT_QUEUE, pooled: bool = False,
+                 listen_url: str | None = None) -> None:
         if registry is not None and specs is not None:
             raise InvalidInput("App: give registry or specs, not both")
         if specs is not None:
@@ -67,6 +69,7 @@ class App:
 
             registry = load_registry(specs)
         self.target, self.registry, self.synchronous = target, registry, synchronous
+        self.pooled, self.listen_url = pooled, listen_url
         self.targets = frozenset(EXECUTION_TARGETS if targets is None else targets)
         if isinstance(targets, str) or not self.targets:
             raise InvalidInput("App: targets must be a non-empty list of target names")
@@ -146,7 +149,8 @@ class App:
     def _new_db(self) -> StateDB:
         from ledgerq.store.db import StateDB
 
-        return StateDB(self.target, registry=self.registry, synchronous=self.synchronous)
+        return StateDB(self.target, registry=self.registry, synchronous=self.synchronous,
+                       pooled=self.pooled, listen_url=self.listen_url)
 
     @property
     def db(self) -> StateDB:
