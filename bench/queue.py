@@ -348,6 +348,7 @@ def raw_submit_many(path: str, registry: Registry, sync: str, n: int) -> float:
             "application_digest": digest(app), "retry_policy": None, "timeout_seconds": None,
             "depends_on": None, "version": 1, "status_reason_code": "run.queued.submitted",
             "status_reason_summary": "", "status_evidence_refs": evidence,
+            "priority": 0, "queue": "default",
         }
         runs.append(tuple(values.values()))
         patch = {k: v for k, v in values.items()

@@ -55,8 +55,9 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "sche
                  "update_entity_with_fact",
                  # Several moves and their facts in one statement (SQLite: two a move).
                  "update_entities_with_facts",
-                 # A creation and its fact in one statement (SQLite: two).
-                 "insert_entities_with_facts", "stored_object", "stored_value",
+                 # A creation and its fact in one statement (SQLite: two), and many
+                 # creations with theirs in one (SQLite: two executemany).
+                 "insert_entities_with_facts", "insert_entities_together", "stored_object", "stored_value",
                  "stored_json_text",
                  # Many facts in one statement (SQLite: one executemany).
                  "append_facts", "fact_fields"}
@@ -1052,6 +1053,44 @@ async def test_update_entities_with_facts_together_store_what_one_at_a_time_stor
     moved = await db.read(lambda tx: tx.read_entity(policy, together[0]))
     assert moved["status"] == "running" and moved["lease_expires_at"] == 1e10 / 3
     assert moved["stdout_tail"] == "out\u00e9 'x'" and moved["lease_attempts"] == 7
+
+
+@pytest.mark.parametrize("odd", [None, "time", "json"])
+async def test_creations_together_store_what_one_at_a_time_stores(
+        db: StateDB, odd: str | None) -> None:
+    """Many creations in one call (PostgreSQL: one statement, rows and facts as JSON
+    documents) store the rows and facts that one call a creation stores, also when one
+    row holds a value a JSON document cannot carry exactly (an infinite time; a JSON
+    column's ``null``), which sends them the usual way."""
+    policy = await policy_of(db)
+    extra: dict[str, Any] = {"time": {"fired_at": float("inf")},
+                             "json": {"trigger_context": "null"}}.get(odd or "", {})
+    shapes = [{"action_args": dumps({"b": [1, 2.5e-7], "a": "x\u00e9\n'\"", "c": None})},
+              {"action_args": dumps([True, 1 << 62, -0.1]), **extra},
+              {"action_args": dumps({}), "fired_at": 1e10 / 3}]
+    together = [row_values(**s) for s in shapes]
+    alone = [row_values(**s) for s in shapes]
+    cols = tuple(together[0])
+
+    def made(given: list[dict[str, Any]]) -> list[tuple[list[Any], Fact]]:
+        return [(list(v.values()), fact(entity_id=v["id"], reason_summary=None,
+                                        patch=dumps({"fired_at": v["fired_at"]})))
+                for v in given]
+
+    await db.write(lambda tx: tx.insert_entities_with_facts(
+        policy, cols, made(together), ("action_args", "trigger_context", "lease_attempts")))
+    for one in made(alone):
+        await db.write(lambda tx, one=one: tx.insert_entities_with_facts(
+            policy, cols, [one], ("action_args", "trigger_context", "lease_attempts")))
+    for t, a in zip(together, alone, strict=True):
+        rt = await db.read(lambda tx, r=t["id"]: tx.read_entity(policy, r))
+        ra = await db.read(lambda tx, r=a["id"]: tx.read_entity(policy, r))
+        assert {**rt, "id": None} == {**ra, "id": None}
+        [ft] = await db.read(lambda tx, r=t["id"]: tx.read_facts(RUN, r))
+        [fa] = await db.read(lambda tx, r=a["id"]: tx.read_facts(RUN, r))
+        assert {**ft, "id": None, "entity_id": None, "seq": None} == \
+            {**fa, "id": None, "entity_id": None, "seq": None}
+        assert loads(ft["patch"])["action_args"] == rt["action_args"]
 
 
 @pytest.mark.parametrize("rows", [1, 3])

@@ -54,6 +54,26 @@ INSERT INTO status_transitions (
 ) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
          %s::jsonb || {stored}, %s FROM r
 
+-- name: insert_entities_together
+-- Many creations of one shape in one statement, each row with its fact. rows: a JSON
+-- array of {column: value}, each read back as the table's row type (so every value gets
+-- its column's type), inserted in order; facts: a JSON array of append_facts' arrays,
+-- one a row in the same order, each found by its entity id, its patch completed from
+-- the row it created as insert_entities_with_facts completes it ({fields}: fact_fields).
+WITH r AS (
+  INSERT INTO {table} ({columns})
+  SELECT {values} FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a (e, n)
+  CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, a.e) AS p
+  ORDER BY a.n
+  RETURNING *
+)
+INSERT INTO status_transitions (
+  id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
+  evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
+) SELECT {fields}
+FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS b (f, n) JOIN r ON r.id = f->>2
+ORDER BY b.n
+
 -- name: stored_object
 -- At most 50 pairs each (a function takes at most 100 arguments).
 jsonb_build_object({pairs})
@@ -181,9 +201,9 @@ ORDER BY n
 
 -- name: fact_fields
 -- A fact's fields from its JSON array f, in append_fact's order; {version} its
--- entity_version.
+-- entity_version, {patch} its patch.
 f->>0, f->>1, f->>2, f->>3, f->>4, f->>5, f->>6, (f->>7)::jsonb, f->>8, f->>9,
-(f->>10)::double precision, (f->>11)::jsonb, {version}, (f->>13)::jsonb, f->>14
+(f->>10)::double precision, (f->>11)::jsonb, {version}, {patch}, f->>14
 
 -- name: insert_entity
 INSERT INTO {table} ({columns}) VALUES ({marks}){returning}
