@@ -57,8 +57,8 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "sche
                  "update_entities_with_facts",
                  # A creation and its fact in one statement (SQLite: two), and many
                  # creations with theirs in one (SQLite: two executemany).
-                 "insert_entities_with_facts", "insert_entities_together", "stored_object", "stored_value",
-                 "stored_json_text",
+                 "insert_entities_with_facts", "insert_entities_together", "stored_object",
+                 "stored_value", "stored_json_text",
                  # Many facts in one statement (SQLite: one executemany).
                  "append_facts", "fact_fields"}
 
