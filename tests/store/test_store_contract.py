@@ -43,7 +43,7 @@ CLAIM: dict[str, Any] = {"columns": CANDIDATE_COLUMNS, "default_queue": DEFAULT_
 #: read-only snapshots), where SQLite uses pragmas and its own file checks.
 POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "schema_lock",
                  "lock_for_migration",
-                 "tables_present",
+                 "tables_present", "in_recovery", "replica_as_of",
                  "durability", "record_schema_version", "forget_prepared", "lock_archives",
                  # SQLite sets its busy timeout by pragma on connecting.
                  "set_lock_timeout", "set_local_lock_timeout",

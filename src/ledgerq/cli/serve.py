@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 
 from ledgerq.cli.app import app
-from ledgerq.cli.db import DbOption, db_path, root_specs
+from ledgerq.cli.db import DbOption, db_path, pooler_options, root_specs
 from ledgerq.cli.failures import die
+from ledgerq.store.db import is_postgres
 
 #: A token file holds one token on its first line; anything this long is not one.
 MAX_TOKEN_FILE_BYTES = 64 * 1024
@@ -57,6 +58,11 @@ def serve(
     cors_origin: Annotated[list[str] | None, typer.Option(
         "--cors-origin", help="An origin allowed by CORS. Repeatable (default: CORS off).",
         show_default=False)] = None,
+    read_db: Annotated[str | None, typer.Option(
+        "--read-db", metavar="URL", envvar="LEDGERQ_READ_DB",
+        help="A PostgreSQL read replica's URL (env LEDGERQ_READ_DB): the API's reads and "
+             "the dashboard come from it (stats say how current it is), writes go to "
+             "--db.", show_default=False)] = None,
     db: DbOption = None,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json), the live dashboard (/) and /metrics.
@@ -73,7 +79,12 @@ def serve(
     from ledgerq.web import ServeConfig, create_app
 
     specs = root_specs(ctx)
-    config = ServeConfig(db=db_path(ctx, db), token=read_token(token_file),
+    path = db_path(ctx, db)
+    if read_db is not None and not (is_postgres(path) and is_postgres(read_db)):
+        die("--read-db: a read replica is PostgreSQL's; give postgresql:// URLs for both "
+            "--db and --read-db")
+    config = ServeConfig(db=path, token=read_token(token_file), read_db=read_db,
+                         **pooler_options(ctx, path),
                          public_read=public_read, host=host, port=port,
                          max_body_bytes=max_body, cors_origins=tuple(cors_origin or ()),
                          specs=str(specs) if specs is not None else None)

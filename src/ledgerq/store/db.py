@@ -80,6 +80,7 @@ class Backend(Protocol):
                         ) -> list[dict[str, Any]]: ...
     async def check_integrity(self) -> list[str]: ...
     async def durability(self) -> str: ...
+    async def replica_as_of(self) -> float | None: ...
     async def listen(self, key: str, on_wake: Callable[[], None],
                      channel: str = "claimable") -> None: ...
     async def unlisten(self, on_wake: Callable[[], None] | None = None,
@@ -345,6 +346,12 @@ class StateDB:
     async def durability(self) -> str:
         """What a commit waits for, as the backend reports it (for operators' logs)."""
         return await self._backend.durability()
+
+    async def replica_as_of(self) -> float | None:
+        """On a read replica (a PostgreSQL standby), the time its reads are as of: now
+        while it has replayed everything it received, else the time of the last commit
+        it replayed. None on a primary and on SQLite: reads are current."""
+        return await self._backend.replica_as_of()
 
     async def listen(self, on_wake: Callable[[], None], channel: str = "claimable") -> None:
         """Call ``on_wake`` (from any thread) whenever another process or host may have

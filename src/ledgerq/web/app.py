@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -81,10 +81,17 @@ def create_app(config: ServeConfig) -> FastAPI:
         from ledgerq.queue.submission import task_kinds
         from ledgerq.store.db import StateDB
 
-        async with StateDB(config.db, registry=_registry(config)) as db:
-            if config.specs is None:
-                db.adopt_recorded()  # judged by what the database records, as the CLI is
-            app.state.db = db
+        registry = _registry(config)
+        async with AsyncExitStack() as stack:
+            db = await stack.enter_async_context(StateDB(
+                config.db, registry=registry, pooled=config.pooled,
+                listen_url=config.listen_url))
+            reads = db if config.read_db is None else await stack.enter_async_context(
+                StateDB(config.read_db, registry=registry, readonly=True))
+            if config.specs is None:  # judged by what the database records, as the CLI is
+                for handle in (db,) if reads is db else (db, reads):
+                    handle.adopt_recorded()
+            app.state.db, app.state.read_db = db, reads
             # The Python tasks apps recorded, for the OpenAPI document (as they were
             # when the server started).
             app.state.task_kinds = await task_kinds.recorded(db)

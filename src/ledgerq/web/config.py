@@ -56,6 +56,11 @@ class ServeConfig:
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     cors_origins: tuple[str, ...] = ()
     specs: str | None = None
+    #: A read replica's URL: reads come from it, writes go to ``db`` (the primary).
+    read_db: str | None = None
+    #: ``db`` goes through a transaction pooler; ``listen_url``: the server's own URL.
+    pooled: bool = False
+    listen_url: str | None = None
     #: Hosts the Host header may name (DNS-rebinding defence); empty: any.
     allowed_hosts: tuple[str, ...] = field(default=())
 

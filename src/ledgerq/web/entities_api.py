@@ -23,7 +23,7 @@ from ledgerq.web.models import (
     MoveBody,
     Moved,
 )
-from ledgerq.web.responses import READ, WRITE, db_of
+from ledgerq.web.responses import READ, WRITE, db_of, reads_of
 
 #: Who a move over HTTP is recorded as: the operator holding the server's token.
 MOVER = Actor(type="operator", id="ledgerq.http")
@@ -42,8 +42,8 @@ def _text(value: str, what: str) -> str:
     return value
 
 
-def _handle(request: Request, entity: str) -> Entity:
-    db = db_of(request)
+def _handle(request: Request, entity: str, *, writing: bool = False) -> Entity:
+    db = db_of(request) if writing else reads_of(request)
     if entity not in db.registry.entities and _text(entity, "entity") not in db.recorded:
         raise HTTPException(404, f"no entity {entity[:64]!r}")
     return db.entity(entity)
@@ -56,7 +56,7 @@ EntityId = Annotated[str, Path(max_length=256, description="The row's id.")]
 @router.get("", response_model=list[EntitySummaryOut], dependencies=[Depends(require_read)],
             summary="Every entity, with its rows per state", responses=READ)
 async def entities(request: Request) -> list[dict[str, Any]]:
-    db = db_of(request)
+    db = reads_of(request)
     out = []
     for policy in db.registry.policies():
         out.append({"entity": policy.name, "table": policy.table,
@@ -124,7 +124,7 @@ async def move_row(request: Request, entity: EntityName, entity_id: EntityId) ->
         body = MoveBody.model_validate(raw)
     except (InvalidInput, ValidationError, TypeError, ValueError) as exc:
         raise HTTPException(422, f"not a move: {str(exc)[:300]}") from None
-    rows = _handle(request, entity)
+    rows = _handle(request, entity, writing=True)
     _text(entity_id, "row")
     if (body.state is None) == (body.event is None):
         raise HTTPException(422, "give exactly one of state and event")

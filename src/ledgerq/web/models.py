@@ -163,6 +163,11 @@ class Stats(BaseModel):
     unserved_kinds: list[str] = Field(
         default_factory=list,
         description="Kinds of queued runs no live worker claims (none has their code).")
+    as_of: float | None = Field(
+        default=None,
+        description="When the read replica these figures come from was current (now "
+                    "while it has replayed all it received, else its last replayed "
+                    "commit's time); null when they come from the primary.")
 
 
 class Edge(BaseModel):

@@ -25,7 +25,7 @@ from ledgerq.web.models import (
     VerifyOut,
     WorkerOut,
 )
-from ledgerq.web.responses import READ, db_of
+from ledgerq.web.responses import READ, reads_of
 
 router = APIRouter()
 read = [Depends(require_read)]
@@ -34,7 +34,7 @@ read = [Depends(require_read)]
 @router.get("/api/workers", response_model=list[WorkerOut], dependencies=read,
             tags=["queue"], summary="Workers and their heartbeat age", responses=READ)
 async def workers(request: Request) -> list[dict[str, Any]]:
-    return [w.__dict__ for w in (await queue_stats(db_of(request))).workers]
+    return [w.__dict__ for w in (await queue_stats(reads_of(request))).workers]
 
 
 @router.get("/api/schedules", response_model=list[Row], dependencies=read, tags=["queue"],
@@ -43,7 +43,7 @@ async def schedules(request: Request) -> list[dict[str, Any]]:
     from ledgerq.queue.moves import SCHEDULE_ENTITY
     from ledgerq.queue.scheduling.scheduler import schedule_overview
 
-    db = db_of(request)
+    db = reads_of(request)
     if SCHEDULE_ENTITY not in db.registry.entities:
         return []  # specs from before schedules: nothing to list
     return await schedule_overview(db)
@@ -53,7 +53,8 @@ async def schedules(request: Request) -> list[dict[str, Any]]:
             summary="Counts per status, oldest queued age, workers, stuck runs",
             responses=READ)
 async def stats(request: Request) -> dict[str, Any]:
-    return (await queue_stats(db_of(request))).to_dict()
+    db = reads_of(request)
+    return {**(await queue_stats(db)).to_dict(), "as_of": await db.replica_as_of()}
 
 
 def _summary(policy: EntityPolicy) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def _summary(policy: EntityPolicy) -> dict[str, Any]:
 
 def _policy(request: Request, entity: str) -> EntityPolicy:
     try:
-        return db_of(request).registry.entity(entity)
+        return reads_of(request).registry.entity(entity)
     except ValueError:
         raise HTTPException(404, "no such entity") from None
 
@@ -76,7 +77,7 @@ _NO_ENTITY = {**READ, 404: {"model": Error, "description": "No such entity."}}
 @router.get("/api/specs", response_model=list[SpecSummary], dependencies=read,
             tags=["specs"], summary="Every entity the loaded specs declare", responses=READ)
 async def specs(request: Request) -> list[dict[str, Any]]:
-    return [_summary(p) for p in db_of(request).registry.policies()]
+    return [_summary(p) for p in reads_of(request).registry.policies()]
 
 
 @router.get("/api/specs/{entity}", response_model=SpecDetail, dependencies=read,
@@ -101,7 +102,7 @@ async def diagram(request: Request, entity: Entity,
                   counts: Annotated[bool, Query(description="Label each state with its "
                                                 "rows' count.")] = False) -> Response:
     policy = _policy(request, entity)
-    numbers = await db_of(request).entity(policy.name).counts() if counts else None
+    numbers = await reads_of(request).entity(policy.name).counts() if counts else None
     return Response(render_svg(policy, numbers), media_type="image/svg+xml")
 
 
@@ -117,7 +118,7 @@ def _plain(value: Any) -> Any:
             summary="Compare every projection row with the fold of its facts",
             responses=READ)
 async def verify_route(request: Request) -> dict[str, Any]:
-    report = await verify(db_of(request))
+    report = await verify(reads_of(request))
     drift = []
     for d in report.drift:
         # A damaged database reports its own path as the entity id: the API names no file.
@@ -135,7 +136,7 @@ async def verify_route(request: Request) -> dict[str, Any]:
             summary="Liveness: the database answers a read (no token needed)",
             responses={400: READ[400], 503: READ[503]})
 async def healthz(request: Request) -> dict[str, Any]:
-    db = db_of(request)
+    db = reads_of(request)
     await run_status(db, "healthz")
     return {"ok": True, "dialect": db.dialect}
 
@@ -145,5 +146,5 @@ async def healthz(request: Request) -> dict[str, Any]:
             responses={**READ, 200: {"content": {metrics.CONTENT_TYPE: {
                 "schema": {"type": "string"}}}, "description": "The metrics."}})
 async def metrics_route(request: Request) -> Response:
-    snapshot = await metrics.take_snapshot(db_of(request))
+    snapshot = await metrics.take_snapshot(reads_of(request))
     return Response(metrics.render(snapshot), media_type=metrics.CONTENT_TYPE)

@@ -27,5 +27,13 @@ WRITE: dict[int | str, dict[str, Any]] = {
 
 
 def db_of(request: Request) -> StateDB:
+    """The handle writes go to (the primary)."""
     db: StateDB = request.app.state.db
+    return db
+
+
+def reads_of(request: Request) -> StateDB:
+    """The handle reads go to: a read replica's (``ledgerq serve --read-db``), else the
+    one writes go to."""
+    db: StateDB = request.app.state.read_db
     return db

@@ -22,7 +22,7 @@ from ledgerq.queue.submission.submit import cancel_task, submit_task
 from ledgerq.web.auth import require_read, require_write
 from ledgerq.web.limits import parse_json
 from ledgerq.web.models import Cancelled, Created, Error, TaskDetail, TaskPage
-from ledgerq.web.responses import READ, WRITE, db_of
+from ledgerq.web.responses import READ, WRITE, db_of, reads_of
 
 #: Who HTTP submissions and cancels are recorded as, on their facts.
 SUBMITTER = Actor(type="system", id="ledgerq.http")
@@ -114,11 +114,11 @@ async def list_tasks(
                 raise InvalidInput(f"unknown outcome {name[:40]!r}; expected one of "
                                    f"{', '.join(OUTCOMES)}")
         if outcome:
-            ended = sorted(stored_run_policy(db_of(request)).states_with_outcome(*outcome))
+            ended = sorted(stored_run_policy(reads_of(request)).states_with_outcome(*outcome))
             status = [s for s in status if s in ended] if status else ended
             if not status:
                 return TaskPage(items=[], next_cursor=None)
-        page = await page_runs(db_of(request), statuses=status, kinds=kind, targets=target,
+        page = await page_runs(reads_of(request), statuses=status, kinds=kind, targets=target,
                                cursor=cursor, limit=limit, columns=LIST_COLUMNS,
                                queues=queue)
     except InvalidInput as exc:
@@ -156,7 +156,7 @@ TaskId = Annotated[str, Depends(known_id)]
             summary="One task: its row and its full fact history",
             responses={**READ, 404: {"model": Error, "description": "No such run."}})
 async def show_task(request: Request, task_id: TaskId) -> dict[str, Any]:
-    db = db_of(request)
+    db = reads_of(request)
     try:
         run = await get_run(db, task_id)
     except LookupError:

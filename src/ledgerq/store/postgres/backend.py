@@ -237,6 +237,13 @@ class PostgresBackend:
         try:
             with psycopg.connect(self.url, connect_timeout=_libpq_seconds(self.connect_timeout),
                                  **self._connect_kwargs) as conn:
+                standby = conn.execute(QUERIES("in_recovery")).fetchone()
+                conn.rollback()
+                if not self.readonly and standby is not None and standby[0]:
+                    raise DatabaseError(
+                        f"{_redacted(self.url)} is a read replica (a standby in recovery): "
+                        "it takes no writes; open it with readonly=True to read (the "
+                        "command line's read commands do), and write to the primary")
                 self._configure(conn)
                 if self.readonly or not self.migrate_on_open:
                     self._require_schema(conn)
@@ -564,6 +571,14 @@ class PostgresBackend:
     async def check_integrity(self) -> list[str]:
         """PostgreSQL checks its own pages (checksums, WAL): nothing for ledgerq to scan."""
         return []
+
+    async def replica_as_of(self) -> float | None:
+        """The time a standby's reads are as of; None on a primary."""
+        def as_of(tx: PostgresTx) -> float | None:
+            value = tx.execute(QUERIES("replica_as_of")).fetchone()[0]
+            return None if value is None else float(value)
+
+        return await self._submit(lambda: self._in_transaction(as_of, readonly=True))
 
     async def durability(self) -> str:
         def show(tx: PostgresTx) -> str:

@@ -47,3 +47,15 @@ SHOW synchronous_commit
 -- name: forget_prepared
 -- Every prepared statement of this connection (psycopg clears its cache on it too).
 DEALLOCATE ALL
+
+-- name: in_recovery
+-- Whether the server is a standby (a streaming replica): it takes no writes.
+SELECT pg_is_in_recovery()
+
+-- name: replica_as_of
+-- A standby's reads are as of the last commit it replayed: now while it has replayed all
+-- it received (an idle primary sends nothing), else that commit's time. NULL on a primary.
+SELECT CASE WHEN NOT pg_is_in_recovery() THEN NULL
+            WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()
+              THEN extract(epoch FROM now())::double precision
+            ELSE extract(epoch FROM pg_last_xact_replay_timestamp())::double precision END

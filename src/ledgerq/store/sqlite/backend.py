@@ -394,6 +394,10 @@ class SqliteBackend:
                        channel: str = "claimable") -> None:
         """See :meth:`listen`."""
 
+    async def replica_as_of(self) -> float | None:
+        """A SQLite file is never a replica."""
+        return None
+
     async def durability(self) -> str:
         level = await self.run(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
         return f"synchronous {_SYNC_NAMES.get(level, level)}"

@@ -131,6 +131,18 @@ async function showDiagrams() {
   }
 }
 
+// Figures from a read replica are as of its last replayed commit: say when, and how far
+// behind the server's clock that is, so nobody takes a lagging replica's page for now.
+function showAsOf(stats) {
+  const line = document.getElementById("as-of");
+  line.hidden = stats.as_of === null || stats.as_of === undefined;
+  if (!line.hidden) {
+    const behind = Math.max(0, stats.now - stats.as_of);
+    line.textContent = "replica as of " + when(stats.as_of) +
+      (behind >= 1 ? " (" + age(behind) + " behind)" : " (current)");
+  }
+}
+
 async function refreshOverview() {
   const now = Date.now() / 1000;
   const [stats, running, failures, recent, schedules] = await Promise.all([
@@ -141,6 +153,7 @@ async function refreshOverview() {
     api("/api/schedules"),
   ]);
   drawCounts("counts", stats.counts);
+  showAsOf(stats);
   depth.push(stats.counts.queued || 0);
   while (depth.length > DEPTH_SAMPLES) depth.shift();
   drawDepth();
