@@ -113,7 +113,7 @@ def test_the_read_commands_answer_from_the_standby(pair: tuple[str, str],
 async def test_a_handle_that_could_write_is_refused_at_open(pair: tuple[str, str],
                                                             runs: list[str]) -> None:
     _, standby = pair
-    with pytest.raises(DatabaseError, match="is a read replica .*open it with readonly=True"):
+    with pytest.raises(DatabaseError, match=r"is a read replica .*open it with readonly=True"):
         async with StateDB(standby):
             pass
     async with StateDB(standby, readonly=True) as db:
