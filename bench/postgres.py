@@ -529,6 +529,15 @@ def print_target(rounds: Rounds, workers: int) -> None:
           + bound(ratio("ledgerq-sql", "pgqueuer", single, f"{single}, from a thread"),
                   "the same statement sent from a pool thread, as ledgerq once sent it")
           + bound(ratio("ledgerq-units", "pgqueuer", single), units))
+    print("  submit bulk, ledgerq / PgQueuer = "
+          + judged(ratio("ledgerq", "pgqueuer", "submit bulk"), 1.0)
+          + bound(ratio("schema-floor", "pgqueuer", "submit bulk"),
+                  "ledgerq's schema floor (two COPYs of the rows and facts it writes, "
+                  "no Python)")
+          + bound(ratio("ledgerq-sql", "pgqueuer", "submit bulk"),
+                  "its per-row Python alone (validation, rows, facts; no database)")
+          + "\n      beside: ledgerq / its schema floor = "
+          + shown(ratio("ledgerq", "schema-floor", "submit bulk")))
     print(f"  drain {workers}, ledgerq / PgQueuer = "
           + judged(ratio("ledgerq", "pgqueuer", "drain W"), 1.0)
           + bound(ratio("schema-floor", "pgqueuer", "drain W"),

@@ -90,6 +90,26 @@ async def test_the_schema_floor_writes_the_rows_and_facts_a_worker_writes(
         assert report.rows == 4 and report.facts == 12
 
 
+async def test_the_schema_floors_bulk_writes_the_rows_and_facts_submit_many_writes(
+        pg_target: str) -> None:
+    """Its COPYs bound ledgerq's bulk submit only if they write what submit_many writes."""
+    async with StateDB(pg_target) as db:
+        ids = await submit_many(db, [schema_floor.ledgerq_units._app()] * 2)
+        schema_floor.submit_bulk(pg_target, 2)
+        with psycopg.connect(pg_target, autocommit=True, row_factory=dict_row) as conn:
+            every = [r["id"] for r in conn.execute("SELECT id FROM schedule_runs")]
+            floor_ids = [i for i in every if i not in ids]
+            assert len(floor_ids) == 2
+            reference_row, reference_facts = _written(conn, ids[0])
+            for run_id in [ids[1], *floor_ids]:
+                row, facts = _written(conn, run_id)
+                assert _masked(row, SUBMITTED_AT) == _masked(reference_row, SUBMITTED_AT)
+                assert [_masked(f, SUBMITTED_AT) for f in facts] == \
+                    [_masked(f, SUBMITTED_AT) for f in reference_facts]
+        report = await verify(db)
+        assert report.ok, report.drift
+
+
 # ------------------------------------------------------------ SQLite (bench/floor.py)
 
 
