@@ -26,13 +26,16 @@ import psycopg
 import pytest
 
 from helpers import pgcluster
+from helpers.server import TOKEN
 from ledgerq import StateDB
 from ledgerq.errors import DatabaseError
 from ledgerq.lifecycle import Actor
 from ledgerq.queue import TaskApplication, cancel_task, submit_many
+from test_http_dashboard import WAIT_MS, browser, signed_in
+
+__all__ = ["browser"]  # (the dashboard's module fixture, used here too)
 
 LEDGERQ = str(Path(sys.executable).with_name("ledgerq"))
-TOKEN = "replica-test-token"
 OPERATOR = Actor(type="operator", id="replica-test")
 
 
@@ -138,7 +141,7 @@ def _get(url: str, **headers: str) -> Any:
 
 
 def test_serve_reads_from_the_replica_and_writes_to_the_primary(
-        pair: tuple[str, str], runs: list[str]) -> None:
+        pair: tuple[str, str], runs: list[str], browser: Any) -> None:
     primary, standby = pair
     port = pgcluster.free_port()
     server = subprocess.Popen(
@@ -171,6 +174,14 @@ def test_serve_reads_from_the_replica_and_writes_to_the_primary(
         caught_up(primary, standby)
         shown = _get(base + f"/api/tasks/{created}", **auth)  # read from the replica
         assert shown["run"]["status"] == "queued"
+        # The dashboard says its figures are a replica's, and as of when.
+        errors: list[str] = []
+        ctx, page = signed_in(browser, base, errors)
+        try:
+            page.wait_for_selector("#as-of:not([hidden])", timeout=WAIT_MS)
+            assert page.inner_text("#as-of").startswith("replica as of ")
+        finally:
+            ctx.close()
     finally:
         server.terminate()
         server.wait(timeout=20)
