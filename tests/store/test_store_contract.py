@@ -46,7 +46,7 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "sche
                  "tables_present", "in_recovery", "replica_as_of",
                  "durability", "record_schema_version", "forget_prepared", "lock_archives",
                  # SQLite sets its busy timeout by pragma on connecting.
-                 "set_lock_timeout", "set_local_lock_timeout",
+                 "set_timeouts", "set_local_timeouts",
                  # A pass's claims in one statement (SQLite: one swap per row), and
                  # their facts in it too (SQLite: an executemany after).
                  "claim_entities", "claim_pick", "claim_swap", "claim_entities_with_facts",

@@ -40,18 +40,23 @@ def _reap(tx: MaintenanceTx, policy: EntityPolicy, now: float,
 
 
 def _reap_one(tx: MaintenanceTx, policy: EntityPolicy, row: dict[str, Any], now: float) -> str:
-    """Requeue or fail one expired lease; returns the count it adds to ("" if none)."""
+    """Requeue or fail one expired lease; returns the count it adds to ("" if none).
+
+    A row another transaction holds is left for a later pass (``skip_locked``): its
+    holder may be the lease's own worker, cut off mid-write (a partition), whose locks
+    the server keeps until it ends that session; a reaper waiting for them would stall
+    every worker's passes meanwhile, while the other expired rows wait behind it."""
     guard = lease_of(policy, row)
     if row["lease_attempts"] < MAX_LEASE_ATTEMPTS:
         res = perform(tx, policy, row["id"], moves.LEASE_EXPIRED,
                       summary=f"lease of {row['leased_by']} expired", guard=guard,
-                      patch=no_lease(policy), now=now,
+                      patch=no_lease(policy), now=now, skip_locked=True,
                       metadata={"expired_worker": row["leased_by"]})
         return "requeued" if res.applied else ""
     detail = (f"lease expired {row['lease_attempts']} times "
               f"(last holder {row['leased_by']})")
     res = perform(tx, policy, row["id"], moves.LEASES_EXHAUSTED, summary=detail, guard=guard,
-                  patch={"ended_at": now, "error_detail": detail}, now=now,
+                  patch={"ended_at": now, "error_detail": detail}, now=now, skip_locked=True,
                   metadata={"expired_worker": row["leased_by"]})
     if not res.applied:
         return ""

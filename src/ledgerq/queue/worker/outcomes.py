@@ -398,7 +398,8 @@ async def _write_outcome(db: Database[WorkerTx], unit: Callable[[WorkerTx], T],
 async def _conflicted(db: Database[WorkerTx], run: dict[str, Any], lease: dict[str, Any],
                       to_state: str) -> str:
     """The outcome of a run whose final write found the lease gone (see lost_outcome)."""
-    log.info("run %s: write of %s conflicted (lease no longer ours)", run["id"], to_state)
+    # A warning: the run may have been taken over and run again elsewhere.
+    log.warning("run %s: write of %s conflicted (lease no longer ours)", run["id"], to_state)
     try:
         policy = run_policy(db)
         columns = lease_columns(policy)

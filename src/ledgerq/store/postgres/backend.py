@@ -110,6 +110,22 @@ def url_connect_timeout(url: str) -> float:
     return seconds
 
 
+#: libpq's TCP keepalive options, where the URL gives none: a connection to a server that
+#: is gone (a partition, a host that died) fails within ~25 s of silence instead of the
+#: kernel's two hours.
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+              "keepalives_count": 3}
+
+
+def _keepalives(url: str, user_timeout_ms: int) -> dict[str, Any]:
+    """The TCP options for ``url``'s connections that its URL does not set: keepalives,
+    and ``tcp_user_timeout`` (how long sent data may go unacknowledged before the
+    connection fails: a statement sent into a partition) as the lock timeout."""
+    given = psycopg.conninfo.conninfo_to_dict(url)
+    wanted = {**KEEPALIVES, "tcp_user_timeout": user_timeout_ms}
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
 def _libpq_seconds(seconds: float) -> int:
     """libpq takes whole seconds, and treats 0 as "wait forever": at least 1."""
     return max(1, math.ceil(seconds))
@@ -138,8 +154,12 @@ class PostgresBackend:
         self._said_polling = False
         #: How long a statement waits for a lock (a row another writer holds, a table a
         #: migration or an operator locked) before it fails: SQLite's busy timeout, with
-        #: the same meaning and default. Without it a wait behind a lock never ends.
+        #: the same meaning and default. Without it a wait behind a lock never ends. Also
+        #: how long a session of this handle may sit idle in a transaction before the
+        #: server ends it (a handle cut off mid-transaction), so that no lock of ours is
+        #: held idle longer than another writer waits for it.
         self.lock_timeout_ms = int(lock_timeout_ms)
+        self._timeouts = (f"{self.lock_timeout_ms}ms",) * 2
         self.url = url
         #: The URL's own ``connect_timeout`` (libpq's option) where it gives one, else ours.
         self.connect_timeout = url_connect_timeout(url)
@@ -152,8 +172,9 @@ class PostgresBackend:
         #: psycopg's options of every connection: behind a transaction pooler, no
         #: prepared statements (a statement prepared on one server connection is unknown
         #: to the next; PgBouncer before 1.21 does not track them).
-        self._connect_kwargs: dict[str, Any] = {"prepare_threshold": None} \
-            if self.pooled else {}
+        self._connect_kwargs: dict[str, Any] = {
+            **({"prepare_threshold": None} if self.pooled else {}),
+            **_keepalives(url, self.lock_timeout_ms)}
         self.damaged: str | None = None
         #: What opening migrated (None: the database was already at these specs).
         self.migration: Plan | None = None
@@ -193,11 +214,11 @@ class PostgresBackend:
         conn.adapters.register_loader("json", TextLoader)
         conn.read_only = self.readonly
         if not self.pooled:  # (pooled: set in each transaction, see _in_transaction)
-            conn.execute(QUERIES("set_lock_timeout"), (f"{self.lock_timeout_ms}ms",))
+            conn.execute(QUERIES("set_timeouts"), self._timeouts)
             conn.commit()
 
     async def _configure_alone(self, conn: psycopg.AsyncConnection[tuple[Any, ...]]) -> None:
-        await conn.execute(QUERIES("set_lock_timeout"), (f"{self.lock_timeout_ms}ms",))
+        await conn.execute(QUERIES("set_timeouts"), self._timeouts)
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -219,7 +240,8 @@ class PostgresBackend:
             if not self.readonly and not self.pooled:
                 alone = psycopg_pool.AsyncConnectionPool(
                     self.url, open=False, min_size=0, max_size=self.alone_size,
-                    kwargs={"autocommit": True}, timeout=self.connect_timeout,
+                    kwargs={"autocommit": True, **self._connect_kwargs},
+                    timeout=self.connect_timeout,
                     configure=self._configure_alone, name="ledgerq-alone")
                 await alone.open()  # (it connects when a unit is first sent alone)
         except BaseException:
@@ -343,8 +365,7 @@ class PostgresBackend:
                     conn.isolation_level = SNAPSHOT if readonly else None
                     conn.read_only = readonly or self.readonly
                     if self.pooled:  # for this transaction: the next may be elsewhere
-                        conn.execute(QUERIES("set_local_lock_timeout"),
-                                     (f"{self.lock_timeout_ms}ms",))
+                        conn.execute(QUERIES("set_local_timeouts"), self._timeouts)
                     try:
                         value = fn(tx)
                         held = tx.take_alone()
@@ -636,6 +657,8 @@ class PostgresBackend:
         while not self._listen_stop.is_set():
             try:
                 with psycopg.connect(self.listen_url or self.url, autocommit=True,
+                                     **_keepalives(self.listen_url or self.url,
+                                                   self.lock_timeout_ms),
                                      connect_timeout=_libpq_seconds(self.connect_timeout)) as conn:
                     conn.execute(QUERIES("listen"))
                     conn.execute(QUERIES("listen_ended"))

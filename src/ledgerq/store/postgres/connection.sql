@@ -32,14 +32,19 @@ WHERE ledgerq_schema.value::bigint < excluded.value::bigint
 SELECT table_name FROM information_schema.tables
 WHERE table_schema = current_schema() AND table_name = ANY(%s)
 
--- name: set_lock_timeout
--- How long a statement waits for a lock before it fails (SQLite's busy timeout).
-SELECT set_config('lock_timeout', %s, false)
+-- name: set_timeouts
+-- How long a statement waits for a lock before it fails (SQLite's busy timeout), and how
+-- long this session may sit idle inside a transaction before the server ends it: a
+-- client cut off mid-transaction (a network partition, a stopped process) then holds
+-- its row locks no longer than others wait for them, instead of until TCP gives up.
+SELECT set_config('lock_timeout', %s, false),
+       set_config('idle_in_transaction_session_timeout', %s, false)
 
--- name: set_local_lock_timeout
+-- name: set_local_timeouts
 -- The same for one transaction: behind a pooler in transaction mode, where a session's
 -- settings stay on a server connection the next transaction may not get.
-SELECT set_config('lock_timeout', %s, true)
+SELECT set_config('lock_timeout', %s, true),
+       set_config('idle_in_transaction_session_timeout', %s, true)
 
 -- name: durability
 SHOW synchronous_commit
