@@ -445,3 +445,96 @@ async def test_a_host_cut_off_loses_its_runs_and_its_late_writes_are_refused(
     assert run_again, "no run the cut host executed was run again by another host"
     assert refused, f"no late write of the cut host was refused:\n{cut.log.read_text()[-3000:]}"
     assert lost <= set(heard)
+
+
+MIDWRITE = Path(__file__).resolve().parents[2] / "helpers" / "midwrite_worker.py"
+#: The tasks the other workers drain while the host is cut off mid-write.
+DRAINED = 400
+#: The cut host's lock timeout: how long the server lets its session sit idle inside the
+#: cut-off transaction (the other workers keep the default, 30 s).
+MIDWRITE_TIMEOUT_MS = 3000
+#: Longer than the cut host's lock timeout and its lease, shorter than the others' lock
+#: timeout: a fleet that waited for the held row would not drain within it.
+MIDWRITE_CUT = 15.0
+
+
+async def test_a_host_cut_off_mid_write_does_not_stall_the_others(tmp_path: Path) -> None:
+    """Cut off between a run's UPDATE and its COMMIT, a worker leaves the server an open
+    transaction holding that run's row lock. The other workers neither wait for it (their
+    reapers leave the locked row for a later pass) nor does the lock outlast the cut
+    host's lock timeout (the server ends its session idle in a transaction): they drain
+    everything while the host is still cut off, the held run included, taken over after
+    its lease expired; the cut host's write fails, its outcome never committed."""
+    how = "packets-dropped"
+    require_netns(how)
+    (tmp_path / "markers").touch()
+    flag = tmp_path / "flag"
+    with network(1) as (host,), pgcluster.clusters("ledgerq-midwrite-") as pgs:
+        server = pgs.initdb(listen=f"127.0.0.1,{host.gateway}",
+                            hba=[f"host all all {host.subnet}.0/24 trust"])
+        server.start()
+        async with StateDB(server.url()) as db:
+            [held] = await submit_many(db, [TaskApplication("agent", {"held": True}, "host")])
+            with open(tmp_path / "midwrite.log", "wb") as out:
+                cut = subprocess.Popen(
+                    ["ip", "netns", "exec", host.ns, sys.executable, str(MIDWRITE), "--db",
+                     f"postgresql://postgres@{host.gateway}:{server.port}/postgres",
+                     "--worker-id", "cut-off", "--flag", str(flag), "--lease-ttl",
+                     str(LEASE_TTL), "--busy-timeout-ms", str(MIDWRITE_TIMEOUT_MS)],
+                    stdout=out, stderr=subprocess.STDOUT)
+            others: list[subprocess.Popen[bytes]] = []
+            try:
+                while not flag.exists():
+                    assert cut.poll() is None, (tmp_path / "midwrite.log").read_text()
+                    await asyncio.sleep(0.01)
+                host.cut(how)
+                cut_at = time.monotonic()
+                await submit_many(db, [TaskApplication("agent", {"n": i}, "host")
+                                       for i in range(DRAINED)])
+                for i in range(2):
+                    with open(tmp_path / f"ok{i}.log", "wb") as out:
+                        others.append(subprocess.Popen(
+                            [sys.executable, "-c", WITH_LOG, str(HELPER), "--db", server.url(),
+                             "--worker-id", f"ok{i}", "--lock-dir", str(tmp_path / "locks"),
+                             "--markers", str(tmp_path / "markers"), "--hold", "0.05",
+                             "--capacity", str(CAPACITY), "--lease-ttl", str(LEASE_TTL),
+                             "--check-interval", str(CHECK_INTERVAL)],
+                            stdout=out, stderr=subprocess.STDOUT))
+                while await unfinished(db) and time.monotonic() - cut_at < MIDWRITE_CUT:
+                    await asyncio.sleep(0.1)
+                drained_in = time.monotonic() - cut_at
+                left = await unfinished(db)
+                host.mend(how)
+                assert left == 0, (
+                    f"{left} runs not terminal {MIDWRITE_CUT:g}s into the cut: the fleet "
+                    "waited for the cut host's lock")
+                await asyncio.to_thread(cut.wait, 60)
+            finally:
+
+                for p in others:
+                    p.terminate()
+                for p in [*others, cut]:
+                    try:
+                        p.wait(15)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait(10)
+            said = (tmp_path / "midwrite.log").read_text()
+            assert "write raised" in said, said
+            history = (await histories(db))[held]
+            assert [(f["status"], f["actor"]) for f in history] == [
+                ("queued", "ledgerq.submit"), ("running", "cut-off"), ("queued", "ledgerq"),
+                ("running", history[3]["actor"]), ("completed", history[3]["actor"])], history
+            taken_over = history[2]["created_at"] - history[1]["created_at"]
+            doubles = await db.fetch_all(
+                "SELECT entity_id FROM status_transitions WHERE status IN "
+                f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING COUNT(*) > 1",
+                TERMINAL)
+            assert doubles == []
+            report = await verify(db)
+            assert report.ok, [str(d) for d in report.drift[:20]]
+    print(f"\nnetwork partition (mid-write, {how}): the cut host's run taken over "
+          f"{taken_over:.1f}s after its claim (lease TTL {LEASE_TTL:g}s, its session ended "
+          f"after {MIDWRITE_TIMEOUT_MS / 1000:g}s idle); the other 2 workers drained "
+          f"{DRAINED + 1} runs {drained_in:.1f}s into a {MIDWRITE_CUT:g}s cut; "
+          f"the cut host's write: {said.strip().splitlines()[-1][:120]}")
