@@ -1055,6 +1055,31 @@ async def test_update_entities_with_facts_together_store_what_one_at_a_time_stor
     assert moved["stdout_tail"] == "out\u00e9 'x'" and moved["lease_attempts"] == 7
 
 
+async def test_statements_in_a_pipelined_block_run_in_order_and_fail_by_its_end(
+        db: StateDB) -> None:
+    policy = await policy_of(db)
+    rows = [row_values() for _ in range(3)]
+
+    def unit(tx: Any) -> list[Any]:
+        with tx.pipelined():
+            for r in rows:
+                tx.insert_entities(policy, tuple(r), [list(r.values())])
+            read = tx.read_entities(policy, [r["id"] for r in rows], columns=("id",))
+        return [x["id"] for x in read]
+
+    assert sorted(await db.write(unit)) == sorted(r["id"] for r in rows)
+    twice = row_values()
+
+    def clash(tx: Any) -> None:
+        with tx.pipelined():
+            tx.insert_entities(policy, tuple(twice), [list(twice.values())])
+            tx.insert_entities(policy, tuple(twice), [list(twice.values())])
+
+    with pytest.raises(IntegrityViolation):
+        await db.write(clash)
+    assert await db.read(lambda tx: tx.read_entities(policy, [twice["id"]])) == []
+
+
 @pytest.mark.parametrize("odd", [None, "time", "json"])
 async def test_creations_together_store_what_one_at_a_time_stores(
         db: StateDB, odd: str | None) -> None:

@@ -446,6 +446,30 @@ async def test_submit_many_deduplicates_a_key_repeated_inside_the_batch(qdb: Sta
     assert await counts(qdb) == (2, 2)
 
 
+async def test_a_batch_of_several_chunks_keeps_its_order_its_facts_and_all_or_nothing(
+        qdb: StateDB) -> None:
+    """A batch longer than a statement's chunk (pipelined on PostgreSQL: the next chunk is
+    made while the server inserts the last) writes every row in order with its fact, a
+    keyed application between the chunks included; a refusal after chunks were sent
+    writes none of them."""
+    from ledgerq.queue.submission.submit import PIPELINED_ROWS
+
+    n = 2 * PIPELINED_ROWS + 7
+    apps = [app(args={"i": i}) for i in range(n)]
+    apps[PIPELINED_ROWS + 3] = app(args={"i": PIPELINED_ROWS + 3}, idempotency_key="mid")
+    ids = await submit_many(qdb, apps, now=NOW)
+    stored = {r["id"]: loads(r["action_args"])["i"]
+              for r in await qdb.fetch_all("SELECT id, action_args FROM schedule_runs")}
+    assert [stored[rid] for rid in ids] == list(range(n))
+    assert await counts(qdb) == (n, n)
+    with pytest.raises(ValueError, match="idempotency_key"):
+        await submit_many(qdb, [*(app(args={"j": i}) for i in range(n)),
+                                app(idempotency_key="mid", args={"other": 1})], now=NOW)
+    assert await counts(qdb) == (n, n)
+    report = await verify(qdb)
+    assert report.ok, report.drift
+
+
 # ----------------------------------------------------------------- cancel_task
 
 

@@ -9,6 +9,7 @@ cursor; foreign keys are deferred with ``SET CONSTRAINTS``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -145,8 +146,11 @@ class PostgresTx(SqlTx):
 
     conn: psycopg.Connection[tuple[Any, ...]]
 
-    def __init__(self, conn: Any, *, hold_first: bool = False) -> None:
+    def __init__(self, conn: Any, *, hold_first: bool = False, pipelines: bool = True) -> None:
         super().__init__(conn)
+        #: Whether :meth:`pipelined` uses the pipeline mode (not behind a pooler, whose
+        #: handling of statements in flight ledgerq does not rely on).
+        self.pipelines = pipelines
         #: Whether a first statement whose result nobody reads may be held back, so that
         #: a unit of that one statement runs as a transaction of its own (see
         #: :meth:`take_alone`). Only the backend's write units, which always end with
@@ -154,8 +158,35 @@ class PostgresTx(SqlTx):
         self.hold_first = hold_first
         self._held: tuple[str, Sequence[Any]] | None = None
         self._sent = False
+        #: The pipeline of a :meth:`pipelined` block, while one is open.
+        self._pipe: psycopg.Pipeline | None = None
+
+    def pipelined(self) -> contextlib.AbstractContextManager[Any]:
+        # Only the statements nobody reads go out without waiting (:meth:`_send`): one
+        # whose result may be read (:meth:`execute`) waits for it, since a cursor's
+        # result in pipeline mode arrives only at a sync, and its reader looks first.
+        if not self.pipelines:
+            return contextlib.nullcontext()
+        self._send_held()  # (a statement held back goes first, as it would)
+        return self._pipelining()
+
+    @contextlib.contextmanager
+    def _pipelining(self) -> Iterator[None]:
+        with self.conn.pipeline() as pipe:
+            self._pipe = pipe
+            try:
+                yield
+            finally:
+                self._pipe = None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        cur = self._send(sql, params)
+        if self._pipe is not None:
+            self._pipe.sync()  # (its result, for whoever reads it)
+        return cur
+
+    def _send(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """A statement; in a :meth:`pipelined` block, sent without waiting for it."""
         if "?" in sql:  # an ad-hoc statement in SQLite's paramstyle (ours never are)
             sql = qmark_to_psycopg(sql)
         self._send_held()
@@ -398,7 +429,7 @@ class PostgresTx(SqlTx):
         json = frozenset(policy.json_columns)
         given = dumps([{c: msgspec.Raw(v) if c in json and v is not None else v
                         for c, v in zip(columns, values, strict=True)} for values, _ in rows])
-        self.execute(sql, (given, dumps([fact for _, fact in rows])))
+        self._send(sql, (given, dumps([fact for _, fact in rows])))
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
