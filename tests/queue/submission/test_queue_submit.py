@@ -466,6 +466,13 @@ async def test_a_batch_of_several_chunks_keeps_its_order_its_facts_and_all_or_no
         await submit_many(qdb, [*(app(args={"j": i}) for i in range(n)),
                                 app(idempotency_key="mid", args={"other": 1})], now=NOW)
     assert await counts(qdb) == (n, n)
+    # An application refused late in a long batch: named by its index, and nothing of
+    # the batch written.
+    late = [app(args={"k": i}) for i in range(n)]
+    late[n - 2] = app(execution_target="moon")
+    with pytest.raises(InvalidInput, match=rf"^apps\[{n - 2}\]: unknown execution_target"):
+        await submit_many(qdb, late, now=NOW)
+    assert await counts(qdb) == (n, n)
     report = await verify(qdb)
     assert report.ok, report.drift
 

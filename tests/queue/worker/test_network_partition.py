@@ -288,6 +288,15 @@ async def unfinished(db: StateDB) -> int:
     return int(left["n"])
 
 
+async def ended_twice(db: StateDB) -> list[str]:
+    """Runs with more than one terminal fact (there must be none)."""
+    rows = await db.fetch_all(
+        "SELECT entity_id FROM status_transitions WHERE status IN "
+        f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING COUNT(*) > 1",
+        TERMINAL)
+    return [r["entity_id"] for r in rows]
+
+
 async def histories(db: StateDB) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for f in await db.fetch_all(
@@ -379,11 +388,7 @@ async def test_a_host_cut_off_loses_its_runs_and_its_late_writes_are_refused(
                 "SELECT status, COUNT(*) AS n FROM schedule_runs GROUP BY status")}
             assert set(counts) <= set(TERMINAL), counts
             assert sum(counts.values()) == TASKS
-            doubles = await db.fetch_all(
-                "SELECT entity_id, COUNT(*) AS n FROM status_transitions WHERE status IN "
-                f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING COUNT(*) > 1",
-                TERMINAL)
-            assert doubles == []
+            assert await ended_twice(db) == []
 
             # ---- histories against markers
             history = await histories(db)
@@ -526,11 +531,7 @@ async def test_a_host_cut_off_mid_write_does_not_stall_the_others(tmp_path: Path
                 ("queued", "ledgerq.submit"), ("running", "cut-off"), ("queued", "ledgerq"),
                 ("running", history[3]["actor"]), ("completed", history[3]["actor"])], history
             taken_over = history[2]["created_at"] - history[1]["created_at"]
-            doubles = await db.fetch_all(
-                "SELECT entity_id FROM status_transitions WHERE status IN "
-                f"({', '.join('?' * len(TERMINAL))}) GROUP BY entity_id HAVING COUNT(*) > 1",
-                TERMINAL)
-            assert doubles == []
+            assert await ended_twice(db) == []
             report = await verify(db)
             assert report.ok, [str(d) for d in report.drift[:20]]
     print(f"\nnetwork partition (mid-write, {how}): the cut host's run taken over "
