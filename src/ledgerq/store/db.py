@@ -132,7 +132,7 @@ class StateDB:
         if listen_url is not None and not is_postgres(listen_url):
             raise InvalidInput(f"listen_url must be a postgresql:// URL, not {listen_url!r}")
         #: Whether ``path`` goes through a pooler in transaction mode, and where LISTEN
-        #: connects instead (the server itself): see docs/scaling.md, "A pooler".
+        #: connects instead (the server itself): see docs/scaling.md, "Behind a pooler".
         self.pooled = bool(pooled) or listen_url is not None
         self.listen_url = listen_url
         self._log_policies: tuple[tuple[str, ...], list[EntityPolicy]] | None = None
