@@ -259,9 +259,7 @@ class PostgresBackend:
         try:
             with psycopg.connect(self.url, connect_timeout=_libpq_seconds(self.connect_timeout),
                                  **self._connect_kwargs) as conn:
-                standby = conn.execute(QUERIES("in_recovery")).fetchone()
-                conn.rollback()
-                if not self.readonly and standby is not None and standby[0]:
+                if not self.readonly and _in_recovery(conn):
                     raise DatabaseError(
                         f"{_redacted(self.url)} is a read replica (a standby in recovery): "
                         "it takes no writes; open it with readonly=True to read (the "
@@ -699,6 +697,13 @@ async def _settled(aw: Awaitable[T]) -> T | Exception:
         return await aw
     except Exception as exc:
         return exc
+
+
+def _in_recovery(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server is a standby (it takes no writes)."""
+    row = conn.execute(QUERIES("in_recovery")).fetchone()
+    conn.rollback()
+    return bool(row and row[0])
 
 
 def _received_nothing(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -15,7 +15,7 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -80,6 +80,12 @@ def _exact(value: Any) -> bool:
 def _json_or_none(value: Any) -> bool:
     """A JSON column's value a document embeds exactly: None, or :func:`_json_text`."""
     return value is None or _json_text(value)
+
+
+def _embedded(json: Collection[str], values: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """Column -> value as a JSON document carries them to be read back as the table's row
+    type: a JSON column's text embedded as the JSON value it is (NULL stays null)."""
+    return {c: msgspec.Raw(v) if c in json and v is not None else v for c, v in values}
 
 
 _JSON = msgspec.json.Decoder()
@@ -325,9 +331,8 @@ class PostgresTx(SqlTx):
                 guard=self._guard_from_doc(table, ("status", *guard_cols)),
                 fields=self.q("fact_fields", version="u.version", patch="(f->>13)::jsonb"))
         json = policy.json_columns
-        patches = dumps({m.entity_id: {"status": m.to_state, **{
-            c: msgspec.Raw(v) if c in json and v is not None else v
-            for c, v in m.changes.items()}} for m in run})
+        patches = dumps({m.entity_id: {"status": m.to_state,
+                                       **_embedded(json, m.changes.items())} for m in run})
         given = dumps({m.entity_id: {"status": m.observed, **m.guards} for m in run})
         facts = dumps({m.entity_id: m.fact for m in run})
         done = dict(self.execute(sql, (patches, [m.entity_id for m in run], given,
@@ -427,8 +432,8 @@ class PostgresTx(SqlTx):
                 fields=self.q("fact_fields", version="(f->>12)::bigint",
                               patch=f"(f->>13)::jsonb || {self._stored_object(policy, stored)}"))
         json = frozenset(policy.json_columns)
-        given = dumps([{c: msgspec.Raw(v) if c in json and v is not None else v
-                        for c, v in zip(columns, values, strict=True)} for values, _ in rows])
+        given = dumps([_embedded(json, zip(columns, values, strict=True))
+                       for values, _ in rows])
         self._send(sql, (given, dumps([fact for _, fact in rows])))
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
