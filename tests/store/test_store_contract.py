@@ -56,9 +56,10 @@ POSTGRES_ONLY = {"notify_claimable", "listen", "listen_ended", "lock_key", "sche
                  # Several moves and their facts in one statement (SQLite: two a move).
                  "update_entities_with_facts",
                  # A creation and its fact in one statement (SQLite: two), and many
-                 # creations with theirs in one (SQLite: two executemany).
-                 "insert_entities_with_facts", "insert_entities_together", "stored_object",
-                 "stored_value", "stored_json_text",
+                 # creations as two COPYs (SQLite: two executemany), the facts' patches
+                 # completed with jsonb's spelling of each JSON text.
+                 "insert_entities_with_facts", "stored_object", "stored_value",
+                 "stored_json_text", "copy_entities", "copy_facts", "jsonb_spellings",
                  # Many facts in one statement (SQLite: one executemany).
                  "append_facts", "fact_fields"}
 
@@ -1055,38 +1056,13 @@ async def test_update_entities_with_facts_together_store_what_one_at_a_time_stor
     assert moved["stdout_tail"] == "out\u00e9 'x'" and moved["lease_attempts"] == 7
 
 
-async def test_statements_in_a_pipelined_block_run_in_order_and_fail_by_its_end(
-        db: StateDB) -> None:
-    policy = await policy_of(db)
-    rows = [row_values() for _ in range(3)]
-
-    def unit(tx: Any) -> list[Any]:
-        with tx.pipelined():
-            for r in rows:
-                tx.insert_entities(policy, tuple(r), [list(r.values())])
-            read = tx.read_entities(policy, [r["id"] for r in rows], columns=("id",))
-        return [x["id"] for x in read]
-
-    assert sorted(await db.write(unit)) == sorted(r["id"] for r in rows)
-    twice = row_values()
-
-    def clash(tx: Any) -> None:
-        with tx.pipelined():
-            tx.insert_entities(policy, tuple(twice), [list(twice.values())])
-            tx.insert_entities(policy, tuple(twice), [list(twice.values())])
-
-    with pytest.raises(IntegrityViolation):
-        await db.write(clash)
-    assert await db.read(lambda tx: tx.read_entities(policy, [twice["id"]])) == []
-
-
 @pytest.mark.parametrize("odd", [None, "time", "json"])
 async def test_creations_together_store_what_one_at_a_time_stores(
         db: StateDB, odd: str | None) -> None:
-    """Many creations in one call (PostgreSQL: one statement, rows and facts as JSON
-    documents) store the rows and facts that one call a creation stores, also when one
-    row holds a value a JSON document cannot carry exactly (an infinite time; a JSON
-    column's ``null``), which sends them the usual way."""
+    """Many creations in one call (PostgreSQL: two COPYs, each fact's patch completed on
+    the client with jsonb's spelling of the row's JSON texts) store the rows and facts
+    that one call a creation stores, odd values included (an infinite time; a JSON
+    column's ``null``; floats, escapes and big integers inside JSON)."""
     policy = await policy_of(db)
     extra: dict[str, Any] = {"time": {"fired_at": float("inf")},
                              "json": {"trigger_context": "null"}}.get(odd or "", {})

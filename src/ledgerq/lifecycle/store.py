@@ -105,13 +105,6 @@ class EventStore(Protocol):
         begins as an object, array or string does); a type absent converts them."""
         ...
 
-    def pipelined(self) -> AbstractContextManager[None]:
-        """A block whose statements go out without waiting for their results
-        (PostgreSQL's pipeline mode): the Python that makes the next statement runs while
-        the server executes the last. A statement's failure surfaces by the block's end
-        at the latest, so nothing in it may catch one to go on. Elsewhere, a plain block."""
-        ...
-
     # ------------------------------------------------------------ moves, claims, creation
 
     def read_for_move(self, policy: EntityPolicy, entity_id: str,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import socket
 import time
@@ -52,9 +51,6 @@ new_run_id = new_id
 #: A submit_many of more rows than this is a bulk write (~0.1 ms a row): on SQLite it runs
 #: in the connection's thread, so it does not hold the event loop for long.
 BULK_ROWS = 100
-#: Plain rows a statement of a bulk submit carries, at most: the server inserts one
-#: chunk while the next is made (see insert_all).
-PIPELINED_ROWS = 200
 
 
 def _insert(tx: SubmissionTx, policy: EntityPolicy, app: TaskApplication, now: float,
@@ -181,15 +177,10 @@ def insert_all(tx: SubmissionTx, policy: EntityPolicy, apps: list[TaskApplicatio
         if len(plain) == 1:
             ids.append(_insert(tx, policy, plain[0][0], now, host, actor, plain[0][1]))
         elif plain:
-            # A statement a chunk, pipelined: the next chunk's rows are made while the
-            # server inserts the last's (PostgreSQL; one block on SQLite).
-            with tx.pipelined() if len(plain) > PIPELINED_ROWS else contextlib.nullcontext():
-                for i in range(0, len(plain), PIPELINED_ROWS):
-                    ids.extend(create_entities(
-                        tx, policy, [run_row(a, now, host, moves.SUBMITTED.target, [],
-                                             digest(a, j), policy=policy, args_json=j)
-                                     for a, j in plain[i:i + PIPELINED_ROWS]],
-                        reason=_reasons[moves.SUBMITTED], actor=actor, now=now))
+            ids.extend(create_entities(
+                tx, policy, [run_row(a, now, host, moves.SUBMITTED.target, [], digest(a, j),
+                                     policy=policy, args_json=j) for a, j in plain],
+                reason=_reasons[moves.SUBMITTED], actor=actor, now=now))
         plain.clear()
 
     texts = [None] * len(apps) if args_json is None else args_json
@@ -261,8 +252,7 @@ async def submit_many(db: Database[SubmissionTx], apps: Sequence[TaskApplication
         def unit(tx: SubmissionTx) -> list[str]:
             return insert_all(tx, policy, normalized, ts, hostname, actor, texts)
 
-        # A plain submit takes no lock and reads nothing: its unit is one statement (many
-        # rows are sent as several, pipelined, which a pool thread's connection does).
+        # A plain submit takes no lock and reads nothing: its unit is one statement.
         ids = await db.write(unit, bulk=len(normalized) > BULK_ROWS,
                              alone=plain and len(normalized) == 1)
     wakeup.notify(db.path)

@@ -357,8 +357,7 @@ class PostgresBackend:
             committing = False
             try:
                 with pool.connection() as conn:
-                    tx = PostgresTx(conn, hold_first=alone and not self.pooled,
-                                    pipelines=not self.pooled)
+                    tx = PostgresTx(conn, hold_first=alone and not self.pooled)
                     # Sent with the BEGIN psycopg issues before the first statement: a
                     # read is one snapshot, and costs no round trip of its own to say so.
                     conn.isolation_level = SNAPSHOT if readonly else None

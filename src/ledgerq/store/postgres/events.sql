@@ -54,25 +54,20 @@ INSERT INTO status_transitions (
 ) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
          %s::jsonb || {stored}, %s FROM r
 
--- name: insert_entities_together
--- Many creations of one shape in one statement, each row with its fact. rows: a JSON
--- array of {column: value}, each read back as the table's row type (so every value gets
--- its column's type), inserted in order; facts: a JSON array of append_facts' arrays,
--- one a row in the same order, each found by its entity id, its patch completed from
--- the row it created as insert_entities_with_facts completes it ({fields}: fact_fields).
-WITH r AS (
-  INSERT INTO {table} ({columns})
-  SELECT {values} FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a (e, n)
-  CROSS JOIN LATERAL jsonb_populate_record(NULL::{table}, a.e) AS p
-  ORDER BY a.n
-  RETURNING *
-)
-INSERT INTO status_transitions (
+-- name: copy_entities
+-- Many creations' rows (insert_entities_with_facts), then copy_facts their facts.
+COPY {table} ({columns}) FROM STDIN
+
+-- name: copy_facts
+COPY status_transitions (
   id, entity_type, entity_id, previous_status, status, reason_code, reason_summary,
   evidence_refs, source, actor, created_at, metadata, entity_version, patch, idempotency_key
-) SELECT {fields}
-FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS b (f, n) JOIN r ON r.id = f->>2
-ORDER BY b.n
+) FROM STDIN
+
+-- name: jsonb_spellings
+-- Each JSON text as a jsonb column stores and prints it (keys sorted and unique,
+-- PostgreSQL's own spacing and numbers): what a creation fact's patch records.
+SELECT t, t::jsonb::text FROM unnest(%s::text[]) AS t
 
 -- name: stored_object
 -- At most 50 pairs each (a function takes at most 100 arguments).

@@ -9,13 +9,12 @@ cursor; foreign keys are deferred with ``SET CONSTRAINTS``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import math
 import operator
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -57,6 +56,11 @@ _VERSION = FACT_COLUMNS.index("entity_version")
 _TEXT_FIELDS = operator.itemgetter(
     *(i for i, c in enumerate(FACT_COLUMNS) if i not in (_CREATED_AT, _VERSION)))
 _TEXT_TYPES = frozenset((str, type(None)))
+#: Where a fact has its patch.
+_PATCH = FACT_COLUMNS.index("patch")
+#: The types of values a COPY carries exactly (an int beyond 64 bits is refused by the
+#: server, as it is as a parameter).
+_PLAIN = frozenset((str, int, float, bool, type(None)))
 
 
 def _as_json(fact: Sequence[Any]) -> bool:
@@ -77,9 +81,13 @@ def _exact(value: Any) -> bool:
         or (kind is float and math.isfinite(value))
 
 
-def _json_or_none(value: Any) -> bool:
-    """A JSON column's value a document embeds exactly: None, or :func:`_json_text`."""
-    return value is None or _json_text(value)
+def _completed(fact: Sequence[Any], known: dict[str, Any]) -> Sequence[Any]:
+    """``fact`` with ``known`` added to its patch (keys the patch does not have)."""
+    if not known:
+        return fact
+    patch, more = fact[_PATCH], dumps(known)
+    return (*fact[:_PATCH], more if patch == "{}" else f"{patch[:-1]},{more[1:]}",
+            *fact[_PATCH + 1:])
 
 
 def _embedded(json: Collection[str], values: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -152,11 +160,8 @@ class PostgresTx(SqlTx):
 
     conn: psycopg.Connection[tuple[Any, ...]]
 
-    def __init__(self, conn: Any, *, hold_first: bool = False, pipelines: bool = True) -> None:
+    def __init__(self, conn: Any, *, hold_first: bool = False) -> None:
         super().__init__(conn)
-        #: Whether :meth:`pipelined` uses the pipeline mode (not behind a pooler, whose
-        #: handling of statements in flight ledgerq does not rely on).
-        self.pipelines = pipelines
         #: Whether a first statement whose result nobody reads may be held back, so that
         #: a unit of that one statement runs as a transaction of its own (see
         #: :meth:`take_alone`). Only the backend's write units, which always end with
@@ -164,35 +169,8 @@ class PostgresTx(SqlTx):
         self.hold_first = hold_first
         self._held: tuple[str, Sequence[Any]] | None = None
         self._sent = False
-        #: The pipeline of a :meth:`pipelined` block, while one is open.
-        self._pipe: psycopg.Pipeline | None = None
-
-    def pipelined(self) -> contextlib.AbstractContextManager[Any]:
-        # Only the statements nobody reads go out without waiting (:meth:`_send`): one
-        # whose result may be read (:meth:`execute`) waits for it, since a cursor's
-        # result in pipeline mode arrives only at a sync, and its reader looks first.
-        if not self.pipelines:
-            return contextlib.nullcontext()
-        self._send_held()  # (a statement held back goes first, as it would)
-        return self._pipelining()
-
-    @contextlib.contextmanager
-    def _pipelining(self) -> Iterator[None]:
-        with self.conn.pipeline() as pipe:
-            self._pipe = pipe
-            try:
-                yield
-            finally:
-                self._pipe = None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        cur = self._send(sql, params)
-        if self._pipe is not None:
-            self._pipe.sync()  # (its result, for whoever reads it)
-        return cur
-
-    def _send(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        """A statement; in a :meth:`pipelined` block, sent without waiting for it."""
         if "?" in sql:  # an ad-hoc statement in SQLite's paramstyle (ours never are)
             sql = qmark_to_psycopg(sql)
         self._send_held()
@@ -387,13 +365,13 @@ class PostgresTx(SqlTx):
     def insert_entities_with_facts(self, policy: EntityPolicy, columns: tuple[str, ...],
                                    rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
                                    stored: tuple[str, ...]) -> None:
-        # Many rows whose values a JSON document carries exactly: one statement for all
-        # (insert_entities_together), the rows and facts two documents encoded in C, where
-        # a statement a row cost psycopg the adaptation of every value and the server a
-        # statement each (~3x the time of a bulk submit). Otherwise one statement a row:
-        # the row in a CTE, its fact from what it stored, pipelined by executemany.
-        if len(rows) > 1 and self._together_exact(policy, columns, rows):
-            self._insert_together(policy, columns, rows, stored)
+        # Many rows of plain values: two COPYs (_copy_together), the least any statement
+        # costs them; as one INSERT ... SELECT from JSON documents the server took twice
+        # as long. Otherwise one statement a row: the row in a CTE, its fact from what
+        # it stored, pipelined by executemany.
+        if len(rows) > 1 and all(_PLAIN.issuperset(map(type, values))
+                                 and _PLAIN.issuperset(map(type, fact)) for values, fact in rows):
+            self._copy_together(policy, columns, rows, stored)
             return
         key = ("insert+fact", policy.table, columns, stored, policy.json_columns)
         sql = self._texts.get(key)
@@ -407,34 +385,36 @@ class PostgresTx(SqlTx):
         else:
             self.executemany(sql, ([*values, *fact] for values, fact in rows))
 
-    @staticmethod
-    def _together_exact(policy: EntityPolicy, columns: tuple[str, ...],
-                        rows: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> bool:
-        """Whether every row's values and fact read back from JSON documents as
-        themselves (a JSON column's value: the text of one JSON value, or None)."""
+    def _copy_together(self, policy: EntityPolicy, columns: tuple[str, ...],
+                       rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+                       stored: tuple[str, ...]) -> None:
+        """The rows, then their facts, each as one COPY. What only the database would
+        know of a row (``stored``) is made known first, so each fact's patch can carry it:
+        a JSON column's text as jsonb spells it (asked of the server at once for every
+        distinct text: jsonb_spellings), and an unsent column's default as the spec gives
+        it (sent with the row, which then stores exactly that)."""
         json = frozenset(policy.json_columns)
-        checks: list[Callable[[Any], bool]] = [_json_or_none if c in json else _exact
-                                               for c in columns]
-        return all(_as_json(fact) for _, fact in rows) and all(
-            check(v) for values, _ in rows
-            for check, v in zip(checks, values, strict=True))
-
-    def _insert_together(self, policy: EntityPolicy, columns: tuple[str, ...],
-                         rows: Sequence[tuple[Sequence[Any], Sequence[Any]]],
-                         stored: tuple[str, ...]) -> None:
-        key = ("insert+facts", policy.table, columns, stored)
-        sql = self._texts.get(key)
-        if sql is None:
-            sql = self._texts[key] = self.q(
-                "insert_entities_together", table=self.table(policy),
-                columns=", ".join(quote(c) for c in columns),
-                values=", ".join(f"p.{quote(c)}" for c in columns),
-                fields=self.q("fact_fields", version="(f->>12)::bigint",
-                              patch=f"(f->>13)::jsonb || {self._stored_object(policy, stored)}"))
-        json = frozenset(policy.json_columns)
-        given = dumps([_embedded(json, zip(columns, values, strict=True))
-                       for values, _ in rows])
-        self._send(sql, (given, dumps([fact for _, fact in rows])))
+        sent = [(i, c) for i, c in enumerate(columns) if c in stored]
+        unsent = tuple(c for c in stored if c not in columns)
+        defaults = [policy.columns[c].default for c in unsent]
+        texts = {values[i] for values, _ in rows for i, _ in sent}
+        texts.update(d for c, d in zip(unsent, defaults, strict=True)
+                     if c in json and isinstance(d, str))
+        spelled: dict[str, str] = dict(self.execute(self.q("jsonb_spellings"), (
+            list(texts),)).fetchall()) if texts else {}
+        stored_defaults = {c: spelled[d] if c in json and isinstance(d, str) else d
+                           for c, d in zip(unsent, defaults, strict=True)}
+        with self.conn.cursor() as cur:
+            with cur.copy(self.q("copy_entities", table=self.table(policy), columns=", ".join(
+                    quote(c) for c in (*columns, *unsent)))) as copy:
+                for values, _ in rows:
+                    copy.write_row((*values, *defaults))
+                # The facts are made while the server stores the rows.
+                facts = [_completed(fact, {**{c: spelled[values[i]] for i, c in sent},
+                                           **stored_defaults}) for values, fact in rows]
+            with cur.copy(self.q("copy_facts")) as copy:
+                for fact in facts:
+                    copy.write_row(fact)
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:

@@ -33,9 +33,6 @@ class EventOps(SqlBase, EventStore):
     stores_as_sent: bool = False
     exact_types: Mapping[str, type] = MappingProxyType({})
 
-    def pipelined(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()  # (SQLite's statements run in this thread)
-
     # ------------------------------------------------------------ moves, claims, creation
 
     def read_for_move(self, policy: EntityPolicy, entity_id: str,
