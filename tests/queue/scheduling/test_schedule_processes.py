@@ -86,11 +86,11 @@ async def check_exactly_once(db: StateDB, sid: str, slots: list[float]) -> list[
     return [str(r["id"]) for r in rows]
 
 
-async def test_four_scheduler_hosts_fire_each_of_200_slots_once(db_target: str,
+async def test_four_scheduler_hosts_fire_each_of_100_slots_once(db_target: str,
                                                                tmp_path: Path) -> None:
     markers = tmp_path / "markers"
     async with StateDB(db_target) as db:
-        start, slots = window(200, lead=3.0)
+        start, slots = window(100, lead=3.0)
         sid = await add_schedule(db, "fast", every=EVERY, application=APP, catch_up="all",
                                  start_at=start, until=slots[-1])
         hosts = [Host(db_target, f"host{i}:sched", markers) for i in range(4)]

@@ -124,10 +124,13 @@ class Fleet:
 
 
 def read_markers(path: Path) -> list[tuple[str, str, float, float, str]]:
+    """The marker lines. A worker killed inside its marker's write can leave the start of
+    a line (its run then never reported success), which the next worker's whole line
+    follows: a run id is the last 36 characters of its field."""
     out = []
     for line in path.read_text().splitlines():
         rid, wid, start, end, key = line.split()
-        out.append((rid, wid, float(start), float(end), key))
+        out.append((rid[-36:], wid, float(start), float(end), key))
     return out
 
 

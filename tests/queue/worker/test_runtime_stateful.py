@@ -427,15 +427,13 @@ class WorkerAPIMachine(RuleBasedStateMachine):
         assert report.ok, [str(d) for d in report.drift]
 
 
-# The conftest profile decides the size (ci: 150 examples of up to 40 steps, about 15 s);
-# LEDGERQ_STATEFUL_EXAMPLES overrides the example count.
+# 100 examples of the conftest profile's steps (about 10 s); the "long" profile keeps its
+# own count, and LEDGERQ_STATEFUL_EXAMPLES overrides either.
 _profile = settings.default
 assert _profile is not None
-WorkerAPIMachine.TestCase.settings = settings(
-    _profile,
-    max_examples=int(os.environ.get("LEDGERQ_STATEFUL_EXAMPLES", "0")) or _profile.max_examples,
-    deadline=None,
-)
+_examples = int(os.environ.get("LEDGERQ_STATEFUL_EXAMPLES", "0")) or (
+    _profile.max_examples if _profile.max_examples > 150 else 100)
+WorkerAPIMachine.TestCase.settings = settings(_profile, max_examples=_examples, deadline=None)
 TestWorkerAPI = WorkerAPIMachine.TestCase
 
 
@@ -447,6 +445,6 @@ class PostgresWorkerAPIMachine(WorkerAPIMachine):
 
 
 PostgresWorkerAPIMachine.TestCase.settings = settings(
-    _profile, max_examples=int(os.environ.get("LEDGERQ_STATEFUL_PG_EXAMPLES", "40")),
+    _profile, max_examples=int(os.environ.get("LEDGERQ_STATEFUL_PG_EXAMPLES", "25")),
     deadline=None)
 TestWorkerAPIPostgres = PostgresWorkerAPIMachine.TestCase
