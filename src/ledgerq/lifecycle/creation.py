@@ -68,6 +68,9 @@ class SentPlan(NamedTuple):
     #: Each sent column the patch takes: (name, the type whose values the dialect stores
     #: exactly, or None; whether it is JSON; whether it has a default).
     sent: tuple[tuple[str, type | None, bool, bool], ...]
+    #: Unsent columns whose spec default the dialect stores exactly: the creation sends
+    #: the default itself, so its patch knows the value without asking the database.
+    filled: dict[str, Any]
     #: The unsent columns the database fills with their defaults.
     defaulted: tuple[str, ...]
 
@@ -91,6 +94,7 @@ def sent_plan(tx: EventStore, policy: EntityPolicy, columns: tuple[str, ...]) ->
     defaults = policy.defaulted
     given = set(columns)
     sent: list[tuple[str, type | None, bool, bool]] = []
+    filled: dict[str, Any] = {}
     defaulted: list[str] = []
     plan: SentPlan | None = None
     for col, column in policy.columns.items():
@@ -99,11 +103,15 @@ def sent_plan(tx: EventStore, policy: EntityPolicy, columns: tuple[str, ...]) ->
         if col in given:
             sent.append((col, exact.get(column.type), column.type == "json", col in defaults))
         elif col in defaults:
-            if tx.stores_as_sent and column.type not in DEFAULT_AS_JSON:
+            if column.type != "json" and type(column.default) is exact.get(column.type) and (
+                    type(column.default) is not float or math.copysign(1.0, column.default) > 0):
+                filled[col] = column.default
+            elif tx.stores_as_sent and column.type not in DEFAULT_AS_JSON:
                 break  # (None: see _sent_patch)
-            defaulted.append(col)
+            else:
+                defaulted.append(col)
     else:
-        plan = SentPlan(tuple(sent), tuple(defaulted))
+        plan = SentPlan(tuple(sent), filled, tuple(defaulted))
     plans[key] = plan
     return plan
 
@@ -117,12 +125,14 @@ _isfinite = math.isfinite
 def _sent_patch(tx: EventStore, policy: EntityPolicy, row: dict[str, Any], *, checked: bool = False
                 ) -> tuple[dict[str, Any], tuple[str, ...]] | None:
     """:func:`_initial_patch` of ``row`` before it is stored, where the values sent are
-    what the row will store: the patch of the sent values, and the columns whose stored
-    value only the database knows (defaults it fills in; JSON text it normalizes, as
-    PostgreSQL's jsonb does, or may convert, as SQLite's affinity does text that reads as
-    a number). None where a value would be converted otherwise (an int sent to a float
-    column, a bool to SQLite's integer, -0.0 to SQLite's REAL, which keeps 0.0), or
-    where PostgreSQL would give a default as JSON other than a read would.
+    what the row will store: the patch of the sent values (unsent columns' spec defaults
+    that the dialect stores exactly added to the row and the patch alike), and the
+    columns whose stored value only the database knows (other defaults it fills in; JSON
+    text it normalizes, as PostgreSQL's jsonb does, or may convert, as SQLite's affinity
+    does text that reads as a number). None where a value would be converted otherwise
+    (an int sent to a float column, a bool to SQLite's integer, -0.0 to SQLite's REAL,
+    which keeps 0.0), or where PostgreSQL would give a default as JSON other than a read
+    would.
 
     Unless ``checked`` (the row's values passed :func:`check_values`), it looks at every
     value as check_values' quick path would, in the same loop (a creation's values are
@@ -156,6 +166,9 @@ def _sent_patch(tx: EventStore, policy: EntityPolicy, row: dict[str, Any], *, ch
             stored = (*stored, col)
         else:
             return None
+    if plan.filled:
+        row.update(plan.filled)
+        patch.update(plan.filled)
     return patch, stored
 
 
