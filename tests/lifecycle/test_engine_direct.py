@@ -412,6 +412,27 @@ async def test_a_created_row_carries_its_reason(db: StateDB, via: str) -> None:
     assert (await verify(db)).ok
 
 
+@pytest.mark.parametrize("via", CREATE_VIAS)
+async def test_the_defaults_a_creation_sends_are_not_read_back(db: StateDB, via: str) -> None:
+    """Unsent columns whose spec default the dialect stores exactly (a run's attempt
+    counters) go with the row, and its fact's patch records them as sent: no statement
+    reads them back (SQLite's RETURNING or SELECT, PostgreSQL's patch from the stored
+    row)."""
+    values = [run_values(), run_values(fired_at=2.0)]
+    unit, statements = traced(create_unit(via, RUN, values, reason("run.queued.submitted")))
+    ids = await db.write(unit)
+    reads = re.compile(r'RETURNING[^)]*"lease_attempts"|SELECT[^;]*"lease_attempts"'
+                       r'|r\."lease_attempts"')
+    assert not [s for s in statements if reads.search(s)], statements
+    for rid in ids:
+        row = await stored_run(db, rid)
+        [fact] = await facts_of(db, rid)
+        patch = loads(fact["patch"])
+        assert (row["lease_attempts"], row["run_attempts"]) == (0, 0)
+        assert (patch["lease_attempts"], patch["run_attempts"]) == (0, 0)
+    assert (await verify(db)).ok
+
+
 #: Values a column may store otherwise than sent: JSON text that reads as a number
 #: (SQLite's JSON columns have NUMERIC affinity), -0.0 (SQLite's REAL keeps 0.0), an int in
 #: a float column (stored as a float on both), JSON text PostgreSQL's jsonb normalizes.

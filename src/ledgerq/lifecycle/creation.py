@@ -103,9 +103,11 @@ def sent_plan(tx: EventStore, policy: EntityPolicy, columns: tuple[str, ...]) ->
         if col in given:
             sent.append((col, exact.get(column.type), column.type == "json", col in defaults))
         elif col in defaults:
-            if column.type != "json" and type(column.default) is exact.get(column.type) and (
-                    type(column.default) is not float or math.copysign(1.0, column.default) > 0):
-                filled[col] = column.default
+            default = column.default
+            if column.type != "json" and type(default) is exact.get(column.type) and (
+                    type(default) is not float
+                    or (_isfinite(default) and math.copysign(1.0, default) > 0)):
+                filled[col] = default
             elif tx.stores_as_sent and column.type not in DEFAULT_AS_JSON:
                 break  # (None: see _sent_patch)
             else:

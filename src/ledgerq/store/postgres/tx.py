@@ -409,12 +409,10 @@ class PostgresTx(SqlTx):
                     quote(c) for c in (*columns, *unsent)))) as copy:
                 for values, _ in rows:
                     copy.write_row((*values, *defaults))
-                # The facts are made while the server stores the rows.
-                facts = [_completed(fact, {**{c: spelled[values[i]] for i, c in sent},
-                                           **stored_defaults}) for values, fact in rows]
             with cur.copy(self.q("copy_facts")) as copy:
-                for fact in facts:
-                    copy.write_row(fact)
+                for values, fact in rows:
+                    copy.write_row(_completed(fact, {
+                        **{c: spelled[values[i]] for i, c in sent}, **stored_defaults}))
 
     def claim_entities(self, policy: EntityPolicy, rows: Sequence[tuple[str, Row, Row]], *,
                        observed: str, to_state: str, changes: Row, limit: int) -> list[Row]:
